@@ -1,0 +1,171 @@
+// Process groups: a set of ranks that run collectives together, and the Work
+// handle each asynchronous collective returns.
+//
+//   auto pg = lockstep::init_process_group();          // from the launcher's environment
+//   std::vector<float> grad(n);
+//   auto work = pg->allreduce(lockstep::view(std::span(grad)), lockstep::ReduceOp::avg);
+//   ...                                                 // overlap other work
+//   work->wait();                                       // rethrows the collective's error
+//
+// Contract: every rank of a group issues the same collectives in the same
+// order (with matching counts and dtypes). Each group runs its operations one
+// at a time, in issue order, on its own progress thread, so issuing returns at
+// once. Buffers belong to the caller and must stay valid until the Work is
+// done. A failed collective (a dead peer, a timeout) aborts the group: later
+// operations fail at once with the first error instead of hanging.
+//
+// Thread-safety: ProcessGroup methods may be called from any thread; calls
+// from several threads are ordered by the group's internal lock (the order in
+// which they take it is the issue order, which must then match across ranks).
+// Work is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/error.h"
+#include "lockstep/store.h"
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+namespace detail {
+class ProgressEngine;
+}
+
+// The handle of one asynchronous operation.
+class Work {
+ public:
+  Work(std::uint64_t seq, Collective collective, std::string description);
+
+  // Waits until the operation finished and rethrows its error, if any. If it
+  // is still running after `timeout`, throws TimeoutError (the operation goes
+  // on; its own deadline is the group's timeout).
+  void wait(Duration timeout = Duration::max());
+  bool done() const;
+  // The operation's exception, or null while running or after success.
+  std::exception_ptr error() const;
+
+  // Runs `callback` once the operation is done (successfully or not): on the
+  // group's progress thread, or at once on this thread if already done. Keep
+  // callbacks short; they delay the group's next operation.
+  void on_complete(std::function<void(const Work&)> callback);
+
+  std::uint64_t seq() const { return seq_; }
+  Collective collective() const { return collective_; }
+  // E.g. "allreduce #12 (float x 1000, sum)".
+  const std::string& description() const { return description_; }
+  // Steady-clock microseconds (see lockstep::now_us in diagnostics): when the
+  // operation was issued, started on the progress thread, and finished. 0 if
+  // not yet.
+  std::int64_t issued_us() const { return issued_us_; }
+  std::int64_t started_us() const;
+  std::int64_t finished_us() const;
+
+ private:
+  friend class detail::ProgressEngine;
+  void mark_started();
+  void complete(std::exception_ptr error);
+
+  struct State;
+  const std::uint64_t seq_;
+  const Collective collective_;
+  const std::string description_;
+  const std::int64_t issued_us_;
+  std::shared_ptr<State> state_;
+};
+
+// How to form a group. Every field has a default taken from the environment
+// the launcher set (lockstep run, torchrun, mpirun, srun); see docs/env.md.
+struct GroupOptions {
+  // "auto" (default, or LOCKSTEP_BACKEND): shared memory when every rank is on
+  // one host, TCP otherwise. Or "tcp", "shm", "mpi" (when built).
+  std::string backend;
+  // Rank and world size; -1: from the environment (RANK / WORLD_SIZE,
+  // OMPI_COMM_WORLD_*, SLURM_*). With neither set anywhere, the program runs
+  // as a world of one.
+  int rank = -1;
+  int world_size = -1;
+  // The rendezvous store. Null: a TcpStore at MASTER_ADDR:MASTER_PORT, hosted
+  // by rank 0 unless the launcher hosts it.
+  std::shared_ptr<Store> store;
+  std::string master_addr;  // empty: MASTER_ADDR
+  int master_port = -1;     // -1: MASTER_PORT
+  // Deadline of every collective (default LOCKSTEP_TIMEOUT, else 5 minutes).
+  std::optional<Duration> timeout;
+  // How long to keep trying to reach the store and peers at start-up
+  // (default LOCKSTEP_CONNECT_TIMEOUT, else 60 s).
+  std::optional<Duration> connect_timeout;
+  // TCP backend: the address peers connect to (default LOCKSTEP_SOCKET_ADDR,
+  // else the address this host uses to reach the store, or loopback when all
+  // ranks are on one host).
+  std::string listen_address;
+  // TCP backend: messages up to this many bytes use the latency-optimal
+  // algorithm, larger ones the bandwidth-optimal one (default
+  // LOCKSTEP_TCP_SMALL_BYTES, else a measured crossover).
+  std::optional<std::size_t> tcp_small_bytes;
+  // Distinguishes independent groups that share one store.
+  std::string name = "world";
+};
+
+class ProcessGroup {
+ public:
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  // Finishes queued operations, says goodbye to the peers (so they can tell a
+  // clean exit from a crash) and releases the connections. Destroy the group
+  // before the process exits.
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  const std::string& backend() const;
+  Duration timeout() const;
+  const std::shared_ptr<Store>& store() const;
+  // Identity of each rank's host (hostname and boot id), from the rendezvous.
+  const std::vector<std::string>& host_ids() const;
+  // True once an operation failed and the group aborted.
+  bool aborted() const;
+
+  // In place: every rank's `data` becomes the reduction of all ranks' `data`.
+  std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::sum);
+  // Every rank's `data` becomes root's.
+  std::shared_ptr<Work> broadcast(Buffer data, int root);
+  // `output` (size() * input.count elements) receives every rank's input, in rank order.
+  std::shared_ptr<Work> allgather(ConstBuffer input, Buffer output);
+  // `input` holds size() blocks of output.count elements; rank r's `output`
+  // receives the reduction of every rank's block r.
+  std::shared_ptr<Work> reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
+  // Root's `data` becomes the reduction; other ranks' `data` is left unchanged.
+  std::shared_ptr<Work> reduce(Buffer data, int root, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> barrier();
+  // Point to point. A send and its recv must agree on size, dtype and tag.
+  std::shared_ptr<Work> send(ConstBuffer data, int dst, int tag = 0);
+  std::shared_ptr<Work> recv(Buffer data, int src, int tag = 0);
+
+  bool supports(Collective collective, DType dtype, ReduceOp op = ReduceOp::sum) const;
+
+  // A new group of the given ranks of this group; rank i of the new group is
+  // ranks[i]. Called by exactly the ranks listed (others need not call it),
+  // with the same list. Groups with the same list are told apart by the order
+  // of creation.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Forms the default group from options and the launcher's environment:
+// resolves rank and world size, reaches (or hosts) the store, checks that all
+// ranks agree on the world size, and connects the backend. Throws ConfigError
+// with the cause and the fix when the environment is wrong.
+std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options = {});
+
+}  // namespace lockstep

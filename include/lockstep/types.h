@@ -1,0 +1,96 @@
+// Vocabulary types shared by every layer: element types, reduction operators,
+// collective names, and the untyped buffer views the collectives work on.
+// All types here are plain values; thread-safe to copy and read.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace lockstep {
+
+// Element types of a buffer. 16-bit floats are reduced in fp32 and rounded
+// once, so a sum of many small values does not drift.
+enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
+inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16, DType::bf16,
+                                       DType::i32, DType::i64, DType::u8};
+
+// Reduction operators. `avg` is `sum` divided by the group size (truncating for
+// integer types).
+enum class ReduceOp : std::uint8_t { sum, avg, min, max, prod };
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min,
+                                             ReduceOp::max, ReduceOp::prod};
+
+enum class Collective : std::uint8_t {
+  allreduce,
+  broadcast,
+  allgather,
+  reduce_scatter,
+  reduce,
+  barrier,
+  send,
+  recv,
+};
+
+using Duration = std::chrono::milliseconds;
+
+std::size_t dtype_size(DType dtype);
+bool is_floating(DType dtype);
+std::string_view to_string(DType dtype);
+std::string_view to_string(ReduceOp op);
+std::string_view to_string(Collective collective);
+
+// Accepts the names nccl-tests and PyTorch use: "float", "f32", "float32",
+// "half", "f16", "bfloat16", "bf16", "double", "int32", "int", "int64",
+// "uint8", ...
+std::optional<DType> parse_dtype(std::string_view name);
+std::ostream& operator<<(std::ostream& out, DType dtype);
+std::ostream& operator<<(std::ostream& out, ReduceOp op);
+std::ostream& operator<<(std::ostream& out, Collective collective);
+std::optional<ReduceOp> parse_reduce_op(std::string_view name);
+std::optional<Collective> parse_collective(std::string_view name);
+
+// A typed view of memory a collective reads and writes. The memory belongs to
+// the caller and must stay valid until the collective's Work is done.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+
+  std::size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+struct ConstBuffer {
+  const void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+
+  ConstBuffer() = default;
+  ConstBuffer(const void* d, std::size_t n, DType t) : data(d), count(n), dtype(t) {}
+  ConstBuffer(Buffer b) : data(b.data), count(b.count), dtype(b.dtype) {}  // NOLINT: implicit on purpose
+  std::size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+template <typename T>
+struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
+template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
+
+// Views over typed spans, for the common case of native element types.
+template <typename T>
+Buffer view(std::span<T> s) {
+  return Buffer{s.data(), s.size(), DTypeOf<std::remove_const_t<T>>::value};
+}
+template <typename T>
+ConstBuffer const_view(std::span<const T> s) {
+  return ConstBuffer{s.data(), s.size(), DTypeOf<T>::value};
+}
+
+}  // namespace lockstep

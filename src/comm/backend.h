@@ -1,0 +1,72 @@
+// The interface every backend folder (tcp/, shm/, mpi/) implements. A backend
+// runs one operation at a time, synchronously, on the group's progress
+// thread; the ProcessGroup front end owns queueing, sequence numbers,
+// argument checks and Work completion. Arguments reaching a backend are
+// already validated (sizes, roots, dtypes).
+//
+// Thread-safety: a backend is used by one thread at a time (the progress
+// thread, or the constructing thread before it starts).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "lockstep/store.h"
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+// What one operation is, for error messages and deadlines.
+struct OpContext {
+  std::uint64_t seq = 0;
+  Collective collective = Collective::allreduce;
+  Deadline deadline = Deadline::never();
+  Duration timeout{0};  // the duration the deadline was computed from
+  std::string description;  // "allreduce #12 (float x 1000, sum)"
+};
+
+// Everything a backend needs to connect.
+struct BackendContext {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;  // already prefixed for this group
+  std::string group_key;         // unique per group and job; peers check it on connect
+  Duration timeout{0};
+  Duration connect_timeout{0};
+  std::vector<std::string> host_ids;  // per rank, from the rendezvous
+  std::string listen_address;         // tcp: resolved by the front end
+  std::size_t tcp_small_bytes = 0;    // tcp: algorithm crossover
+  Logger log;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  virtual void allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) = 0;
+  virtual void broadcast(const OpContext& op, Buffer data, int root) = 0;
+  virtual void allgather(const OpContext& op, ConstBuffer input, Buffer output) = 0;
+  virtual void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) = 0;
+  virtual void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) = 0;
+  virtual void barrier(const OpContext& op) = 0;
+  virtual void send(const OpContext& op, ConstBuffer data, int dst, int tag) = 0;
+  virtual void recv(const OpContext& op, Buffer data, int src, int tag) = 0;
+
+  virtual bool supports(Collective, DType, ReduceOp) const { return true; }
+
+  // Clean end of the group: tell peers this rank leaves on purpose, wait (up
+  // to the deadline) for theirs, release resources. Errors are swallowed:
+  // a peer that already died must not make a clean exit fail.
+  virtual void shutdown(Deadline deadline) = 0;
+};
+
+// Factories, one per backend folder.
+std::unique_ptr<Backend> make_tcp_backend(const BackendContext& ctx);
+
+}  // namespace lockstep

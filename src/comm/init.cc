@@ -1,0 +1,190 @@
+// Forming groups: init_process_group (the world) and make_group (any group,
+// world or sub-group): store, rendezvous, backend choice, connection.
+#include <netdb.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "comm/group_impl.h"
+#include "comm/launch_env.h"
+#include "comm/rendezvous.h"
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "common/socket.h"
+#include "lockstep/error.h"
+
+namespace lockstep {
+namespace {
+
+// Keeps this process's store server running until every rank has reported
+// the end of its world group, or every other client has disconnected (they
+// failed and left), or a grace period passed; so rank 0 finishing or failing
+// first does not cut the others off mid-teardown or before they read why.
+class StoreHost {
+ public:
+  StoreHost(std::unique_ptr<TcpStoreServer> server, std::shared_ptr<Store> store, std::string finished_key, int size)
+      : server_(std::move(server)), store_(std::move(store)), finished_key_(std::move(finished_key)), size_(size) {}
+  ~StoreHost() {
+    const Deadline deadline = Deadline::after(kGrace);
+    try {
+      while (store_->add(finished_key_, 0) < size_ && server_->num_clients() > 1 && !deadline.expired())
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (const std::exception&) {
+      // The store is going away anyway.
+    }
+  }
+  StoreHost(const StoreHost&) = delete;
+  StoreHost& operator=(const StoreHost&) = delete;
+
+ private:
+  static constexpr Duration kGrace = std::chrono::seconds(30);
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Store> store_;
+  std::string finished_key_;
+  int size_;
+};
+
+bool all_same(const std::vector<std::string>& v) {
+  return std::all_of(v.begin(), v.end(), [&](const std::string& s) { return s == v.front(); });
+}
+
+// The address peers should connect to for the tcp backend.
+std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::string>& host_ids) {
+  if (!spec.listen_address.empty()) return spec.listen_address;
+  if (auto addr = env_string(env::kSocketAddr)) return *addr;
+  if (all_same(host_ids)) return "127.0.0.1";
+  // The address this host uses to reach the store is one the store's host,
+  // and so most likely every other host, can reach.
+  Store* base = spec.root_store.get();
+  while (auto* prefixed = dynamic_cast<PrefixStore*>(base)) base = prefixed->base().get();
+  if (auto* tcp = dynamic_cast<TcpStore*>(base)) {
+    const std::string local = tcp->local_address();
+    if (!local.empty() && local != "127.0.0.1" && local != "::1") return local;
+  }
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// Records a group's first failure in its store and adds it to every later
+// report. When rank 2 dies, rank 3 notices first; rank 0 may only see rank 3
+// leave. With the record, rank 0's error also says what rank 3 saw.
+detail::ProgressEngine::AbortHook abort_recorder(std::shared_ptr<Store> store) {
+  return [store = std::move(store)](std::exception_ptr error) -> std::exception_ptr {
+    std::string mine;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      mine = e.what();
+    }
+    std::string first;
+    try {
+      first = store->compare_set("abort/first", "", mine);
+    } catch (const std::exception&) {
+      return error;  // the store is gone too; report what this rank saw
+    }
+    if (first.empty() || first == mine) return error;
+    const std::string text = mine + "\n  the first failure in this group was: " + first;
+    try {
+      std::rethrow_exception(error);
+    } catch (const PeerError& e) {
+      return std::make_exception_ptr(PeerError(text, e.peer()));
+    } catch (const TimeoutError& e) {
+      return std::make_exception_ptr(TimeoutError(text, e.peer()));
+    } catch (const MismatchError&) {
+      return std::make_exception_ptr(MismatchError(text));
+    } catch (...) {
+      return error;
+    }
+  };
+}
+
+}  // namespace
+
+std::string resolve_backend(const std::string& requested, const std::vector<std::string>& host_ids) {
+  if (requested.empty() || requested == "auto") return "tcp";
+  (void)host_ids;
+  if (requested == "tcp") return requested;
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto or tcp", requested));
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
+  if (name == "tcp") return make_tcp_backend(ctx);
+  throw ConfigError(fmt::format("unknown backend '{}'", name));
+}
+
+std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
+  auto impl = std::make_unique<ProcessGroup::Impl>();
+  impl->log = spec.log;
+  impl->store = std::make_shared<PrefixStore>(spec.key, spec.root_store);
+  impl->store->set_timeout(spec.timeout);
+  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout);
+  impl->backend_name = resolve_backend(spec.backend, impl->host_ids);
+
+  BackendContext ctx;
+  ctx.rank = spec.rank;
+  ctx.size = spec.size;
+  ctx.store = impl->store;
+  ctx.group_key = spec.key;
+  ctx.timeout = spec.timeout;
+  ctx.connect_timeout = spec.connect_timeout;
+  ctx.host_ids = impl->host_ids;
+  ctx.listen_address = choose_listen_address(spec, impl->host_ids);
+  ctx.tcp_small_bytes = spec.tcp_small_bytes;
+  ctx.log = spec.log;
+  impl->backend = make_backend(impl->backend_name, ctx);
+  impl->engine = std::make_unique<detail::ProgressEngine>(fmt::format("rank {}/{}", spec.rank, spec.size),
+                                                          spec.timeout, abort_recorder(impl->store));
+  spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
+  impl->spec = std::move(spec);
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
+  const LaunchInfo launch = resolve_launch(options);
+  GroupSpec spec;
+  spec.rank = launch.rank;
+  spec.size = launch.world_size;
+  spec.backend = !options.backend.empty() ? options.backend : env_string(env::kBackend).value_or("auto");
+  spec.timeout = launch.timeout;
+  spec.connect_timeout = launch.connect_timeout;
+  spec.listen_address = options.listen_address;
+  spec.tcp_small_bytes =
+      options.tcp_small_bytes.value_or(static_cast<std::size_t>(env_int(env::kTcpSmallBytes).value_or(0)));
+  spec.key = fmt::format("{}/{}", launch.run_id, options.name);
+  spec.finished_key = fmt::format("{}/finished/{}", launch.run_id, options.name);
+  spec.log = Logger().for_rank(launch.rank, launch.world_size);
+  if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
+
+  if (options.store) {
+    spec.root_store = options.store;
+  } else if (launch.master_addr.empty()) {
+    spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
+  } else {
+    TcpStoreOptions store_options;
+    store_options.token = launch.token;
+    store_options.connect_timeout = launch.connect_timeout;
+    store_options.timeout = launch.timeout;
+    std::unique_ptr<TcpStoreServer> server;
+    if (launch.rank == 0 && !launch.store_hosted)
+      server = std::make_unique<TcpStoreServer>("", static_cast<std::uint16_t>(launch.master_port), store_options);
+    std::shared_ptr<TcpStore> client;
+    try {
+      client = std::make_shared<TcpStore>(launch.master_addr, static_cast<std::uint16_t>(launch.master_port),
+                                          store_options);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("rank {}: cannot reach the rendezvous store at MASTER_ADDR={} MASTER_PORT={}: {}. "
+                                    "Is rank 0 (or the launcher) running, and are MASTER_ADDR/MASTER_PORT right? "
+                                    "LOCKSTEP_CONNECT_TIMEOUT sets how long to keep trying",
+                                    launch.rank, launch.master_addr, launch.master_port, e.what()));
+    }
+    spec.root_store = client;
+    if (server)
+      spec.keepalive = std::make_shared<StoreHost>(std::move(server), client, spec.finished_key, launch.world_size);
+  }
+  return make_group(std::move(spec));
+}
+
+}  // namespace lockstep

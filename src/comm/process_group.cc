@@ -1,0 +1,158 @@
+// ProcessGroup front end: argument checks, operation descriptions, queueing
+// onto the progress engine, sub-groups and the clean end of a group.
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "comm/group_impl.h"
+#include "common/enforce.h"
+#include "common/format.h"
+
+namespace lockstep {
+namespace {
+
+constexpr Duration kMaxGoodbyeWait = std::chrono::seconds(60);
+
+std::string shape(const ConstBuffer& b) { return fmt::format("{} x {}", b.dtype, b.count); }
+
+void check_buffer(const ConstBuffer& b, const char* what) {
+  LOCKSTEP_CHECK_ARG(b.count == 0 || b.data != nullptr, "{}: {} has {} elements but no memory", what, what, b.count);
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ProcessGroup::~ProcessGroup() {
+  auto& s = *impl_;
+  s.engine->drain_and_stop();
+  const bool clean = !s.engine->aborted();
+  // After an abort, peers are gone or failing too: leave without waiting.
+  s.backend->shutdown(clean ? Deadline::after(std::min(s.spec.timeout, kMaxGoodbyeWait)) : Deadline::after(Duration(0)));
+  s.backend.reset();
+  if (!s.spec.finished_key.empty()) {
+    try {
+      s.spec.root_store->add(s.spec.finished_key, 1);
+    } catch (const std::exception& e) {
+      s.log.debug("could not report the end of the group to the store: {}", e.what());
+    }
+  }
+}
+
+int ProcessGroup::rank() const { return impl_->spec.rank; }
+int ProcessGroup::size() const { return impl_->spec.size; }
+const std::string& ProcessGroup::backend() const { return impl_->backend_name; }
+Duration ProcessGroup::timeout() const { return impl_->spec.timeout; }
+const std::shared_ptr<Store>& ProcessGroup::store() const { return impl_->store; }
+const std::vector<std::string>& ProcessGroup::host_ids() const { return impl_->host_ids; }
+bool ProcessGroup::aborted() const { return impl_->engine->aborted(); }
+
+bool ProcessGroup::supports(Collective collective, DType dtype, ReduceOp op) const {
+  return impl_->backend->supports(collective, dtype, op);
+}
+
+std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, ReduceOp op) {
+  check_buffer(data, "allreduce");
+  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, op), "{} backend cannot allreduce {} with {}",
+                     backend(), data.dtype, op);
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::allreduce, fmt::format("{}, {}", shape(data), op),
+                               [b, data, op](const OpContext& ctx) { b->allreduce(ctx, data, op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
+  check_buffer(data, "broadcast");
+  LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of {}", root, size());
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::broadcast, fmt::format("{}, root {}", shape(data), root),
+                               [b, data, root](const OpContext& ctx) { b->broadcast(ctx, data, root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) {
+  check_buffer(input, "allgather input");
+  check_buffer(output, "allgather output");
+  LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "allgather: input is {} but output is {}", input.dtype, output.dtype);
+  LOCKSTEP_CHECK_ARG(output.count == input.count * static_cast<std::size_t>(size()),
+                     "allgather: output must hold size() x input = {} x {} = {} elements, not {}", size(),
+                     input.count, input.count * static_cast<std::size_t>(size()), output.count);
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::allgather, shape(input),
+                               [b, input, output](const OpContext& ctx) { b->allgather(ctx, input, output); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
+  check_buffer(input, "reduce_scatter input");
+  check_buffer(output, "reduce_scatter output");
+  LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is {} but output is {}", input.dtype,
+                     output.dtype);
+  LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
+                     "reduce_scatter: input must hold size() x output = {} x {} = {} elements, not {}", size(),
+                     output.count, output.count * static_cast<std::size_t>(size()), input.count);
+  LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, op), "{} backend cannot reduce_scatter {} with {}",
+                     backend(), input.dtype, op);
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::reduce_scatter, fmt::format("{}, {}", shape(output), op),
+                               [b, input, output, op](const OpContext& ctx) { b->reduce_scatter(ctx, input, output, op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, ReduceOp op) {
+  check_buffer(data, "reduce");
+  LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "reduce: root {} is not a rank of this group of {}", root, size());
+  LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, op), "{} backend cannot reduce {} with {}", backend(),
+                     data.dtype, op);
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::reduce, fmt::format("{}, {}, root {}", shape(data), op, root),
+                               [b, data, root, op](const OpContext& ctx) { b->reduce(ctx, data, root, op); });
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier() {
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::barrier, "", [b](const OpContext& ctx) { b->barrier(ctx); });
+}
+
+std::shared_ptr<Work> ProcessGroup::send(ConstBuffer data, int dst, int tag) {
+  check_buffer(data, "send");
+  LOCKSTEP_CHECK_ARG(dst >= 0 && dst < size() && dst != rank(), "send: destination {} is not another rank of this "
+                     "group of {} (this is rank {})", dst, size(), rank());
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::send, fmt::format("{} to rank {}, tag {}", shape(data), dst, tag),
+                               [b, data, dst, tag](const OpContext& ctx) { b->send(ctx, data, dst, tag); });
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
+  check_buffer(data, "recv");
+  LOCKSTEP_CHECK_ARG(src >= 0 && src < size() && src != rank(), "recv: source {} is not another rank of this "
+                     "group of {} (this is rank {})", src, size(), rank());
+  Backend* b = impl_->backend.get();
+  return impl_->engine->submit(Collective::recv, fmt::format("{} from rank {}, tag {}", shape(data), src, tag),
+                               [b, data, src, tag](const OpContext& ctx) { b->recv(ctx, data, src, tag); });
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank());
+  LOCKSTEP_CHECK_ARG(me != ranks.end(), "new_group: rank {} is not in the list; only listed ranks call new_group",
+                     rank());
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  LOCKSTEP_CHECK_ARG(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                     "new_group: the rank list repeats a rank");
+  LOCKSTEP_CHECK_ARG(sorted.front() >= 0 && sorted.back() < size(),
+                     "new_group: ranks must lie in 0..{} (this group has {} ranks)", size() - 1, size());
+  int ordinal = 0;
+  {
+    std::lock_guard lock(impl_->subgroups_mutex);
+    ordinal = impl_->subgroups_created[ranks]++;
+  }
+  std::string list;
+  for (int r : ranks) list += fmt::format("{}{}", list.empty() ? "" : "-", r);
+  GroupSpec spec = impl_->spec;
+  spec.rank = static_cast<int>(me - ranks.begin());
+  spec.size = static_cast<int>(ranks.size());
+  spec.backend = impl_->backend_name;
+  spec.key = fmt::format("{}/sub/{}/{}", impl_->spec.key, list, ordinal);
+  spec.finished_key.clear();
+  return make_group(std::move(spec));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,25 @@
+// The start-up handshake of a group, through its store: each rank claims its
+// rank number, the ranks agree on the world size, and each publishes its
+// host identity (hostname + boot id), which later decides which ranks share
+// memory. A rank that finds a disagreement records it in the store, so every
+// other rank fails with the same explanation within a second instead of
+// waiting for its timeout.
+// Thread-safe as long as the store is.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lockstep/store.h"
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+// This host's identity: "hostname/boot-id". Two processes share memory only
+// if their identities are equal.
+std::string host_identity();
+
+// Returns every rank's host identity, indexed by rank.
+std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout);
+
+}  // namespace lockstep

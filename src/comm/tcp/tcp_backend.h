@@ -1,0 +1,63 @@
+// The tcp backend: collectives over a full mesh of TCP connections. Works on
+// one host and across hosts, for any world size.
+//
+// Algorithms, by message size (bytes in the accumulation type):
+//   allreduce       <= small: recursive doubling (log2 n exchange rounds; a
+//                   non-power-of-two world first folds its extra ranks in);
+//                   larger: ring reduce-scatter + ring allgather (ring.h)
+//   broadcast       <= small: binomial tree; larger: pipelined chain
+//   allgather       ring
+//   reduce_scatter  ring reduce-scatter
+//   reduce          <= small: binomial tree; larger: ring reduce-scatter +
+//                   direct gather to the root
+//   barrier         dissemination (ceil(log2 n) rounds of one byte)
+//   send / recv     a header (tag, byte count) checked by the receiver, then
+//                   the payload
+// f16/bf16 are accumulated in fp32 (partial results travel as fp32) and
+// rounded once; final results travel in 16 bits.
+//
+// One file per collective (allreduce.cc, broadcast.cc, ...), as each
+// backend folder does.
+//
+// Not thread-safe: used by the group's progress thread only.
+#pragma once
+
+#include "comm/backend.h"
+#include "comm/scratch.h"
+#include "comm/tcp/mesh.h"
+
+namespace lockstep {
+
+class TcpBackend final : public Backend {
+ public:
+  explicit TcpBackend(const BackendContext& ctx);
+
+  std::string_view name() const override { return "tcp"; }
+  void allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) override;
+  void broadcast(const OpContext& op, Buffer data, int root) override;
+  void allgather(const OpContext& op, ConstBuffer input, Buffer output) override;
+  void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
+  void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
+  void barrier(const OpContext& op) override;
+  void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
+  void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  void shutdown(Deadline deadline) override;
+
+  // The default crossover between latency- and bandwidth-optimal algorithms,
+  // measured on loopback and a 2-core host (see docs/performance.md).
+  static constexpr std::size_t kDefaultSmallBytes = 64 * 1024;
+
+ private:
+  // Recursive-doubling allreduce of `acc` (count elements of dtype) in place.
+  void allreduce_recursive_doubling(const OpContext& op, void* acc, std::size_t count, DType dtype, ReduceOp reduce_op);
+  void broadcast_tree(const OpContext& op, void* data, std::size_t bytes, int root);
+  void broadcast_chain(const OpContext& op, void* data, std::size_t bytes, int root);
+  void reduce_tree(const OpContext& op, void* acc, std::size_t count, DType dtype, int root, ReduceOp reduce_op);
+
+  Mesh mesh_;
+  std::size_t small_bytes_;
+  Scratch accumulation_;  // fp32 copy of 16-bit data, or a copy of const input
+  Scratch staging_;       // received data waiting to be reduced
+};
+
+}  // namespace lockstep

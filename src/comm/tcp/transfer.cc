@@ -1,0 +1,165 @@
+// The poll(2)-driven data pump; see transfer.h.
+#include "comm/tcp/transfer.h"
+
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/enforce.h"
+#include "lockstep/error.h"
+
+namespace lockstep {
+namespace {
+
+bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::string& how) {
+  if (mesh.departed(peer))
+    return PeerError(fmt::format("{}: {}: rank {} already left the group (it destroyed its process group); the ranks "
+                                 "issued different numbers of collectives",
+                                 mesh.self(), op.description, peer),
+                     peer);
+  return PeerError(fmt::format("{}: {}: lost rank {}: {}; its process exited, crashed or was killed. Check rank {}'s "
+                               "output for the cause",
+                               mesh.self(), op.description, peer, how, peer),
+                   peer);
+}
+
+TimeoutError timed_out(const Mesh& mesh, const OpContext& op, std::span<const Channel> channels) {
+  int peer = -1;
+  const char* what = "";
+  for (const auto& ch : channels) {
+    if (ch.recv && !ch.recv->finished()) {
+      peer = ch.peer;
+      what = "for data from";
+      break;
+    }
+  }
+  if (peer < 0) {
+    for (const auto& ch : channels) {
+      if (ch.send && !ch.send->finished()) {
+        peer = ch.peer;
+        what = "for its data to be taken by";
+        break;
+      }
+    }
+  }
+  return TimeoutError(
+      fmt::format("{}: {} timed out after {:.1f} s waiting {} rank {}. Rank {} is stuck, slower than the timeout, or "
+                  "issued a different sequence of collectives; if it is only slow, raise LOCKSTEP_TIMEOUT",
+                  mesh.self(), op.description, static_cast<double>(op.timeout.count()) / 1000.0, what, peer, peer),
+      peer);
+}
+
+// Handles a hang-up seen on a connection this operation does not use. A
+// peer that said goodbye left cleanly; one with unread data is left for the
+// operation that reads that data to judge; otherwise it died.
+void check_idle_peer(Mesh& mesh, const OpContext& op, int peer, std::vector<bool>& ignored) {
+  int pending = 0;
+  ioctl(mesh.fd(peer), FIONREAD, &pending);
+  if (pending == 0) throw lost_peer(mesh, op, peer, "its connection closed while this rank waited on others");
+  unsigned char first = 0;
+  if (pending == 1 && ::recv(mesh.fd(peer), &first, 1, MSG_PEEK | MSG_DONTWAIT) == 1 && first == Mesh::kGoodbyeByte)
+    mesh.mark_departed(peer);
+  ignored[static_cast<std::size_t>(peer)] = true;
+}
+
+}  // namespace
+
+void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> channels) {
+  std::vector<pollfd> fds;
+  std::vector<int> watched_peer;  // peer of each watch-only entry in fds, after the channel entries
+  std::vector<bool> ignored(static_cast<std::size_t>(mesh.size()), false);
+  for (;;) {
+    bool progressed = false;
+    bool all_done = true;
+    for (const auto& ch : channels) {
+      if (ch.send && !ch.send->finished()) {
+        all_done = false;
+        const auto bytes = ch.send->ready();
+        if (!bytes.empty()) {
+          const ssize_t n = ::send(mesh.fd(ch.peer), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+          if (n > 0) {
+            ch.send->consumed(static_cast<std::size_t>(n));
+            progressed = true;
+          } else if (!would_block(errno)) {
+            throw lost_peer(mesh, op, ch.peer, fmt::format("sending to it failed ({})", std::strerror(errno)));
+          }
+        }
+      }
+      if (ch.recv && !ch.recv->finished()) {
+        all_done = false;
+        const auto space = ch.recv->space();
+        LOCKSTEP_ENFORCE(!space.empty(), "{}: a sink that is not finished offered no space", op.description);
+        const ssize_t n = ::recv(mesh.fd(ch.peer), space.data(), space.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          ch.recv->filled(static_cast<std::size_t>(n));
+          progressed = true;
+        } else if (n == 0) {
+          throw lost_peer(mesh, op, ch.peer, "its connection closed");
+        } else if (!would_block(errno)) {
+          throw lost_peer(mesh, op, ch.peer, fmt::format("receiving failed ({})", std::strerror(errno)));
+        }
+      }
+    }
+    if (all_done) return;
+    if (progressed) continue;
+
+    // Nothing moved: wait for the sockets we need, and watch the others.
+    fds.clear();
+    watched_peer.clear();
+    std::vector<bool> in_use(static_cast<std::size_t>(mesh.size()), false);
+    for (const auto& ch : channels) {
+      short events = 0;
+      if (ch.send && !ch.send->finished() && !ch.send->ready().empty()) events |= POLLOUT;
+      if (ch.recv && !ch.recv->finished()) events |= POLLIN;
+      if (events == 0) continue;
+      fds.push_back({mesh.fd(ch.peer), events, 0});
+      in_use[static_cast<std::size_t>(ch.peer)] = true;
+    }
+    LOCKSTEP_ENFORCE(!fds.empty(), "{}: transfer stalled: nothing to send or receive yet not finished",
+                     op.description);
+    const std::size_t first_watch = fds.size();
+    for (int p = 0; p < mesh.size(); ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      if (p == mesh.rank() || in_use[i] || ignored[i] || mesh.departed(p) || mesh.fd(p) < 0) continue;
+      fds.push_back({mesh.fd(p), POLLRDHUP, 0});
+      watched_peer.push_back(p);
+    }
+    const int rc = ::poll(fds.data(), fds.size(), op.deadline.poll_timeout_ms());
+    if (rc < 0 && errno != EINTR) throw Error(fmt::format("{}: poll failed: {}", mesh.self(), std::strerror(errno)));
+    if (rc == 0) throw timed_out(mesh, op, channels);
+    for (std::size_t i = first_watch; i < fds.size(); ++i) {
+      if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))
+        check_idle_peer(mesh, op, watched_peer[i - first_watch], ignored);
+    }
+  }
+}
+
+void exchange(Mesh& mesh, const OpContext& op, int peer, const void* send, std::size_t send_len, void* recv,
+              std::size_t recv_len) {
+  BufferSource source(send, send_len);
+  BufferSink sink(recv, recv_len);
+  const Channel ch{peer, &source, &sink};
+  run_transfer(mesh, op, std::span(&ch, 1));
+}
+
+void send_bytes(Mesh& mesh, const OpContext& op, int peer, const void* data, std::size_t len) {
+  BufferSource source(data, len);
+  const Channel ch{peer, &source, nullptr};
+  run_transfer(mesh, op, std::span(&ch, 1));
+}
+
+void recv_bytes(Mesh& mesh, const OpContext& op, int peer, void* data, std::size_t len) {
+  BufferSink sink(data, len);
+  const Channel ch{peer, nullptr, &sink};
+  run_transfer(mesh, op, std::span(&ch, 1));
+}
+
+}  // namespace lockstep

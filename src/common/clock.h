@@ -1,0 +1,61 @@
+// Monotonic time and deadlines. Every blocking wait in lockstep takes a
+// Deadline, so nothing can wait forever. Values; thread-safe.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Microseconds since the steady clock's epoch; a cheap, comparable timestamp.
+inline std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+}
+
+class Deadline {
+ public:
+  static Deadline after(Duration d) {
+    const auto now = Clock::now();
+    // Saturate instead of overflowing for "effectively forever" durations.
+    if (d >= std::chrono::duration_cast<Duration>(Clock::time_point::max() - now)) return never();
+    return Deadline(now + d);
+  }
+  static Deadline never() { return Deadline(Clock::time_point::max()); }
+
+  bool is_never() const { return at_ == Clock::time_point::max(); }
+  bool expired() const { return !is_never() && Clock::now() >= at_; }
+  Clock::time_point at() const { return at_; }
+
+  Duration remaining() const {
+    if (is_never()) return Duration::max();
+    return std::max(Duration(0), std::chrono::duration_cast<Duration>(at_ - Clock::now()));
+  }
+
+  // A timeout for poll(2): milliseconds left, rounded up, at most `cap` (-1: no cap).
+  int poll_timeout_ms(int cap = -1) const {
+    if (is_never()) return cap;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(at_ - Clock::now()).count();
+    if (left <= 0) return 0;
+    const std::int64_t ms = (left + 999) / 1000;
+    const std::int64_t bounded = cap < 0 ? ms : std::min<std::int64_t>(ms, cap);
+    return static_cast<int>(std::min<std::int64_t>(bounded, 1 << 30));
+  }
+
+  // The earlier of two deadlines.
+  static Deadline earlier(Deadline a, Deadline b) { return a.at_ <= b.at_ ? a : b; }
+
+ private:
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  Clock::time_point at_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,45 @@
+// Every environment variable lockstep reads or sets, in one place. Each is
+// documented in docs/env.md; add a variable here and there together.
+// Constants only; thread-safe.
+#pragma once
+
+namespace lockstep::env {
+
+// Set by torchrun and by `lockstep run`; read by init_process_group.
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kGroupRank[] = "GROUP_RANK";  // the node's rank
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kTorchelasticRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kTorchelasticRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+
+// Set by Open MPI's mpirun.
+inline constexpr char kOmpiRank[] = "OMPI_COMM_WORLD_RANK";
+inline constexpr char kOmpiSize[] = "OMPI_COMM_WORLD_SIZE";
+inline constexpr char kOmpiLocalRank[] = "OMPI_COMM_WORLD_LOCAL_RANK";
+inline constexpr char kOmpiLocalSize[] = "OMPI_COMM_WORLD_LOCAL_SIZE";
+
+// Set by Slurm's srun.
+inline constexpr char kSlurmProcId[] = "SLURM_PROCID";
+inline constexpr char kSlurmNtasks[] = "SLURM_NTASKS";
+inline constexpr char kSlurmLocalId[] = "SLURM_LOCALID";
+inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";
+inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
+inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
+
+// lockstep's own.
+inline constexpr char kLogLevel[] = "LOCKSTEP_LOG_LEVEL";
+inline constexpr char kBackend[] = "LOCKSTEP_BACKEND";
+inline constexpr char kTimeout[] = "LOCKSTEP_TIMEOUT";
+inline constexpr char kConnectTimeout[] = "LOCKSTEP_CONNECT_TIMEOUT";
+inline constexpr char kStoreToken[] = "LOCKSTEP_STORE_TOKEN";
+inline constexpr char kStoreHosted[] = "LOCKSTEP_STORE_HOSTED";
+inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
+inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
+inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
+inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
+
+}  // namespace lockstep::env

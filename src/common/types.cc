@@ -1,0 +1,118 @@
+// Tables for the vocabulary types in lockstep/types.h. Stateless; thread-safe.
+#include "lockstep/types.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <ostream>
+#include <string>
+#include <utility>
+
+namespace lockstep {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+}  // namespace
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+std::string_view to_string(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    case DType::f16: return "half";
+    case DType::bf16: return "bfloat16";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+    case DType::u8: return "uint8";
+  }
+  return "?";
+}
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::prod: return "prod";
+  }
+  return "?";
+}
+
+std::string_view to_string(Collective collective) {
+  switch (collective) {
+    case Collective::allreduce: return "allreduce";
+    case Collective::broadcast: return "broadcast";
+    case Collective::allgather: return "allgather";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::reduce: return "reduce";
+    case Collective::barrier: return "barrier";
+    case Collective::send: return "send";
+    case Collective::recv: return "recv";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& out, DType dtype) { return out << to_string(dtype); }
+std::ostream& operator<<(std::ostream& out, ReduceOp op) { return out << to_string(op); }
+std::ostream& operator<<(std::ostream& out, Collective collective) { return out << to_string(collective); }
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  static constexpr std::array<std::pair<std::string_view, DType>, 18> kNames{{
+      {"float", DType::f32},   {"f32", DType::f32},       {"float32", DType::f32},
+      {"double", DType::f64},  {"f64", DType::f64},       {"float64", DType::f64},
+      {"half", DType::f16},    {"f16", DType::f16},       {"float16", DType::f16},
+      {"bfloat16", DType::bf16}, {"bf16", DType::bf16},   {"int32", DType::i32},
+      {"int", DType::i32},     {"i32", DType::i32},       {"int64", DType::i64},
+      {"i64", DType::i64},     {"uint8", DType::u8},      {"u8", DType::u8},
+  }};
+  const std::string key = lower(name);
+  for (const auto& [n, t] : kNames)
+    if (n == key) return t;
+  return std::nullopt;
+}
+
+std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
+  const std::string key = lower(name);
+  for (ReduceOp op : kAllReduceOps)
+    if (to_string(op) == key) return op;
+  if (key == "mean") return ReduceOp::avg;
+  if (key == "product") return ReduceOp::prod;
+  return std::nullopt;
+}
+
+std::optional<Collective> parse_collective(std::string_view name) {
+  const std::string key = lower(name);
+  for (int i = 0; i <= static_cast<int>(Collective::recv); ++i) {
+    const auto c = static_cast<Collective>(i);
+    if (to_string(c) == key) return c;
+  }
+  if (key == "all_reduce") return Collective::allreduce;
+  if (key == "all_gather") return Collective::allgather;
+  if (key == "reducescatter") return Collective::reduce_scatter;
+  return std::nullopt;
+}
+
+}  // namespace lockstep

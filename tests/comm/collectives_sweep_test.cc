@@ -1,0 +1,76 @@
+// The full collective sweep on thread ranks: world sizes 1-8 x counts
+// {0, 1, 7, 1000, 1048579} x every dtype x every op, for allreduce, reduce,
+// broadcast, allgather and reduce_scatter, each checked element by element.
+// One test per (backend, collective, world size).
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "collective_cases.h"
+#include "harness/thread_world.h"
+
+namespace lockstep {
+namespace {
+
+using testing::kSweepCounts;
+using testing::run_collective_case;
+using testing::ThreadWorld;
+
+struct SweepParam {
+  std::string backend;
+  Collective collective;
+  int world_size;
+};
+
+void PrintTo(const SweepParam& p, std::ostream* os) {
+  *os << p.backend << " " << p.collective << " over " << p.world_size << " ranks";
+}
+
+bool takes_op(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+}
+bool takes_root(Collective c) { return c == Collective::reduce || c == Collective::broadcast; }
+
+class CollectiveSweep : public ::testing::TestWithParam<SweepParam> {};
+
+TEST_P(CollectiveSweep, EveryCountDTypeAndOp) {
+  const auto& p = GetParam();
+  ThreadWorld world(p.world_size, p.backend);
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  int cases = 0;
+  for (std::size_t count : kSweepCounts) {
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (!takes_op(p.collective) && op != ReduceOp::sum) continue;
+        // Vary the root across cases so every rank serves as root somewhere.
+        const int root = takes_root(p.collective) ? (cases % p.world_size) : 0;
+        ++cases;
+        world.run([&](int, ProcessGroup& pg) {
+          std::string failure = run_collective_case(pg, p.collective, count, dtype, op, root);
+          if (!failure.empty()) {
+            std::lock_guard lock(mutex);
+            failures.push_back(std::move(failure));
+          }
+        });
+      }
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failures; first: " << failures.front();
+}
+
+std::vector<SweepParam> all_params() {
+  std::vector<SweepParam> out;
+  for (const char* backend : {"tcp"})
+    for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
+                         Collective::reduce_scatter})
+      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveSweep, ::testing::ValuesIn(all_params()), [](const auto& info) {
+  return fmt::format("{}_{}_{}ranks", info.param.backend, to_string(info.param.collective), info.param.world_size);
+});
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,197 @@
+// Ranks as real processes, started the way a launcher starts them (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the store): a
+// representative subset of the collective sweep, a rank killed
+// mid-collective, and every start-up mistake a user can make.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "collective_cases.h"
+#include "common/socket.h"
+#include "harness/process_ranks.h"
+#include "lockstep/process_group.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::describe;
+using testing::EnvMap;
+using testing::ProcessRanks;
+using testing::RankResult;
+
+// The environment `lockstep run` gives rank r of n.
+EnvMap launcher_env(int r, int n, int port, const std::string& backend = "tcp") {
+  return {{"RANK", std::to_string(r)},          {"WORLD_SIZE", std::to_string(n)},
+          {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(n)},
+          {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)},
+          {"LOCKSTEP_BACKEND", backend},        {"LOCKSTEP_TIMEOUT", "30"},
+          {"LOCKSTEP_CONNECT_TIMEOUT", "30"}};
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (const auto& r : results) EXPECT_EQ(r.exit_code, testing::kExitOk) << describe(r);
+}
+
+// Fails the rank with the first wrong result.
+void run_subset_sweep(ProcessGroup& pg) {
+  int cases = 0;
+  for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
+                       Collective::reduce_scatter}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{7}, std::size_t{1048579}}) {
+      for (DType dtype : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          const int root = (cases++) % pg.size();
+          const std::string failure = testing::run_collective_case(pg, c, count, dtype, op, root);
+          if (!failure.empty()) throw std::runtime_error(failure);
+        }
+      }
+    }
+  }
+}
+
+class ForkedSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(ForkedSweep, EnvironmentInitAndTcpStore) {
+  const int n = GetParam();
+  const int port = testing::free_port();
+  ProcessRanks ranks(
+      n, [&](int r) { return launcher_env(r, n, port); },
+      [](int) {
+        auto pg = init_process_group();
+        run_subset_sweep(*pg);
+      });
+  expect_all_ok(ranks.wait_all(120s));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ForkedSweep, ::testing::Values(2, 3, 4));
+
+TEST(ForkedRanks, FileStoreRendezvous) {
+  const int n = 3;
+  char tmpl[] = "/tmp/lockstep-fs-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ProcessRanks ranks(
+      n, [&](int) { return EnvMap{{"LOCKSTEP_TIMEOUT", "30"}}; },
+      [&](int r) {
+        GroupOptions options;
+        options.rank = r;
+        options.world_size = n;
+        options.store = std::make_shared<FileStore>(dir + "/store");
+        options.backend = "tcp";
+        auto pg = init_process_group(options);
+        std::vector<double> v(5000, r);
+        pg->allreduce(view(std::span(v)))->wait();
+        if (v[4999] != 0 + 1 + 2) throw std::runtime_error("wrong sum");
+      });
+  expect_all_ok(ranks.wait_all(60s));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ForkedRanks, KilledRankIsAPeerErrorOnEverySurvivorWithinTenSeconds) {
+  const int n = 4, victim = 2;
+  const int port = testing::free_port();
+  char tmpl[] = "/tmp/lockstep-kill-XXXXXX";
+  const std::string marker = std::string(::mkdtemp(tmpl)) + "/busy";
+  ProcessRanks ranks(
+      n, [&](int r) { return launcher_env(r, n, port); },
+      [&](int r) {
+        auto pg = init_process_group();
+        std::vector<float> v(4 << 20, 1.0f);  // 16 MiB: a ring allreduce long enough to be killed in
+        for (int i = 0;; ++i) {
+          pg->allreduce(view(std::span(v)))->wait();
+          if (r == victim && i == 2) std::ofstream{marker};
+        }
+      });
+  ASSERT_TRUE(testing::wait_for_file(marker, 60s)) << "the victim never got going";
+  std::this_thread::sleep_for(20ms);  // let it enter the next collective
+  ranks.signal(victim, SIGKILL);
+  const auto killed_at = Clock::now();
+  const auto results = ranks.wait_all(30s);
+  for (const auto& r : results) {
+    if (r.rank == victim) {
+      EXPECT_EQ(r.signal, SIGKILL) << describe(r);
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, testing::kExitPeerError) << describe(r);
+    EXPECT_NE(r.output.find("rank 2"), std::string::npos) << describe(r);
+    EXPECT_LT(seconds_between(killed_at, r.ended), 10.0) << describe(r);
+
+  }
+  std::filesystem::remove_all(std::filesystem::path(marker).parent_path());
+}
+
+TEST(ForkedRanks, ARankThatFinishesFirstDoesNotBreakTheOthers) {
+  const int n = 3;
+  const int port = testing::free_port();
+  ProcessRanks ranks(
+      n, [&](int r) { return launcher_env(r, n, port); },
+      [](int r) {
+        auto pg = init_process_group();
+        std::vector<float> v(1 << 20, 1.0f);
+        pg->allreduce(view(std::span(v)))->wait();
+        // Rank 0 (the store host) leaves first; the others linger, then finish.
+        if (r != 0) std::this_thread::sleep_for(300ms);
+        pg->barrier()->wait();
+      });
+  expect_all_ok(ranks.wait_all(60s));
+}
+
+// Runs `n` ranks with per-rank environments and expects every rank to end
+// with ConfigError within `within`, its output containing `fragment`.
+void expect_config_errors(int n, const std::function<EnvMap(int)>& env, const std::string& fragment,
+                          Duration within = 20s) {
+  const auto start = Clock::now();
+  ProcessRanks ranks(n, env, [](int) { auto pg = init_process_group(); });
+  const auto results = ranks.wait_all(60s);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, testing::kExitConfigError) << describe(r);
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << describe(r);
+    EXPECT_LT(seconds_between(start, r.ended), std::chrono::duration<double>(within).count()) << describe(r);
+  }
+}
+
+TEST(ForkedRanksConfig, MissingMasterAddr) {
+  expect_config_errors(2, [](int r) {
+    auto env = launcher_env(r, 2, 1);
+    env["MASTER_ADDR"] = "";  // set but empty counts as missing
+    return env;
+  }, "MASTER_ADDR is not set");
+}
+
+TEST(ForkedRanksConfig, RankNotBelowWorldSize) {
+  expect_config_errors(1, [](int) { return launcher_env(4, 4, 1); }, "outside the world of 4 ranks");
+}
+
+TEST(ForkedRanksConfig, WorldSizeZero) {
+  expect_config_errors(1, [](int) { return launcher_env(0, 0, 1); }, "world size is 0");
+}
+
+TEST(ForkedRanksConfig, UnreachableMasterAfterTheConnectTimeout) {
+  const int port = testing::free_port();  // nobody listens there
+  const auto start = Clock::now();
+  expect_config_errors(1, [&](int) {
+    auto env = launcher_env(1, 2, port);  // rank 1: it does not host the store
+    env["LOCKSTEP_CONNECT_TIMEOUT"] = "1";
+    return env;
+  }, "cannot reach the rendezvous store");
+  EXPECT_GE(seconds_between(start, Clock::now()), 1.0);
+}
+
+TEST(ForkedRanksConfig, PortInUse) {
+  const Socket holder = listen_tcp("", 0);  // the port is taken by someone else
+  const int port = local_port(holder.fd());
+  expect_config_errors(1, [&](int) { return launcher_env(0, 2, port); }, "in use");
+}
+
+TEST(ForkedRanksConfig, MismatchedWorldSizes) {
+  const int port = testing::free_port();
+  expect_config_errors(2, [&](int r) { return launcher_env(r, r == 0 ? 2 : 3, port); }, "world size");
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,231 @@
+// ProcessGroup behaviour on thread ranks: asynchrony and order, argument
+// checks, point to point, barrier, sub-groups, bitwise identity, and the
+// errors a user sees when ranks disagree or stall.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "common/clock.h"
+#include "harness/thread_world.h"
+#include "reference.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ThreadWorld;
+
+TEST(ProcessGroup, WorkCompletesAsynchronouslyAndInIssueOrder) {
+  ThreadWorld world(3);
+  world.run([](int rank, ProcessGroup& pg) {
+    std::vector<std::vector<float>> bufs(10, std::vector<float>(5000, static_cast<float>(rank + 1)));
+    std::vector<std::shared_ptr<Work>> works;
+    std::vector<std::uint64_t> completion_order;
+    std::mutex m;
+    for (auto& b : bufs) {
+      works.push_back(pg.allreduce(view(std::span(b))));
+      works.back()->on_complete([&](const Work& w) {
+        std::lock_guard lock(m);
+        completion_order.push_back(w.seq());
+      });
+    }
+    for (auto& w : works) w->wait();
+    for (auto& b : bufs) ASSERT_EQ(b[0], 6.0f);
+    ASSERT_EQ(completion_order.size(), 10u);
+    for (std::size_t i = 1; i < completion_order.size(); ++i) ASSERT_LT(completion_order[i - 1], completion_order[i]);
+    ASSERT_TRUE(works.back()->done());
+    ASSERT_FALSE(works.back()->error());
+    ASSERT_GE(works.back()->finished_us(), works.back()->started_us());
+  });
+}
+
+TEST(ProcessGroup, IssueReturnsBeforeTheCollectiveFinishes) {
+  ThreadWorld world(2);
+  world.run([](int rank, ProcessGroup& pg) {
+    std::vector<float> data(1000, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(300ms);  // rank 0's allreduce must wait for this
+    const auto start = Clock::now();
+    auto work = pg.allreduce(view(std::span(data)));
+    const double issue_seconds = seconds_between(start, Clock::now());
+    if (rank == 0) {
+      EXPECT_LT(issue_seconds, 0.1);
+      EXPECT_FALSE(work->done());
+    }
+    work->wait();
+    EXPECT_EQ(data[0], 2.0f);
+  });
+}
+
+TEST(ProcessGroup, ResultsAreBitwiseIdenticalOnEveryRank) {
+  for (int n : {3, 4, 5}) {
+    ThreadWorld world(n);
+    for (std::size_t count : {100u, 300000u}) {  // both algorithms
+      std::vector<std::vector<float>> results(static_cast<std::size_t>(n));
+      std::vector<std::vector<std::uint16_t>> halves(static_cast<std::size_t>(n));
+      world.run([&](int rank, ProcessGroup& pg) {
+        std::mt19937 rng(static_cast<unsigned>(rank * 7919 + 1));
+        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+        auto& f = results[static_cast<std::size_t>(rank)];
+        auto& h = halves[static_cast<std::size_t>(rank)];
+        f.resize(count);
+        h.resize(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          f[i] = dist(rng) * 1e3f;  // sums of these round: order matters
+          h[i] = float_to_bf16(dist(rng));
+        }
+        pg.allreduce(view(std::span(f)))->wait();
+        pg.allreduce(Buffer{h.data(), count, DType::bf16}, ReduceOp::avg)->wait();
+      });
+      for (int r = 1; r < n; ++r) {
+        EXPECT_EQ(0, std::memcmp(results[0].data(), results[static_cast<std::size_t>(r)].data(), count * 4))
+            << n << " ranks, rank " << r << " differs, count " << count;
+        EXPECT_EQ(halves[0], halves[static_cast<std::size_t>(r)]) << n << " ranks, bf16, rank " << r;
+      }
+    }
+  }
+}
+
+TEST(ProcessGroup, SendAndRecvPassDataAndTags) {
+  ThreadWorld world(3);
+  world.run([](int rank, ProcessGroup& pg) {
+    // A ring of sends: each rank sends to the next and receives from the previous.
+    std::vector<std::int64_t> out(1000, rank), in(1000, -1);
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    if (rank % 2 == 0) {
+      pg.send(const_view(std::span<const std::int64_t>(out)), next, 7)->wait();
+      pg.recv(view(std::span(in)), prev, 7)->wait();
+    } else {
+      pg.recv(view(std::span(in)), prev, 7)->wait();
+      pg.send(const_view(std::span<const std::int64_t>(out)), next, 7)->wait();
+    }
+    ASSERT_EQ(in[0], prev);
+    ASSERT_EQ(in[999], prev);
+  });
+}
+
+TEST(ProcessGroup, MismatchedSendAndRecvIsAMismatchError) {
+  ThreadWorld world(2, "tcp", 10s);
+  auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
+    std::vector<float> buf(10);
+    if (rank == 0) pg.send(const_view(std::span<const float>(buf)), 1, /*tag=*/1)->wait();
+    else pg.recv(view(std::span(buf)), 0, /*tag=*/2)->wait();
+  });
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const MismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected tag 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sent tag 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProcessGroup, BarrierWaitsForTheSlowestRank) {
+  ThreadWorld world(5);
+  std::atomic<int> arrived{0};
+  world.run([&](int rank, ProcessGroup& pg) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 * rank));
+    arrived++;
+    pg.barrier()->wait();
+    EXPECT_EQ(arrived.load(), 5);
+  });
+}
+
+TEST(ProcessGroup, BadArgumentsAreRejectedAtOnce) {
+  ThreadWorld world(2);
+  auto& pg = world.group(0);
+  std::vector<float> in(4), out(5);
+  EXPECT_THROW(pg.allgather(const_view(std::span<const float>(in)), view(std::span(out))), InvalidArgument);
+  EXPECT_THROW(pg.reduce_scatter(const_view(std::span<const float>(out)), view(std::span(in))), InvalidArgument);
+  EXPECT_THROW(pg.broadcast(view(std::span(in)), 2), InvalidArgument);
+  EXPECT_THROW(pg.send(const_view(std::span<const float>(in)), 0), InvalidArgument);  // to itself
+  EXPECT_THROW(pg.allreduce(Buffer{nullptr, 3, DType::f32}), InvalidArgument);
+  std::vector<double> other(8);
+  EXPECT_THROW(pg.allgather(const_view(std::span<const float>(in)), view(std::span(other))), InvalidArgument);
+  EXPECT_FALSE(pg.aborted());  // argument errors do not break the group
+}
+
+TEST(ProcessGroup, SubGroupsRunIndependently) {
+  ThreadWorld world(4);
+  world.run([](int rank, ProcessGroup& pg) {
+    const std::vector<int> evens{0, 2}, odds{3, 1};  // odd group listed out of order on purpose
+    auto sub = pg.new_group(rank % 2 == 0 ? evens : odds);
+    EXPECT_EQ(sub->size(), 2);
+    EXPECT_EQ(sub->rank(), rank % 2 == 0 ? rank / 2 : (rank == 3 ? 0 : 1));
+    std::vector<std::int32_t> v{rank};
+    sub->allreduce(view(std::span(v)))->wait();
+    EXPECT_EQ(v[0], rank % 2 == 0 ? 0 + 2 : 1 + 3);
+    // The parent still works, interleaved with the sub-group.
+    std::vector<std::int32_t> all{1};
+    pg.allreduce(view(std::span(all)))->wait();
+    EXPECT_EQ(all[0], 4);
+    // A second group over the same ranks is a distinct group.
+    auto again = pg.new_group(rank % 2 == 0 ? evens : odds);
+    std::vector<std::int32_t> w{1};
+    again->allreduce(view(std::span(w)))->wait();
+    EXPECT_EQ(w[0], 2);
+  });
+}
+
+TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
+  GroupOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.store = std::make_shared<HashStore>();
+  auto pg = init_process_group(options);
+  std::vector<float> v{1, 2, 3};
+  pg->allreduce(view(std::span(v)), ReduceOp::avg)->wait();
+  EXPECT_EQ(v[1], 2.0f);
+  pg->barrier()->wait();
+}
+
+TEST(ProcessGroup, AStalledPeerIsATimeoutErrorNamingItAndTheCollective) {
+  ThreadWorld world(3, "tcp", 1s);
+  std::vector<std::exception_ptr> errors = world.run_collecting([](int rank, ProcessGroup& pg) {
+    std::vector<float> v(100, 1.0f);
+    pg.allreduce(view(std::span(v)))->wait();  // #0: everyone
+    if (rank == 2) return;                       // rank 2 skips #1
+    pg.allreduce(view(std::span(v)))->wait();
+  });
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(fmt::format("rank {}/3", r)), std::string::npos) << what;
+      EXPECT_NE(what.find("allreduce #1"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank "), std::string::npos) << what;
+      EXPECT_GE(e.peer(), 0) << what;
+    }
+  }
+}
+
+TEST(ProcessGroup, AfterAFailureLaterOperationsFailFast) {
+  ThreadWorld world(2, "tcp", 1s);
+  world.run_collecting([](int rank, ProcessGroup& pg) {
+    if (rank == 1) return;
+    std::vector<float> v(10);
+    EXPECT_THROW(pg.allreduce(view(std::span(v)))->wait(), TimeoutError);
+    EXPECT_TRUE(pg.aborted());
+    const auto start = Clock::now();
+    EXPECT_THROW(pg.allreduce(view(std::span(v)))->wait(), TimeoutError);
+    EXPECT_LT(seconds_between(start, Clock::now()), 0.5);
+  });
+}
+
+TEST(ProcessGroup, WaitWithATimeoutReturnsControlToTheCaller) {
+  ThreadWorld world(2, "tcp", 5s);
+  world.run([](int rank, ProcessGroup& pg) {
+    std::vector<float> v(10, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(500ms);
+    auto work = pg.allreduce(view(std::span(v)));
+    if (rank == 0) EXPECT_THROW(work->wait(50ms), TimeoutError);
+    work->wait();  // the operation itself went on and finished
+    EXPECT_EQ(v[0], 2.0f);
+  });
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,146 @@
+// Reference inputs and results for collective tests. Inputs are small
+// integers, so every reduction is exact in every dtype and the expected
+// result is known bit for bit, whatever order a backend reduces in.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/format.h"
+#include "common/half.h"
+#include "lockstep/types.h"
+
+namespace lockstep::testing {
+
+// The value rank r contributes at index i, as a double (before conversion).
+inline double input_value(int r, std::size_t i, ReduceOp op) {
+  if (op == ReduceOp::prod) {
+    // Factors 2, 1, -1: products of up to 8 ranks stay within 2^8, exact in bf16.
+    switch ((static_cast<std::size_t>(r) + i) % 3) {
+      case 0: return 2;
+      case 1: return 1;
+      default: return -1;
+    }
+  }
+  return static_cast<double>((static_cast<std::size_t>(r) * 7 + i * 13) % 11) - 5;  // -5..5
+}
+
+// Stores a double into element i of a buffer of `dtype` (integers wrap like C).
+inline void store_value(void* buf, DType dtype, std::size_t i, double v) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+    case DType::f64: static_cast<double*>(buf)[i] = v; break;
+    case DType::f16: static_cast<std::uint16_t*>(buf)[i] = float_to_half(static_cast<float>(v)); break;
+    case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(v)); break;
+    case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+    case DType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(static_cast<std::int64_t>(v)); break;
+  }
+}
+
+// Reads element i as a double (integers as their stored, wrapped value).
+inline double load_value(const void* buf, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f64: return static_cast<const double*>(buf)[i];
+    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+    case DType::u8: return static_cast<const std::uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+// Fills rank r's buffer with its inputs for `op`.
+inline std::vector<std::byte> make_input(int r, std::size_t count, DType dtype, ReduceOp op) {
+  std::vector<std::byte> buf(count * dtype_size(dtype) + 1);  // +1: never a zero-size allocation
+  for (std::size_t i = 0; i < count; ++i) store_value(buf.data(), dtype, i, input_value(r, i, op));
+  return buf;
+}
+
+// The expected reduction of index `index` over `n` ranks, stored at element
+// `pos` of a buffer of `dtype` the way a correct implementation must produce
+// it: integer sums and products wrap in the element type, avg divides the
+// (wrapped) sum by n, truncating for integers, and floats are exact until
+// the final division (done in fp32, or fp64 for f64).
+inline void store_expected_at(void* buf, DType dtype, std::size_t pos, std::size_t index, int n, ReduceOp op) {
+  const bool integral = !is_floating(dtype);
+  const auto wrap = [dtype](std::int64_t v) -> std::int64_t {
+    if (dtype == DType::u8) return static_cast<std::uint8_t>(v);
+    if (dtype == DType::i32) return static_cast<std::int32_t>(v);
+    return v;
+  };
+  // Integer inputs are what the element type holds (e.g. -5 is 251 in u8).
+  const auto input = [&](int r) {
+    const double v = input_value(r, index, op);
+    return integral ? static_cast<double>(wrap(static_cast<std::int64_t>(v))) : v;
+  };
+  double result = input(0);
+  std::int64_t iresult = static_cast<std::int64_t>(result);
+  for (int r = 1; r < n; ++r) {
+    const double v = input(r);
+    const auto iv = static_cast<std::int64_t>(v);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        result += v;
+        iresult = wrap(iresult + iv);
+        break;
+      case ReduceOp::prod:
+        result *= v;
+        iresult = wrap(static_cast<std::int64_t>(static_cast<std::uint64_t>(iresult) * static_cast<std::uint64_t>(iv)));
+        break;
+      case ReduceOp::min:
+        result = std::min(result, v);
+        iresult = std::min(iresult, iv);
+        break;
+      case ReduceOp::max:
+        result = std::max(result, v);
+        iresult = std::max(iresult, iv);
+        break;
+    }
+  }
+  if (integral) {
+    if (op == ReduceOp::avg) iresult = iresult / n;
+    store_value(buf, dtype, pos, static_cast<double>(iresult));
+    return;
+  }
+  if (op == ReduceOp::avg) {
+    if (dtype == DType::f64)
+      result = result / n;
+    else
+      result = static_cast<double>(static_cast<float>(result) / static_cast<float>(n));
+  }
+  store_value(buf, dtype, pos, result);
+}
+
+inline void store_expected(void* buf, DType dtype, std::size_t i, int n, ReduceOp op) {
+  store_expected_at(buf, dtype, i, i, n, op);
+}
+
+// Compares element by element; returns "" or a description of the first
+// mismatches.
+inline std::string compare_elements(const void* got, const void* want, std::size_t count, DType dtype) {
+  const std::size_t elem = dtype_size(dtype);
+  std::string out;
+  int shown = 0;
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (std::memcmp(static_cast<const char*>(got) + i * elem, static_cast<const char*>(want) + i * elem, elem) == 0)
+      continue;
+    ++wrong;
+    if (shown++ < 5)
+      out += fmt::format(" [{}] got {} want {};", i, load_value(got, dtype, i), load_value(want, dtype, i));
+  }
+  if (wrong == 0) return "";
+  return fmt::format("{} of {} {} elements wrong:{}", wrong, count, dtype, out);
+}
+
+}  // namespace lockstep::testing

@@ -1,0 +1,139 @@
+// Typed environment reads and the launcher-environment resolution.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "comm/launch_env.h"
+#include "common/env.h"
+#include "common/log.h"
+
+namespace lockstep {
+namespace {
+
+// Sets variables for one test and restores the previous values.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+      if (v) ::setenv(k, v, 1); else ::unsetenv(k);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v) ::setenv(k.c_str(), v->c_str(), 1); else ::unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// Clears every launcher variable resolve_launch looks at.
+ScopedEnv clean_launcher_env() {
+  return ScopedEnv({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr},
+                    {"LOCAL_WORLD_SIZE", nullptr}, {"MASTER_ADDR", nullptr}, {"MASTER_PORT", nullptr},
+                    {"OMPI_COMM_WORLD_RANK", nullptr}, {"OMPI_COMM_WORLD_SIZE", nullptr},
+                    {"SLURM_PROCID", nullptr}, {"SLURM_NTASKS", nullptr}});
+}
+
+TEST(Env, ParsesSecondsAndRejectsGarbage) {
+  ScopedEnv env({{"LOCKSTEP_TEST_SECONDS", "1.5"}, {"LOCKSTEP_TEST_BAD", "soon"}});
+  EXPECT_EQ(env_seconds("LOCKSTEP_TEST_SECONDS"), Duration(1500));
+  EXPECT_THROW(env_seconds("LOCKSTEP_TEST_BAD"), ConfigError);
+  EXPECT_FALSE(env_seconds("LOCKSTEP_TEST_UNSET").has_value());
+}
+
+TEST(Env, LogLevelFromEnvironment) {
+  {
+    ScopedEnv env({{"LOCKSTEP_LOG_LEVEL", "debug"}});
+    EXPECT_EQ(Logger::level_from_env(), LogLevel::debug);
+  }
+  ScopedEnv env({{"LOCKSTEP_LOG_LEVEL", "loud"}});
+  EXPECT_THROW(Logger::level_from_env(), ConfigError);
+}
+
+TEST(LaunchEnv, NoLauncherMeansAWorldOfOne) {
+  auto clean = clean_launcher_env();
+  const auto info = resolve_launch({});
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.source, "none");
+}
+
+TEST(LaunchEnv, TorchrunVariables) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                 {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+  const auto info = resolve_launch({});
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "10.0.0.1");
+  EXPECT_EQ(info.master_port, 29500);
+}
+
+TEST(LaunchEnv, OpenMpiVariables) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "1234"}});
+  const auto info = resolve_launch({});
+  EXPECT_EQ(info.source, "Open MPI");
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.world_size, 2);
+}
+
+TEST(LaunchEnv, SlurmVariables) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
+                 {"SLURM_TASKS_PER_NODE", "2(x2),4"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1234"}});
+  const auto info = resolve_launch({});
+  EXPECT_EQ(info.source, "Slurm");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(slurm_tasks_on_node("2(x2),4", 1), 2);
+}
+
+void expect_config_error(const GroupOptions& options, const std::string& fragment) {
+  try {
+    resolve_launch(options);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(LaunchEnv, MissingMasterAddrIsAClearError) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  expect_config_error({}, "MASTER_ADDR is not set");
+}
+
+TEST(LaunchEnv, RankOutsideWorldIsAClearError) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}});
+  expect_config_error({}, "rank 4 is outside the world of 4 ranks");
+}
+
+TEST(LaunchEnv, ZeroWorldSizeIsAClearError) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "0"}});
+  expect_config_error({}, "world size is 0");
+}
+
+TEST(LaunchEnv, HalfAPairIsAClearError) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "0"}});
+  expect_config_error({}, "WORLD_SIZE is not");
+}
+
+TEST(LaunchEnv, NonNumericRankIsAClearError) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"RANK", "first"}, {"WORLD_SIZE", "2"}});
+  expect_config_error({}, "RANK='first' is not an integer");
+}
+
+}  // namespace
+}  // namespace lockstep

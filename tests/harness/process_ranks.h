@@ -1,0 +1,81 @@
+// Test harness: the ranks of a world as forked processes, the way users run
+// them. Each child gets its own environment (RANK, WORLD_SIZE, MASTER_ADDR,
+// ...), runs a function, and exits with a code that says which lockstep
+// error, if any, it ended with. The parent can signal any rank (to kill one
+// mid-collective), and waits with a deadline: children still alive at the
+// deadline are SIGKILLed and reported, and every child is reaped. Children
+// also die with the parent (PR_SET_PDEATHSIG), so none is ever orphaned.
+//
+// Fork only from a test thread while no other threads exist (do not create
+// process groups in the parent first). Not thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "lockstep/types.h"
+
+namespace lockstep::testing {
+
+// Exit codes of a rank process, by how its function ended.
+enum RankExit : int {
+  kExitOk = 0,
+  kExitPeerError = 10,
+  kExitTimeoutError = 11,
+  kExitConfigError = 12,
+  kExitMismatchError = 13,
+  kExitInvalidArgument = 14,
+  kExitOtherError = 15,
+};
+
+struct RankResult {
+  int rank = -1;
+  int exit_code = -1;   // -1 if killed by a signal
+  int signal = 0;       // the signal that ended it, if any
+  bool hit_deadline = false;
+  Clock::time_point ended{};
+  std::string output;   // its stdout and stderr
+};
+
+using EnvMap = std::map<std::string, std::string>;
+
+class ProcessRanks {
+ public:
+  // Forks n children. Child r sets env_for(r) in its environment and runs
+  // fn(r); a return is exit 0, an exception the matching RankExit (its
+  // message goes to the child's output).
+  ProcessRanks(int n, const std::function<EnvMap(int rank)>& env_for, const std::function<void(int rank)>& fn);
+  ~ProcessRanks();
+  ProcessRanks(const ProcessRanks&) = delete;
+  ProcessRanks& operator=(const ProcessRanks&) = delete;
+
+  int size() const { return static_cast<int>(pids_.size()); }
+  pid_t pid(int rank) const { return pids_[static_cast<std::size_t>(rank)]; }
+  void signal(int rank, int sig);
+  // A directory private to this run, for marker files.
+  const std::string& dir() const { return dir_; }
+
+  // Waits for every child to exit, at most `deadline`.
+  std::vector<RankResult> wait_all(Duration deadline);
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<bool> reaped_;
+  std::string dir_;
+};
+
+// A TCP port that was free a moment ago.
+int free_port();
+
+// Waits until `path` exists; false on timeout.
+bool wait_for_file(const std::string& path, Duration timeout);
+
+// "rank 2 exit 10 (PeerError) after 0.3 s: <last lines of output>" for test failure messages.
+std::string describe(const RankResult& r);
+
+}  // namespace lockstep::testing

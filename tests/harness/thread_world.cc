@@ -1,0 +1,68 @@
+// ThreadWorld; see thread_world.h.
+#include "harness/thread_world.h"
+
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace lockstep::testing {
+
+std::vector<std::exception_ptr> run_threads(int n, const std::function<void(int rank)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+namespace {
+
+void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("rank {}: {}", r, e.what()));
+    }
+  }
+}
+
+}  // namespace
+
+ThreadWorld::ThreadWorld(int size, std::string backend, Duration timeout, GroupOptions extra)
+    : store_(std::make_shared<HashStore>()), groups_(static_cast<std::size_t>(size)) {
+  store_->set_timeout(timeout);
+  rethrow_first(run_threads(size, [&](int rank) {
+    GroupOptions options = extra;
+    options.rank = rank;
+    options.world_size = size;
+    options.store = store_;
+    options.backend = backend;
+    options.timeout = timeout;
+    options.connect_timeout = timeout;
+    groups_[static_cast<std::size_t>(rank)] = init_process_group(options);
+  }));
+}
+
+ThreadWorld::~ThreadWorld() {
+  // Groups say goodbye to each other when destroyed, so destroy them together.
+  run_threads(size(), [&](int rank) { groups_[static_cast<std::size_t>(rank)].reset(); });
+}
+
+void ThreadWorld::run(const std::function<void(int, ProcessGroup&)>& fn) { rethrow_first(run_collecting(fn)); }
+
+std::vector<std::exception_ptr> ThreadWorld::run_collecting(const std::function<void(int, ProcessGroup&)>& fn) {
+  return run_threads(size(), [&](int rank) { fn(rank, group(rank)); });
+}
+
+}  // namespace lockstep::testing

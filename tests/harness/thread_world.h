@@ -1,0 +1,43 @@
+// Test harness: the ranks of a world as threads of this process, each with
+// its own ProcessGroup over one shared HashStore. Groups are formed once and
+// reused for many cases: run() calls a function on every rank concurrently
+// and rethrows the first failure, prefixed with its rank.
+//
+// Nothing hangs: every group has a short collective timeout, so a stuck
+// collective fails with TimeoutError instead of blocking the test.
+// Thread-safety: drive a ThreadWorld from one test thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "lockstep/process_group.h"
+
+namespace lockstep::testing {
+
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(int size, std::string backend = "tcp", Duration timeout = std::chrono::seconds(60),
+                       GroupOptions extra = {});
+  ~ThreadWorld();
+
+  int size() const { return static_cast<int>(groups_.size()); }
+  ProcessGroup& group(int rank) { return *groups_[static_cast<std::size_t>(rank)]; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+
+  // Runs fn(rank, group) on every rank at once; rethrows the first exception.
+  void run(const std::function<void(int rank, ProcessGroup& pg)>& fn);
+
+  // Like run(), but returns each rank's exception (null on success).
+  std::vector<std::exception_ptr> run_collecting(const std::function<void(int rank, ProcessGroup& pg)>& fn);
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::vector<std::shared_ptr<ProcessGroup>> groups_;
+};
+
+// Calls fn(rank) on `n` threads at once; returns each thread's exception.
+std::vector<std::exception_ptr> run_threads(int n, const std::function<void(int rank)>& fn);
+
+}  // namespace lockstep::testing

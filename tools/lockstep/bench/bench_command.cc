@@ -1,0 +1,371 @@
+// `lockstep bench`; see bench_command.h and docs/performance.md.
+//
+// Per size: (with -c 1) one checked run on known inputs, counting wrong
+// elements on every rank; then -w warm-up and -n timed iterations between
+// barriers. The time reported is the slowest rank's average per iteration.
+// algbw = size / time; busbw = algbw x the collective's bus factor, so that
+// busbw is comparable to the hardware's bandwidth whatever the rank count
+// (nccl-tests' definition): allreduce 2(n-1)/n, allgather and
+// reduce_scatter (n-1)/n, broadcast and reduce 1.
+#include "bench/bench_command.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "common/format.h"
+#include "common/half.h"
+#include "lockstep/error.h"
+#include "lockstep/process_group.h"
+#include "run/run_command.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct Row {
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  std::int64_t wrong = 0;
+};
+
+double bus_factor(Collective c, int n) {
+  switch (c) {
+    case Collective::allreduce: return 2.0 * (n - 1) / n;
+    case Collective::allgather:
+    case Collective::reduce_scatter: return static_cast<double>(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+// Known input: small integers, so every dtype reduces exactly.
+double pattern(int rank, std::size_t i) { return static_cast<double>((rank * 3 + i * 7) % 9) - 4; }
+
+void fill(void* buf, DType dtype, std::size_t count, int rank, std::size_t offset = 0) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const double v = pattern(rank, offset + i);
+    switch (dtype) {
+      case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+      case DType::f64: static_cast<double*>(buf)[i] = v; break;
+      case DType::f16: static_cast<std::uint16_t*>(buf)[i] = float_to_half(static_cast<float>(v)); break;
+      case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = float_to_bf16(static_cast<float>(v)); break;
+      case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
+      case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+      case DType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(static_cast<int>(v) + 4); break;
+    }
+  }
+}
+
+double value_at(const void* buf, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f64: return static_cast<const double*>(buf)[i];
+    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+    case DType::u8: return static_cast<const std::uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+// The value a correct collective leaves at index i (element `offset + i`
+// of the full vector), for sum/avg/min/max/prod over n ranks.
+double expected(DType dtype, ReduceOp op, int n, std::size_t index) {
+  const auto in = [&](int r) { return dtype == DType::u8 ? pattern(r, index) + 4 : pattern(r, index); };
+  double acc = in(0);
+  for (int r = 1; r < n; ++r) {
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc += in(r); break;
+      case ReduceOp::min: acc = std::min(acc, in(r)); break;
+      case ReduceOp::max: acc = std::max(acc, in(r)); break;
+      case ReduceOp::prod: acc *= in(r); break;
+    }
+  }
+  if (dtype == DType::u8 && (op == ReduceOp::sum || op == ReduceOp::avg || op == ReduceOp::prod))
+    acc = static_cast<double>(static_cast<std::uint8_t>(static_cast<std::int64_t>(acc)));
+  if (op == ReduceOp::avg) {
+    if (is_floating(dtype)) {
+      acc = dtype == DType::f64 ? acc / n : static_cast<double>(static_cast<float>(acc) / static_cast<float>(n));
+      if (dtype == DType::f16) acc = half_to_float(float_to_half(static_cast<float>(acc)));
+      if (dtype == DType::bf16) acc = bf16_to_float(float_to_bf16(static_cast<float>(acc)));
+    } else {
+      acc = static_cast<double>(static_cast<std::int64_t>(acc) / n);
+    }
+  }
+  return acc;
+}
+
+// Products of many ranks overflow small types; check prod only where exact.
+bool checkable(ReduceOp op, DType dtype, int n) {
+  if (op != ReduceOp::prod) return true;
+  return n <= 4 || dtype == DType::f64 || dtype == DType::i64;
+}
+
+class Bench {
+ public:
+  Bench(ProcessGroup& pg, const BenchOptions& o, DType dtype, ReduceOp op)
+      : pg_(pg), o_(o), dtype_(dtype), op_(op), n_(pg.size()), r_(pg.rank()) {}
+
+  // Runs one collective on the current buffers.
+  void once(Collective c, std::size_t count) {
+    switch (c) {
+      case Collective::allreduce: pg_.allreduce(Buffer{a_.data(), count, dtype_}, op_)->wait(); break;
+      case Collective::broadcast: pg_.broadcast(Buffer{a_.data(), count, dtype_}, o_.root)->wait(); break;
+      case Collective::reduce: pg_.reduce(Buffer{a_.data(), count, dtype_}, o_.root, op_)->wait(); break;
+      case Collective::allgather:
+        pg_.allgather(ConstBuffer{a_.data(), count, dtype_}, Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_})->wait();
+        break;
+      case Collective::reduce_scatter:
+        pg_.reduce_scatter(ConstBuffer{a_.data(), count * static_cast<std::size_t>(n_), dtype_}, Buffer{b_.data(), count, dtype_}, op_)->wait();
+        break;
+      default: throw InvalidArgument(fmt::format("bench does not measure {}", c));
+    }
+  }
+
+  // Elements wrong on this rank after one run on known inputs.
+  std::int64_t check(Collective c, std::size_t count) {
+    const std::size_t n = static_cast<std::size_t>(n_);
+    const std::size_t elem = dtype_size(dtype_);
+    std::int64_t wrong = 0;
+    switch (c) {
+      case Collective::allreduce:
+      case Collective::reduce:
+        fill(a_.data(), dtype_, count, r_);
+        once(c, count);
+        if (c == Collective::reduce && r_ != o_.root) break;
+        if (!checkable(op_, dtype_, n_)) break;
+        for (std::size_t i = 0; i < count; ++i) wrong += value_at(a_.data(), dtype_, i) != expected(dtype_, op_, n_, i);
+        break;
+      case Collective::broadcast:
+        fill(a_.data(), dtype_, count, r_);
+        once(c, count);
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += value_at(a_.data(), dtype_, i) != (dtype_ == DType::u8 ? pattern(o_.root, i) + 4 : pattern(o_.root, i));
+        break;
+      case Collective::allgather:
+        fill(a_.data(), dtype_, count, r_);
+        once(c, count);
+        for (std::size_t q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < count; ++i) {
+            const double want = pattern(static_cast<int>(q), i) + (dtype_ == DType::u8 ? 4 : 0);
+            wrong += value_at(b_.data() + q * count * elem, dtype_, i) != want;
+          }
+        break;
+      case Collective::reduce_scatter:
+        fill(a_.data(), dtype_, count * n, r_);
+        once(c, count);
+        if (!checkable(op_, dtype_, n_)) break;
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += value_at(b_.data(), dtype_, i) != expected(dtype_, op_, n_, static_cast<std::size_t>(r_) * count + i);
+        break;
+      default: break;
+    }
+    return wrong;
+  }
+
+  Row measure(Collective c, std::size_t bytes) {
+    const std::size_t elem = dtype_size(dtype_);
+    const std::size_t n = static_cast<std::size_t>(n_);
+    Row row;
+    // nccl-tests' convention: size is the whole buffer (for allgather the
+    // output, for reduce_scatter the input), so per-rank count = size/n.
+    const bool split = c == Collective::allgather || c == Collective::reduce_scatter;
+    row.count = std::max<std::size_t>(1, bytes / elem / (split ? n : 1));
+    row.bytes = row.count * elem * (split ? n : 1);
+    a_.assign(row.count * elem * (c == Collective::reduce_scatter ? n : 1), std::byte{0});
+    b_.assign(split ? row.count * elem * (c == Collective::allgather ? n : 1) : 0, std::byte{0});
+    if (o_.check) row.wrong = check(c, row.count);
+    fill(a_.data(), dtype_, a_.size() / elem, r_);
+    for (int i = 0; i < o_.warmup; ++i) once(c, row.count);
+    pg_.barrier()->wait();
+    const auto start = Clock::now();
+    for (int i = 0; i < o_.iters; ++i) once(c, row.count);
+    double us = seconds_between(start, Clock::now()) * 1e6 / std::max(1, o_.iters);
+    // The slowest rank's time and the total of wrong elements.
+    pg_.allreduce(Buffer{&us, 1, DType::f64}, ReduceOp::max)->wait();
+    pg_.allreduce(Buffer{&row.wrong, 1, DType::i64}, ReduceOp::sum)->wait();
+    row.time_us = us;
+    row.algbw = static_cast<double>(row.bytes) / (us * 1e3);  // bytes/us/1e3 = GB/s
+    row.busbw = row.algbw * bus_factor(c, n_);
+    return row;
+  }
+
+ private:
+  ProcessGroup& pg_;
+  const BenchOptions& o_;
+  DType dtype_;
+  ReduceOp op_;
+  int n_;
+  int r_;
+  std::vector<std::byte> a_, b_;
+};
+
+// Memory-copy bandwidth with every rank copying at once: the bound a
+// one-host collective works against.
+double memcpy_bandwidth(ProcessGroup& pg) {
+  constexpr std::size_t kBytes = 64u << 20;
+  std::vector<std::byte> src(kBytes, std::byte{1}), dst(kBytes, std::byte{0});
+  std::memcpy(dst.data(), src.data(), kBytes);  // fault the pages in
+  pg.barrier()->wait();
+  constexpr int kReps = 5;
+  const auto start = Clock::now();
+  for (int i = 0; i < kReps; ++i) std::memcpy(dst.data(), src.data(), kBytes);
+  double gbps = kReps * static_cast<double>(kBytes) / seconds_between(start, Clock::now()) / 1e9;
+  pg.allreduce(Buffer{&gbps, 1, DType::f64}, ReduceOp::avg)->wait();
+  return gbps;
+}
+
+void pin_to_core(int local_rank) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  if (cores.empty()) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores[static_cast<std::size_t>(local_rank) % cores.size()], &one);
+  sched_setaffinity(0, sizeof one, &one);
+}
+
+std::string self_exe() {
+  char path[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  return n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "lockstep";
+}
+
+int bench_as_rank(const BenchOptions& o) {
+  const auto dtype = parse_dtype(o.dtype);
+  const auto op = parse_reduce_op(o.redop);
+  if (!dtype) throw InvalidArgument(fmt::format("-d {}: unknown type; use float, double, half, bfloat16, int32, int64, uint8", o.dtype));
+  if (!op) throw InvalidArgument(fmt::format("-o {}: unknown op; use sum, avg, min, max, prod", o.redop));
+  std::vector<Collective> ops;
+  if (o.op == "all") {
+    ops = {Collective::allreduce, Collective::broadcast, Collective::reduce, Collective::allgather, Collective::reduce_scatter};
+  } else {
+    const auto c = parse_collective(o.op);
+    if (!c || *c == Collective::barrier || *c == Collective::send || *c == Collective::recv)
+      throw InvalidArgument(fmt::format("--op {}: use allreduce, broadcast, reduce, allgather, reduce_scatter or all", o.op));
+    ops = {*c};
+  }
+  if (o.pin) pin_to_core(static_cast<int>(env_int(env::kLocalRank).value_or(0)));
+  GroupOptions group;
+  group.backend = o.backend;
+  auto pg = init_process_group(group);
+  const bool printer = pg->rank() == 0;
+  const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
+  if (o.factor <= 1 && min_bytes != max_bytes) throw InvalidArgument("-f must be greater than 1");
+
+  nlohmann::json report = {{"backend", pg->backend()}, {"ranks", pg->size()}, {"dtype", to_string(*dtype)},
+                           {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
+  if (printer) {
+    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s\n", pg->size(),
+                pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off");
+    std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
+                "busbw", "#wrong");
+    std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  double busbw_sum = 0;
+  int rows = 0;
+  std::int64_t wrong_total = 0;
+  double last_busbw = 0;
+  Bench bench(*pg, o, *dtype, *op);
+  for (Collective c : ops) {
+    if (printer && ops.size() > 1) std::printf("# %s\n", std::string(to_string(c)).c_str());
+    const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+    const bool rooted = c == Collective::broadcast || c == Collective::reduce;
+    for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
+      const Row row = bench.measure(c, bytes);
+      busbw_sum += row.busbw;
+      wrong_total += row.wrong;
+      last_busbw = row.busbw;
+      ++rows;
+      if (printer) {
+        std::printf("  %10zu %12zu %8s %6s %6d %10.2f %8.2f %8.2f %7s\n", row.bytes, row.count,
+                    std::string(to_string(*dtype)).c_str(), reduces ? std::string(to_string(*op)).c_str() : "none",
+                    rooted ? o.root : -1, row.time_us, row.algbw, row.busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A");
+        std::fflush(stdout);
+        report["results"].push_back({{"op", to_string(c)}, {"size", row.bytes}, {"count", row.count}, {"time_us", row.time_us},
+                                     {"algbw", row.algbw}, {"busbw", row.busbw}, {"wrong", o.check ? row.wrong : -1}});
+      }
+      if (bytes >= max_bytes || o.factor <= 1) break;
+    }
+  }
+  const double copy = memcpy_bandwidth(*pg);
+  if (printer) {
+    const double avg = rows ? busbw_sum / rows : 0;
+    std::printf("# Out of bounds values : %ld %s\n", static_cast<long>(wrong_total), wrong_total ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", avg);
+    std::printf("# Memory copy bandwidth: %.3f GB/s per rank, all %d ranks copying at once\n", copy, pg->size());
+    std::printf("# Largest size reached %.0f%% of the memory copy bandwidth\n", copy > 0 ? 100.0 * last_busbw / copy : 0);
+    report["avg_busbw"] = avg;
+    report["memcpy_gbps"] = copy;
+    report["wrong"] = wrong_total;
+    if (!o.json_path.empty()) std::ofstream(o.json_path) << report.dump(2) << "\n";
+  }
+  return wrong_total == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+std::size_t parse_size(const std::string& text) {
+  if (text.empty()) throw InvalidArgument("empty size");
+  std::size_t mult = 1;
+  std::string digits = text;
+  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
+    case 'K': mult = 1ull << 10; digits.pop_back(); break;
+    case 'M': mult = 1ull << 20; digits.pop_back(); break;
+    case 'G': mult = 1ull << 30; digits.pop_back(); break;
+    default: break;
+  }
+  const auto v = parse_int(digits);
+  if (!v || *v < 0) throw InvalidArgument(fmt::format("'{}' is not a size; use bytes with an optional K, M or G", text));
+  return static_cast<std::size_t>(*v) * mult;
+}
+
+void add_bench_command(CLI::App& app, BenchOptions& o) {
+  auto* b = app.add_subcommand("bench", "Measure collectives the way nccl-tests does");
+  b->add_option("--op", o.op, "allreduce, broadcast, reduce, allgather, reduce_scatter, or all")->capture_default_str();
+  b->add_option("--backend", o.backend, "auto, tcp, shm, mpi")->capture_default_str();
+  b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)");
+  b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
+  b->add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
+  b->add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
+  b->add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
+  b->add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
+  b->add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
+  b->add_option("-d,--datatype", o.dtype, "float, double, half, bfloat16, int32, int64, uint8")->capture_default_str();
+  b->add_option("-o,--op_type", o.redop, "sum, avg, min, max, prod")->capture_default_str();
+  b->add_option("-r,--root", o.root, "Root rank for broadcast and reduce")->capture_default_str();
+  b->add_option("--json", o.json_path, "Also write the results to this JSON file");
+  b->add_option("--pin", o.pin, "Pin each rank to its own core (1) or not (0)")->capture_default_str();
+}
+
+int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
+  const bool launched = env_string(env::kRank) || env_string(env::kOmpiRank) || env_string(env::kSlurmProcId);
+  if (o.nranks > 0 && !launched) {
+    RunOptions run;
+    run.nproc_per_node = std::to_string(o.nranks);
+    run.unprefixed_rank0 = true;
+    run.program = argv;
+    run.program[0] = self_exe();
+    return run_job(run);
+  }
+  return bench_as_rank(o);
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,251 @@
+// `lockstep run`: options, the store, launcher rendezvous across nodes, and
+// the attempt loop with restarts. See run_command.h and docs/launcher.md.
+//
+// One attempt, step by step:
+//   1. (several nodes) each launcher publishes its process count under the
+//      attempt's keys and waits for every node's, which fixes the world size
+//      and each node's first global rank;
+//   2. it starts its ranks with the environment torchrun would give them;
+//   3. it supervises them (supervisor.h); a failure anywhere is published in
+//      the store so every node stops its ranks too;
+//   4. on success every node reports done; node 0, which hosts the store,
+//      waits for all of them before it exits.
+#include "run/run_command.h"
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "lockstep/error.h"
+#include "lockstep/store.h"
+#include "run/supervisor.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::string random_hex(std::size_t bytes) {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  std::string out;
+  for (std::size_t i = 0; i < bytes; ++i) out += fmt::format("{:02x}", static_cast<unsigned>(urandom.get()) & 0xff);
+  return out;
+}
+
+int resolve_nproc(const std::string& text) {
+  if (text == "auto") {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  const auto n = parse_int(text);
+  if (!n || *n < 1)
+    throw ConfigError(fmt::format("--nproc-per-node '{}' is not a positive number or 'auto'", text));
+  return static_cast<int>(*n);
+}
+
+// The signals the launcher handles, delivered through a signalfd.
+UniqueFd block_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  return UniqueFd(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
+}
+
+struct Layout {
+  int world_size = 0;
+  int first_rank = 0;  // this node's first global rank
+};
+
+// Agrees with the other launchers on the world of this attempt.
+Layout rendezvous_nodes(Store& store, const RunOptions& o, int nproc, int attempt) {
+  if (o.nnodes == 1) return {nproc, 0};
+  store.set(fmt::format("launcher/{}/nproc/{}", attempt, o.node_rank), std::to_string(nproc));
+  std::vector<std::string> keys;
+  for (int n = 0; n < o.nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
+  try {
+    store.wait(keys, Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000)));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int n = 0; n < o.nnodes; ++n)
+      if (!store.check({keys[static_cast<std::size_t>(n)]})) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", n);
+    throw ConfigError(fmt::format("node(s) {} of {} did not join within {:.0f} s; start `lockstep run` with the same "
+                                  "--nnodes, --master-addr and --master-port on every node",
+                                  missing, o.nnodes, o.rendezvous_seconds));
+  }
+  Layout layout;
+  for (int n = 0; n < o.nnodes; ++n) {
+    const int count = static_cast<int>(parse_int(store.get(keys[static_cast<std::size_t>(n)])).value_or(0));
+    if (n < o.node_rank) layout.first_rank += count;
+    layout.world_size += count;
+  }
+  return layout;
+}
+
+std::map<std::string, std::string> rank_env(const RunOptions& o, const Layout& layout, int nproc, int local_rank,
+                                            int port, const std::string& run_id, const std::string& token,
+                                            int attempt) {
+  std::map<std::string, std::string> env{
+      {env::kRank, std::to_string(layout.first_rank + local_rank)},
+      {env::kLocalRank, std::to_string(local_rank)},
+      {env::kWorldSize, std::to_string(layout.world_size)},
+      {env::kLocalWorldSize, std::to_string(nproc)},
+      {env::kGroupRank, std::to_string(o.node_rank)},
+      {env::kMasterAddr, o.master_addr},
+      {env::kMasterPort, std::to_string(port)},
+      {env::kStoreHosted, "1"},
+      {env::kRunId, run_id},
+      {env::kRestartCount, std::to_string(attempt)},
+      {env::kTorchelasticRestartCount, std::to_string(attempt)},
+  };
+  if (!token.empty()) env[env::kStoreToken] = token;
+  if (!o.backend.empty()) env[env::kBackend] = o.backend;
+  // As torchrun does: several ranks per node each using every core for
+  // their math would oversubscribe the machine.
+  if (nproc > 1 && !env_string("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
+void print_failure(const RankFailure& f, int node_rank, int attempt, std::size_t others) {
+  if (!f.reported_by.empty()) {
+    std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", others, f.reported_by.c_str());
+    return;
+  }
+  std::fprintf(stderr, "lockstep run: rank %d failed first: %s after %.1f s (node %d, attempt %d); stopped the other %zu rank(s) on this node\n",
+               f.rank, f.status.describe().c_str(), f.seconds, node_rank, attempt, others);
+  if (!f.last_stderr.empty()) {
+    std::fprintf(stderr, "lockstep run: last lines of rank %d's stderr:\n", f.rank);
+    for (const auto& line : f.last_stderr) std::fprintf(stderr, "  | %s\n", line.c_str());
+  }
+}
+
+std::string failure_line(const RankFailure& f, int node_rank) {
+  return fmt::format("rank {} on node {} failed: {}", f.rank, node_rank, f.status.describe());
+}
+
+// Node 0 hosts the store: it waits for every node to finish before exiting.
+void wait_for_nodes(Store& store, const RunOptions& o, int attempt) {
+  const std::string done = fmt::format("launcher/{}/done", attempt);
+  const std::string failed = fmt::format("launcher/{}/failed", attempt);
+  while (store.add(done, 0) < o.nnodes && !store.check({failed}))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, RunOptions& o) {
+  auto* run = app.add_subcommand("run", "Start a program on several processes (and nodes), as torchrun does");
+  run->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "Processes on this node: a number or 'auto' (one per core)")->capture_default_str();
+  run->add_option("--nnodes", o.nnodes, "Number of nodes")->capture_default_str()->check(CLI::PositiveNumber);
+  run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1")->capture_default_str()->check(CLI::NonNegativeNumber);
+  run->add_option("--master-addr,--master_addr", o.master_addr, "Address of node 0, which hosts the store")->capture_default_str();
+  run->add_option("--master-port,--master_port", o.master_port, "Store port on node 0 (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
+  run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
+  run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(CLI::NonNegativeNumber);
+  run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/rank<r>.log");
+  run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
+  run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
+  run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::NonNegativeNumber);
+  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str();
+  run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, mpi");
+  run->add_option("--run-id", o.run_id, "Job identifier (default: random)");
+  run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
+  run->footer(
+      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT, as under\n"
+      "torchrun. When a rank fails, the others are stopped and the launcher exits with the failed rank's code.");
+}
+
+int run_job(const RunOptions& o) {
+  if (o.node_rank >= o.nnodes)
+    throw ConfigError(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
+  if (o.standalone && o.nnodes > 1) throw ConfigError("--standalone is for a single node; drop it or --nnodes");
+  if (o.nnodes > 1 && o.master_port == 0)
+    throw ConfigError("several nodes need a fixed --master-port (the same on every node)");
+  if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
+  const int nproc = resolve_nproc(o.nproc_per_node);
+  UniqueFd signals = block_signals();
+
+  // Node 0 hosts the store. A single node binds loopback only and guards
+  // the store with a random token; several nodes share LOCKSTEP_STORE_TOKEN
+  // if it is set.
+  const bool single = o.nnodes == 1;
+  std::string token = env_string(env::kStoreToken).value_or(single ? random_hex(16) : "");
+  TcpStoreOptions store_options;
+  store_options.token = token;
+  store_options.connect_timeout = Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000));
+  std::unique_ptr<TcpStoreServer> server;
+  int port = o.master_port;
+  if (o.node_rank == 0) {
+    server = std::make_unique<TcpStoreServer>(single ? "127.0.0.1" : "", static_cast<std::uint16_t>(port), store_options);
+    port = server->port();
+  }
+  RunOptions effective = o;
+  if (single) effective.master_addr = "127.0.0.1";
+  TcpStore store(effective.master_addr, static_cast<std::uint16_t>(port), store_options);
+  std::string run_id = o.run_id;
+  if (o.node_rank == 0) {
+    if (run_id.empty()) run_id = random_hex(6);
+    store.set("launcher/run_id", run_id);
+  } else {
+    store.set_timeout(store_options.connect_timeout);
+    run_id = store.get("launcher/run_id");
+  }
+
+  for (int attempt = 0;; ++attempt) {
+    const Layout layout = rendezvous_nodes(store, effective, nproc, attempt);
+    if (attempt == 0)
+      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d, run %s\n", nproc,
+                   o.node_rank, o.nnodes, layout.world_size, effective.master_addr.c_str(), port, run_id.c_str());
+    std::vector<RankProcess> ranks;
+    ranks.reserve(static_cast<std::size_t>(nproc));
+    for (int local = 0; local < nproc; ++local)
+      ranks.emplace_back(layout.first_rank + local, o.program,
+                         rank_env(effective, layout, nproc, local, port, run_id, token, attempt));
+
+    SupervisorOptions sup;
+    sup.prefix_output = !o.no_prefix;
+    sup.log_dir = o.log_dir;
+    sup.attempt = attempt;
+    sup.grace = Duration(static_cast<std::int64_t>(o.grace_seconds * 1000));
+    const std::string failed_key = fmt::format("launcher/{}/failed", attempt);
+    if (!single) {
+      sup.remote_failure = [&]() -> std::optional<std::string> {
+        if (!store.check({failed_key})) return std::nullopt;
+        return "another node reported: " + store.get(failed_key);
+      };
+    }
+    sup.unprefixed_rank0 = o.unprefixed_rank0;
+    const AttemptResult result = supervise(ranks, signals.fd(), sup);
+
+    if (result.ok) {
+      if (!single) {
+        store.add(fmt::format("launcher/{}/done", attempt), 1);
+        if (o.node_rank == 0) wait_for_nodes(store, effective, attempt);
+      }
+      return 0;
+    }
+    if (result.interrupted_by != 0) {
+      if (!single) store.compare_set(failed_key, "", fmt::format("node {} was interrupted", o.node_rank));
+      return 128 + result.interrupted_by;
+    }
+    const RankFailure& f = *result.first_failure;
+    if (!single && f.reported_by.empty()) store.compare_set(failed_key, "", failure_line(f, o.node_rank));
+    print_failure(f, o.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+    if (attempt >= o.max_restarts) {
+      // The failed rank's own code; a failure on another node has none here.
+      return f.reported_by.empty() ? f.status.as_exit_code() : 1;
+    }
+    std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)\n", attempt + 1, o.max_restarts);
+  }
+}
+
+}  // namespace lockstep::cli

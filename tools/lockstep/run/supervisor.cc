@@ -1,0 +1,201 @@
+// supervise(); see supervisor.h.
+#include "run/supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "run/output_relay.h"
+
+namespace lockstep::cli {
+namespace {
+
+constexpr Duration kRemoteCheckInterval = std::chrono::milliseconds(200);
+// After every rank exited, how long to wait for pipes still held open by
+// stray grandchildren before closing them.
+constexpr Duration kPipeDrainLimit = std::chrono::seconds(2);
+
+struct FileCloser {
+  void operator()(std::FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+
+// Per-rank output state.
+struct Streams {
+  std::unique_ptr<std::FILE, FileCloser> log;
+  std::unique_ptr<OutputRelay> out;
+  std::unique_ptr<OutputRelay> err;
+};
+
+class Attempt {
+ public:
+  Attempt(std::vector<RankProcess>& ranks, int signal_fd, const SupervisorOptions& options)
+      : ranks_(ranks), signal_fd_(signal_fd), options_(options) {
+    for (auto& r : ranks_) {
+      Streams s;
+      if (!options_.log_dir.empty())
+        s.log.reset(std::fopen(fmt::format("{}/rank{}.log", options_.log_dir, r.rank()).c_str(), "a"));
+      if (s.log) std::fprintf(s.log.get(), "=== attempt %d, pid %d ===\n", options_.attempt, r.pid());
+      const bool prefixed = options_.prefix_output && !(options_.unprefixed_rank0 && r.rank() == 0);
+      const std::string prefix = prefixed ? fmt::format("[{}] ", r.rank()) : "";
+      s.out = std::make_unique<OutputRelay>(stdout, s.log.get(), prefix);
+      s.err = std::make_unique<OutputRelay>(stderr, s.log.get(), prefix);
+      streams_.push_back(std::move(s));
+    }
+  }
+
+  AttemptResult run() {
+    Clock::time_point next_remote_check = Clock::now();
+    std::optional<Clock::time_point> all_exited_at;
+    while (!finished(all_exited_at)) {
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      std::vector<std::pair<std::size_t, bool>> owners;  // (rank index, is stderr)
+      for (std::size_t i = 0; i < ranks_.size(); ++i) {
+        if (ranks_[i].stdout_fd() >= 0) {
+          fds.push_back({ranks_[i].stdout_fd(), POLLIN, 0});
+          owners.push_back({i, false});
+        }
+        if (ranks_[i].stderr_fd() >= 0) {
+          fds.push_back({ranks_[i].stderr_fd(), POLLIN, 0});
+          owners.push_back({i, true});
+        }
+      }
+      ::poll(fds.data(), fds.size(), 50);
+      if (fds[0].revents & POLLIN) handle_signals();
+      for (std::size_t f = 1; f < fds.size(); ++f)
+        if (fds[f].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(owners[f - 1].first, owners[f - 1].second);
+      reap();
+      if (!stopping_ && options_.remote_failure && Clock::now() >= next_remote_check) {
+        next_remote_check = Clock::now() + kRemoteCheckInterval;
+        if (auto remote = options_.remote_failure()) {
+          RankFailure f;
+          f.reported_by = *remote;
+          result_.first_failure = f;
+          begin_stop(SIGTERM);
+        }
+      }
+      if (stopping_ && !killed_ && Clock::now() >= stop_deadline_) {
+        for (auto& r : ranks_) r.signal(SIGKILL);
+        killed_ = true;
+      }
+      if (!all_exited_at && all_exited()) all_exited_at = Clock::now();
+    }
+    for (auto& s : streams_) {
+      s.out->finish();
+      s.err->finish();
+    }
+    result_.ok = !result_.first_failure && result_.interrupted_by == 0;
+    return result_;
+  }
+
+ private:
+  bool all_exited() const {
+    for (const auto& r : ranks_)
+      if (r.running()) return false;
+    return true;
+  }
+
+  // Done when every rank is reaped and its pipes are drained (or a stray
+  // grandchild kept them open past the limit).
+  bool finished(const std::optional<Clock::time_point>& all_exited_at) {
+    if (!all_exited_at) return false;
+    bool pipes_open = false;
+    for (auto& r : ranks_) pipes_open |= r.stdout_fd() >= 0 || r.stderr_fd() >= 0;
+    if (!pipes_open) return true;
+    if (Clock::now() - *all_exited_at < kPipeDrainLimit) return false;
+    for (auto& r : ranks_) {
+      r.close_stdout();
+      r.close_stderr();
+    }
+    return true;
+  }
+
+  void handle_signals() {
+    signalfd_siginfo info{};
+    while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reap() runs every pass
+      if (result_.interrupted_by == 0) {
+        result_.interrupted_by = sig;
+        std::fprintf(stderr, "lockstep run: received SIG%s, stopping all ranks\n", sigabbrev_np(sig));
+      }
+      // A second Ctrl-C means "now": skip the grace period.
+      if (stopping_) {
+        for (auto& r : ranks_) r.signal(SIGKILL);
+        killed_ = true;
+      } else {
+        begin_stop(sig == SIGHUP ? SIGTERM : sig);
+      }
+    }
+  }
+
+  // Reads what is there (pipes are non-blocking); returns whether it got data.
+  bool read_stream(std::size_t i, bool is_stderr) {
+    RankProcess& r = ranks_[i];
+    const int fd = is_stderr ? r.stderr_fd() : r.stdout_fd();
+    char buf[16384];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      (is_stderr ? streams_[i].err : streams_[i].out)->feed(buf, static_cast<std::size_t>(n));
+      return true;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      if (is_stderr) r.close_stderr(); else r.close_stdout();
+    }
+    return false;
+  }
+
+  void reap() {
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      RankProcess& r = ranks_[i];
+      if (!r.running()) continue;
+      int status = 0;
+      if (::waitpid(r.pid(), &status, WNOHANG) != r.pid()) continue;
+      r.exited(status);
+      if (!r.status().ok() && !result_.first_failure && result_.interrupted_by == 0 && !stopping_) {
+        // Drain what it already wrote, so the summary shows its last words.
+        while (r.stderr_fd() >= 0 && read_stream(i, true)) {
+        }
+        RankFailure f;
+        f.rank = r.rank();
+        f.status = r.status();
+        f.seconds = seconds_between(r.started(), r.ended());
+        f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+        result_.first_failure = f;
+        begin_stop(SIGTERM);
+      }
+    }
+  }
+
+  void begin_stop(int sig) {
+    if (stopping_) return;
+    stopping_ = true;
+    stop_deadline_ = Clock::now() + options_.grace;
+    for (auto& r : ranks_) r.signal(sig);
+  }
+
+  std::vector<RankProcess>& ranks_;
+  int signal_fd_;
+  const SupervisorOptions& options_;
+  std::vector<Streams> streams_;
+  AttemptResult result_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point stop_deadline_{};
+};
+
+}  // namespace
+
+AttemptResult supervise(std::vector<RankProcess>& ranks, int signal_fd, const SupervisorOptions& options) {
+  return Attempt(ranks, signal_fd, options).run();
+}
+
+}  // namespace lockstep::cli

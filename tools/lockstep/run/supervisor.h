@@ -1,0 +1,47 @@
+// Supervises one attempt of a job on this node: relays every rank's output,
+// notices each exit, and when a rank fails (or the launcher is told to stop,
+// or another node reports a failure) stops the rest: SIGTERM to each rank's
+// process group, SIGKILL after the grace period. It returns only when every
+// rank has been reaped, so no process is ever left behind.
+//
+// Signals reach the launcher through a signalfd (they are blocked), so there
+// are no signal handlers and no global state. Not thread-safe.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "run/rank_process.h"
+
+namespace lockstep::cli {
+
+struct RankFailure {
+  int rank = -1;
+  ExitStatus status;
+  double seconds = 0;                   // how long it ran
+  std::vector<std::string> last_stderr;  // its last lines
+  std::string reported_by;               // non-empty: another node's report
+};
+
+struct AttemptResult {
+  bool ok = false;
+  int interrupted_by = 0;  // the signal the launcher received, if any
+  std::optional<RankFailure> first_failure;
+};
+
+struct SupervisorOptions {
+  bool prefix_output = true;
+  bool unprefixed_rank0 = false;
+  std::string log_dir;  // empty: no per-rank log files
+  int attempt = 0;
+  Duration grace = std::chrono::seconds(5);
+  // Polled a few times a second; a non-empty answer is another node's failure.
+  std::function<std::optional<std::string>()> remote_failure;
+};
+
+// `signal_fd` is a signalfd for SIGCHLD, SIGINT, SIGTERM and SIGHUP.
+AttemptResult supervise(std::vector<RankProcess>& ranks, int signal_fd, const SupervisorOptions& options);
+
+}  // namespace lockstep::cli
