@@ -20,10 +20,12 @@
 // Work is thread-safe.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,7 +43,7 @@ class ProgressEngine;
 // The handle of one asynchronous operation.
 class Work {
  public:
-  Work(std::uint64_t seq, Collective collective, std::string description);
+  Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us);
 
   // Waits until the operation finished and rethrows its error, if any. If it
   // is still running after `timeout`, throws TimeoutError (the operation goes
@@ -51,33 +53,38 @@ class Work {
   // The operation's exception, or null while running or after success.
   std::exception_ptr error() const;
 
-  // Runs `callback` once the operation is done (successfully or not): on the
-  // group's progress thread, or at once on this thread if already done. Keep
-  // callbacks short; they delay the group's next operation.
+  // Runs `callback` once the operation is done (successfully or not), before
+  // waiters are released: on the thread that ran the operation, or at once
+  // on this thread if already done. Keep callbacks short; they delay the
+  // group's next operation. A callback must not throw.
   void on_complete(std::function<void(const Work&)> callback);
 
   std::uint64_t seq() const { return seq_; }
-  Collective collective() const { return collective_; }
+  Collective collective() const { return info_.collective; }
+  const OpInfo& info() const { return info_; }
   // E.g. "allreduce #12 (float x 1000, sum)".
-  const std::string& description() const { return description_; }
-  // Steady-clock microseconds (see lockstep::now_us in diagnostics): when the
-  // operation was issued, started on the progress thread, and finished. 0 if
-  // not yet.
+  std::string description() const { return describe(info_, seq_); }
+  // Steady-clock microseconds: when the operation was issued, started and
+  // finished. 0 if not yet.
   std::int64_t issued_us() const { return issued_us_; }
   std::int64_t started_us() const;
   std::int64_t finished_us() const;
 
  private:
   friend class detail::ProgressEngine;
-  void mark_started();
+  void mark_started(std::int64_t at_us);
   void complete(std::exception_ptr error);
 
-  struct State;
   const std::uint64_t seq_;
-  const Collective collective_;
-  const std::string description_;
+  const OpInfo info_;
   const std::int64_t issued_us_;
-  std::shared_ptr<State> state_;
+  mutable std::mutex mutex_;
+  std::condition_variable finished_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::int64_t started_us_ = 0;
+  std::int64_t finished_us_ = 0;
+  std::vector<std::function<void(const Work&)>> callbacks_;
 };
 
 // How to form a group. Every field has a default taken from the environment

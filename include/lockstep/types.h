@@ -9,6 +9,7 @@
 #include <iosfwd>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace lockstep {
@@ -74,6 +75,21 @@ struct ConstBuffer {
   ConstBuffer(Buffer b) : data(b.data), count(b.count), dtype(b.dtype) {}  // NOLINT: implicit on purpose
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
+
+// What an operation is: enough to describe it in messages and diagnostics.
+struct OpInfo {
+  Collective collective = Collective::allreduce;
+  DType dtype = DType::f32;
+  std::size_t count = 0;          // elements (for allgather: per rank input; reduce_scatter: per rank output)
+  ReduceOp op = ReduceOp::sum;    // for reductions
+  int peer = -1;                  // root, destination or source; -1 if none
+  int tag = 0;                    // send/recv
+
+  std::size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+// "allreduce #12 (float x 1000, sum)".
+std::string describe(const OpInfo& info, std::uint64_t seq);
 
 template <typename T>
 struct DTypeOf;

@@ -23,10 +23,12 @@ namespace lockstep {
 // What one operation is, for error messages and deadlines.
 struct OpContext {
   std::uint64_t seq = 0;
-  Collective collective = Collective::allreduce;
+  OpInfo info;
   Deadline deadline = Deadline::never();
   Duration timeout{0};  // the duration the deadline was computed from
-  std::string description;  // "allreduce #12 (float x 1000, sum)"
+
+  // "allreduce #12 (float x 1000, sum)"
+  std::string description() const { return describe(info, seq); }
 };
 
 // Everything a backend needs to connect.
@@ -60,6 +62,10 @@ class Backend {
 
   virtual bool supports(Collective, DType, ReduceOp) const { return true; }
 
+  // Operations up to this size run on the issuing thread when the group is
+  // idle (see ProgressEngine). 0: never.
+  virtual std::size_t inline_max_bytes() const { return 0; }
+
   // Clean end of the group: tell peers this rank leaves on purpose, wait (up
   // to the deadline) for theirs, release resources. Errors are swallowed:
   // a peer that already died must not make a clean exit fail.
@@ -68,5 +74,6 @@ class Backend {
 
 // Factories, one per backend folder.
 std::unique_ptr<Backend> make_tcp_backend(const BackendContext& ctx);
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
 
 }  // namespace lockstep

@@ -104,14 +104,17 @@ detail::ProgressEngine::AbortHook abort_recorder(std::shared_ptr<Store> store) {
 }  // namespace
 
 std::string resolve_backend(const std::string& requested, const std::vector<std::string>& host_ids) {
-  if (requested.empty() || requested == "auto") return "tcp";
-  (void)host_ids;
-  if (requested == "tcp") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto or tcp", requested));
+  if (requested.empty() || requested == "auto") return all_same(host_ids) ? "shm" : "tcp";
+  if (requested == "shm" && !all_same(host_ids))
+    throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto' "
+                      "or 'tcp'");
+  if (requested == "tcp" || requested == "shm") return requested;
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp or shm", requested));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
   if (name == "tcp") return make_tcp_backend(ctx);
+  if (name == "shm") return make_shm_backend(ctx);
   throw ConfigError(fmt::format("unknown backend '{}'", name));
 }
 
@@ -135,8 +138,8 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.tcp_small_bytes = spec.tcp_small_bytes;
   ctx.log = spec.log;
   impl->backend = make_backend(impl->backend_name, ctx);
-  impl->engine = std::make_unique<detail::ProgressEngine>(fmt::format("rank {}/{}", spec.rank, spec.size),
-                                                          spec.timeout, abort_recorder(impl->store));
+  impl->engine = std::make_unique<detail::ProgressEngine>(fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout,
+                                                          impl->backend->inline_max_bytes(), abort_recorder(impl->store));
   spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
   impl->spec = std::move(spec);
   return std::make_shared<ProcessGroup>(std::move(impl));

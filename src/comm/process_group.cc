@@ -14,7 +14,16 @@ namespace {
 
 constexpr Duration kMaxGoodbyeWait = std::chrono::seconds(60);
 
-std::string shape(const ConstBuffer& b) { return fmt::format("{} x {}", b.dtype, b.count); }
+OpInfo info_of(Collective c, const ConstBuffer& b, ReduceOp op = ReduceOp::sum, int peer = -1, int tag = 0) {
+  OpInfo info;
+  info.collective = c;
+  info.dtype = b.dtype;
+  info.count = b.count;
+  info.op = op;
+  info.peer = peer;
+  info.tag = tag;
+  return info;
+}
 
 void check_buffer(const ConstBuffer& b, const char* what) {
   LOCKSTEP_CHECK_ARG(b.count == 0 || b.data != nullptr, "{}: {} has {} elements but no memory", what, what, b.count);
@@ -57,7 +66,7 @@ std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, ReduceOp op) {
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, op), "{} backend cannot allreduce {} with {}",
                      backend(), data.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::allreduce, fmt::format("{}, {}", shape(data), op),
+  return impl_->engine->submit(info_of(Collective::allreduce, data, op),
                                [b, data, op](const OpContext& ctx) { b->allreduce(ctx, data, op); });
 }
 
@@ -65,7 +74,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
   check_buffer(data, "broadcast");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of {}", root, size());
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::broadcast, fmt::format("{}, root {}", shape(data), root),
+  return impl_->engine->submit(info_of(Collective::broadcast, data, ReduceOp::sum, root),
                                [b, data, root](const OpContext& ctx) { b->broadcast(ctx, data, root); });
 }
 
@@ -77,7 +86,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) 
                      "allgather: output must hold size() x input = {} x {} = {} elements, not {}", size(),
                      input.count, input.count * static_cast<std::size_t>(size()), output.count);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::allgather, shape(input),
+  return impl_->engine->submit(info_of(Collective::allgather, input),
                                [b, input, output](const OpContext& ctx) { b->allgather(ctx, input, output); });
 }
 
@@ -92,7 +101,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, op), "{} backend cannot reduce_scatter {} with {}",
                      backend(), input.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::reduce_scatter, fmt::format("{}, {}", shape(output), op),
+  return impl_->engine->submit(info_of(Collective::reduce_scatter, output, op),
                                [b, input, output, op](const OpContext& ctx) { b->reduce_scatter(ctx, input, output, op); });
 }
 
@@ -102,13 +111,16 @@ std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, ReduceOp op) {
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, op), "{} backend cannot reduce {} with {}", backend(),
                      data.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::reduce, fmt::format("{}, {}, root {}", shape(data), op, root),
+  return impl_->engine->submit(info_of(Collective::reduce, data, op, root),
                                [b, data, root, op](const OpContext& ctx) { b->reduce(ctx, data, root, op); });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::barrier, "", [b](const OpContext& ctx) { b->barrier(ctx); });
+  OpInfo info;
+  info.collective = Collective::barrier;
+  info.dtype = DType::u8;
+  return impl_->engine->submit(info, [b](const OpContext& ctx) { b->barrier(ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(ConstBuffer data, int dst, int tag) {
@@ -116,7 +128,7 @@ std::shared_ptr<Work> ProcessGroup::send(ConstBuffer data, int dst, int tag) {
   LOCKSTEP_CHECK_ARG(dst >= 0 && dst < size() && dst != rank(), "send: destination {} is not another rank of this "
                      "group of {} (this is rank {})", dst, size(), rank());
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::send, fmt::format("{} to rank {}, tag {}", shape(data), dst, tag),
+  return impl_->engine->submit(info_of(Collective::send, data, ReduceOp::sum, dst, tag),
                                [b, data, dst, tag](const OpContext& ctx) { b->send(ctx, data, dst, tag); });
 }
 
@@ -125,7 +137,7 @@ std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
   LOCKSTEP_CHECK_ARG(src >= 0 && src < size() && src != rank(), "recv: source {} is not another rank of this "
                      "group of {} (this is rank {})", src, size(), rank());
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(Collective::recv, fmt::format("{} from rank {}, tag {}", shape(data), src, tag),
+  return impl_->engine->submit(info_of(Collective::recv, data, ReduceOp::sum, src, tag),
                                [b, data, src, tag](const OpContext& ctx) { b->recv(ctx, data, src, tag); });
 }
 

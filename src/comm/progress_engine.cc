@@ -3,35 +3,16 @@
 
 #include <fmt/format.h>
 
-#include "common/format.h"
-
 namespace lockstep::detail {
 
-ProgressEngine::ProgressEngine(std::string self, Duration timeout, AbortHook on_abort)
-    : self_(std::move(self)), timeout_(timeout), on_abort_(std::move(on_abort)), thread_([this] { run(); }) {}
+ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort)
+    : self_(std::move(self)),
+      timeout_(timeout),
+      inline_max_bytes_(inline_max_bytes),
+      on_abort_(std::move(on_abort)),
+      thread_([this] { run(); }) {}
 
 ProgressEngine::~ProgressEngine() { drain_and_stop(); }
-
-std::shared_ptr<Work> ProgressEngine::submit(Collective collective, const std::string& details, Task task) {
-  std::unique_lock lock(mutex_);
-  const std::uint64_t seq = next_seq_++;
-  auto work = std::make_shared<Work>(seq, collective,
-                                     details.empty() ? fmt::format("{} #{}", collective, seq)
-                                                     : fmt::format("{} #{} ({})", collective, seq, details));
-  if (abort_error_ || stopping_) {
-    const std::exception_ptr error =
-        abort_error_ ? abort_error_
-                     : std::make_exception_ptr(Error(fmt::format("{}: {} issued while the group is being destroyed",
-                                                                 self_, work->description())));
-    lock.unlock();
-    work->complete(error);
-    return work;
-  }
-  queue_.push_back({work, std::move(task)});
-  lock.unlock();
-  wake_.notify_one();
-  return work;
-}
 
 void ProgressEngine::drain_and_stop() {
   {
@@ -52,46 +33,55 @@ std::uint64_t ProgressEngine::issued() const {
   return next_seq_;
 }
 
+OpContext ProgressEngine::context_for(const Work& work, Clock::time_point started) const {
+  OpContext op;
+  op.seq = work.seq();
+  op.info = work.info();
+  op.timeout = timeout_;
+  op.deadline = Deadline::starting_at(started, timeout_);
+  return op;
+}
+
+std::exception_ptr ProgressEngine::refusal(const Work& work) const {
+  if (abort_error_) return abort_error_;
+  return std::make_exception_ptr(
+      Error(fmt::format("{}: {} issued while the group is being destroyed", self_, work.description())));
+}
+
 void ProgressEngine::run() {
+  std::unique_lock lock(mutex_);
   for (;;) {
-    Item item;
-    {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      if (abort_error_) {
-        lock.unlock();
-        item.work->complete(abort_error_);
-        continue;
-      }
+    wake_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
+    if (queue_.empty()) return;  // stopping and drained
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    if (abort_error_) {
+      lock.unlock();
+      item.work->complete(abort_error_);
+      lock.lock();
+      continue;
     }
-    OpContext op;
-    op.seq = item.work->seq();
-    op.collective = item.work->collective();
-    op.timeout = timeout_;
-    op.deadline = Deadline::after(timeout_);
-    op.description = item.work->description();
-    item.work->mark_started();
-    std::exception_ptr error;
-    try {
-      item.task(op);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    finish(item, error);
+    running_ = true;
+    lock.unlock();
+    execute(*item.work, item.task, Clock::now());
+    lock.lock();
   }
 }
 
-void ProgressEngine::finish(Item& item, std::exception_ptr error) {
-  if (error) {
-    // Only this thread sets abort_error_, so the check needs no lock.
-    if (on_abort_ && !aborted()) error = on_abort_(error);
+void ProgressEngine::finish(Work& work, std::exception_ptr error) {
+  if (error && on_abort_ && !aborted()) error = on_abort_(error);
+  bool queued = false;
+  {
     std::lock_guard lock(mutex_);
-    if (!abort_error_) abort_error_ = error;
+    if (error && !abort_error_) abort_error_ = error;
+    running_ = false;
+    queued = !queue_.empty() || stopping_;
   }
-  item.work->complete(error);
+  // Release the engine before completing: a completion callback may issue
+  // the next operation. Wake the progress thread only if it has work: an
+  // idle wake-up costs a context switch on the caller's core.
+  if (queued) wake_.notify_one();
+  work.complete(error);
 }
 
 }  // namespace lockstep::detail

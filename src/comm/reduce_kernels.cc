@@ -166,6 +166,7 @@ void reduce_many(void* dst, const void* const* srcs, int nsrcs, std::size_t coun
   LOCKSTEP_ENFORCE_GE(nsrcs, 1);
   if (count == 0) return;
   const std::size_t elem = dtype_size(dtype);
+  const bool average = op == ReduceOp::avg && nsrcs > 1;
   if (is_16bit(dtype)) {
     float acc[kBlock], next[kBlock];
     for (std::size_t i = 0; i < count; i += kBlock) {
@@ -175,6 +176,8 @@ void reduce_many(void* dst, const void* const* srcs, int nsrcs, std::size_t coun
         widen_to_f32(static_cast<const char*>(srcs[s]) + i * elem, next, n, dtype);
         dispatch_op<float>(op, [&](auto o) { combine<float, decltype(o)>(acc, next, n, false); });
       }
+      if (average)
+        for (std::size_t j = 0; j < n; ++j) acc[j] /= static_cast<float>(nsrcs);
       narrow_from_f32(acc, static_cast<char*>(dst) + i * elem, n, dtype);
     }
     return;
@@ -194,6 +197,7 @@ void reduce_many(void* dst, const void* const* srcs, int nsrcs, std::size_t coun
         T block[kBlock];
         combine3<T, Op>(block, static_cast<const T*>(srcs[0]) + i, static_cast<const T*>(srcs[1]) + i, n);
         for (int s = 2; s < nsrcs; ++s) combine<T, Op>(block, static_cast<const T*>(srcs[s]) + i, n, false);
+        if (average) divide_by(block, n, dtype, nsrcs);
         std::memcpy(static_cast<T*>(dst) + i, block, n * sizeof(T));
       }
     });

@@ -4,7 +4,9 @@
 // that reduce the same inputs in the same order get bitwise-identical results.
 // `min`/`max` propagate NaN; integer `sum`/`prod` wrap (two's complement);
 // 16-bit floats are computed in fp32 and rounded once per kernel call.
-// `avg` is reduced as `sum`; callers finish it with divide_by.
+// For `avg`, reduce_into sums and callers finish with divide_by; reduce_many
+// divides by its number of sources itself, before rounding (16-bit types are
+// still rounded once).
 //
 // Pure functions over caller memory; thread-safe.
 #pragma once
@@ -24,7 +26,8 @@ void reduce_into(void* dst, const void* src, std::size_t count, DType dtype, Red
 
 // dst[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])...), one pass over
 // the inputs, in cache-sized blocks; 16-bit types accumulate in fp32 and are
-// rounded once. dst may alias one of the sources. nsrcs >= 1.
+// rounded once; avg divides the sum by nsrcs. dst may alias one of the
+// sources. nsrcs >= 1.
 void reduce_many(void* dst, const void* const* srcs, int nsrcs, std::size_t count, DType dtype, ReduceOp op);
 
 // data[i] /= divisor (integer division truncates). For avg.

@@ -1,10 +1,7 @@
-// Work: the state of one asynchronous operation, completed by the group's
-// progress thread and observed by any thread. A mutex and a condition
-// variable guard the state. Thread-safe.
-#include <condition_variable>
+// Work: the state of one asynchronous operation, completed by whichever
+// thread ran it and observed by any thread. Its mutex and condition variable
+// guard the state. Thread-safe.
 #include <cstdio>
-#include <mutex>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,49 +10,35 @@
 
 namespace lockstep {
 
-struct Work::State {
-  mutable std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  std::exception_ptr error;
-  std::int64_t started_us = 0;
-  std::int64_t finished_us = 0;
-  std::vector<std::function<void(const Work&)>> callbacks;
-};
-
-Work::Work(std::uint64_t seq, Collective collective, std::string description)
-    : seq_(seq),
-      collective_(collective),
-      description_(std::move(description)),
-      issued_us_(now_us()),
-      state_(std::make_shared<State>()) {}
+Work::Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us)
+    : seq_(seq), info_(info), issued_us_(issued_us) {}
 
 void Work::wait(Duration timeout) {
-  std::unique_lock lock(state_->mutex);
+  std::unique_lock lock(mutex_);
   if (timeout == Duration::max()) {
-    state_->finished.wait(lock, [&] { return state_->done; });
-  } else if (!state_->finished.wait_for(lock, timeout, [&] { return state_->done; })) {
+    finished_.wait(lock, [&] { return done_; });
+  } else if (!finished_.wait_for(lock, timeout, [&] { return done_; })) {
     throw TimeoutError(fmt::format("{} still running after Work::wait({} ms); it goes on until its own deadline",
-                                   description_, timeout.count()));
+                                   description(), timeout.count()));
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (error_) std::rethrow_exception(error_);
 }
 
 bool Work::done() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->done;
+  std::lock_guard lock(mutex_);
+  return done_;
 }
 
 std::exception_ptr Work::error() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->error;
+  std::lock_guard lock(mutex_);
+  return error_;
 }
 
 void Work::on_complete(std::function<void(const Work&)> callback) {
   {
-    std::lock_guard lock(state_->mutex);
-    if (!state_->done) {
-      state_->callbacks.push_back(std::move(callback));
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(callback));
       return;
     }
   }
@@ -63,28 +46,28 @@ void Work::on_complete(std::function<void(const Work&)> callback) {
 }
 
 std::int64_t Work::started_us() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->started_us;
+  std::lock_guard lock(mutex_);
+  return started_us_;
 }
 
 std::int64_t Work::finished_us() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->finished_us;
+  std::lock_guard lock(mutex_);
+  return finished_us_;
 }
 
-void Work::mark_started() {
-  std::lock_guard lock(state_->mutex);
-  state_->started_us = now_us();
+void Work::mark_started(std::int64_t at_us) {
+  std::lock_guard lock(mutex_);
+  started_us_ = at_us;
 }
 
 void Work::complete(std::exception_ptr error) {
   std::vector<std::function<void(const Work&)>> callbacks;
   {
-    std::lock_guard lock(state_->mutex);
-    state_->error = std::move(error);
-    state_->finished_us = now_us();
-    if (state_->started_us == 0) state_->started_us = state_->finished_us;
-    callbacks.swap(state_->callbacks);
+    std::lock_guard lock(mutex_);
+    error_ = std::move(error);
+    finished_us_ = now_us();
+    if (started_us_ == 0) started_us_ = finished_us_;
+    callbacks.swap(callbacks_);
   }
   // Callbacks run before the Work counts as done, so whoever waits sees
   // their effects; ones registered meanwhile are picked up by the loop.
@@ -94,19 +77,19 @@ void Work::complete(std::exception_ptr error) {
         cb(*this);
       } catch (const std::exception& e) {
         // A callback has nowhere to send its error; say so rather than lose it.
-        std::fputs(fmt::format("lockstep: a completion callback of {} threw: {}\n", description_, e.what()).c_str(),
+        std::fputs(fmt::format("lockstep: a completion callback of {} threw: {}\n", description(), e.what()).c_str(),
                    stderr);
       }
     }
-    std::lock_guard lock(state_->mutex);
+    std::lock_guard lock(mutex_);
     callbacks.clear();
-    callbacks.swap(state_->callbacks);
+    callbacks.swap(callbacks_);
     if (callbacks.empty()) {
-      state_->done = true;
+      done_ = true;
       break;
     }
   }
-  state_->finished.notify_all();
+  finished_.notify_all();
 }
 
 }  // namespace lockstep

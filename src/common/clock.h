@@ -17,14 +17,16 @@ inline double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 // Microseconds since the steady clock's epoch; a cheap, comparable timestamp.
-inline std::int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+inline std::int64_t to_us(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
+inline std::int64_t now_us() { return to_us(Clock::now()); }
 
 class Deadline {
  public:
-  static Deadline after(Duration d) {
-    const auto now = Clock::now();
+  static Deadline after(Duration d) { return starting_at(Clock::now(), d); }
+  // `d` after `now` (a time the caller already read).
+  static Deadline starting_at(Clock::time_point now, Duration d) {
     // Saturate instead of overflowing for "effectively forever" durations.
     if (d >= std::chrono::duration_cast<Duration>(Clock::time_point::max() - now)) return never();
     return Deadline(now + d);

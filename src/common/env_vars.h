@@ -41,5 +41,7 @@ inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
 inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
 inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
+inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
+inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
 
 }  // namespace lockstep::env

@@ -79,6 +79,32 @@ std::ostream& operator<<(std::ostream& out, DType dtype) { return out << to_stri
 std::ostream& operator<<(std::ostream& out, ReduceOp op) { return out << to_string(op); }
 std::ostream& operator<<(std::ostream& out, Collective collective) { return out << to_string(collective); }
 
+std::string describe(const OpInfo& info, std::uint64_t seq) {
+  std::string details;
+  const std::string shape = std::string(to_string(info.dtype)) + " x " + std::to_string(info.count);
+  switch (info.collective) {
+    case Collective::allreduce:
+    case Collective::reduce_scatter:
+      details = shape + ", " + std::string(to_string(info.op));
+      break;
+    case Collective::reduce:
+      details = shape + ", " + std::string(to_string(info.op)) + ", root " + std::to_string(info.peer);
+      break;
+    case Collective::broadcast: details = shape + ", root " + std::to_string(info.peer); break;
+    case Collective::allgather: details = shape; break;
+    case Collective::barrier: break;
+    case Collective::send:
+      details = shape + " to rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
+      break;
+    case Collective::recv:
+      details = shape + " from rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
+      break;
+  }
+  std::string out = std::string(to_string(info.collective)) + " #" + std::to_string(seq);
+  if (!details.empty()) out += " (" + details + ")";
+  return out;
+}
+
 std::optional<DType> parse_dtype(std::string_view name) {
   static constexpr std::array<std::pair<std::string_view, DType>, 18> kNames{{
       {"float", DType::f32},   {"f32", DType::f32},       {"float32", DType::f32},

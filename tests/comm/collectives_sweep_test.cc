@@ -61,7 +61,7 @@ TEST_P(CollectiveSweep, EveryCountDTypeAndOp) {
 
 std::vector<SweepParam> all_params() {
   std::vector<SweepParam> out;
-  for (const char* backend : {"tcp"})
+  for (const char* backend : {"tcp", "shm"})
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})
       for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n});

@@ -144,13 +144,6 @@ class GatherSink final : public ByteSink {
 
 }  // namespace
 
-Chunks::Chunks(std::size_t count, int n) : offsets_(static_cast<std::size_t>(n) + 1, 0) {
-  const std::size_t base = count / static_cast<std::size_t>(n);
-  const std::size_t extra = count % static_cast<std::size_t>(n);
-  for (std::size_t c = 0; c < static_cast<std::size_t>(n); ++c)
-    offsets_[c + 1] = offsets_[c] + base + (c < extra ? 1 : 0);
-}
-
 void ring_reduce_scatter(Mesh& mesh, const OpContext& op, void* acc, DType dtype, ReduceOp reduce_op,
                          const Chunks& chunks, Scratch& staging) {
   const int n = mesh.size();

@@ -23,25 +23,12 @@
 #include <cstddef>
 #include <vector>
 
+#include "comm/chunks.h"
 #include "comm/scratch.h"
 #include "comm/tcp/mesh.h"
 #include "lockstep/types.h"
 
 namespace lockstep {
-
-// Element ranges of the n chunks: chunk c is [begin(c), end(c)).
-class Chunks {
- public:
-  // Splits `count` elements into n nearly equal chunks (the first ones get
-  // the remainder).
-  Chunks(std::size_t count, int n);
-  std::size_t begin(int c) const { return offsets_[static_cast<std::size_t>(c)]; }
-  std::size_t end(int c) const { return offsets_[static_cast<std::size_t>(c) + 1]; }
-  std::size_t size(int c) const { return end(c) - begin(c); }
-
- private:
-  std::vector<std::size_t> offsets_;
-};
 
 // After this, chunk mesh.rank() of `acc` (elements of `dtype`) holds the
 // reduction of all ranks' copies of it; other chunks hold partial results.

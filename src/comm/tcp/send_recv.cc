@@ -35,12 +35,12 @@ void TcpBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
   if (header.magic != kP2pMagic)
     throw MismatchError(fmt::format("{}: {} from rank {}: rank {} was not sending (it is in a different collective); "
                                     "the ranks issued different sequences of operations",
-                                    mesh_.self(), op.description, src, src));
+                                    mesh_.self(), op.description(), src, src));
   const auto sent_dtype = static_cast<DType>(header.dtype);
   if (header.tag != tag || header.bytes != data.bytes() || sent_dtype != data.dtype)
     throw MismatchError(fmt::format("{}: {} from rank {} expected tag {}, {} x {} ({} bytes), but rank {} sent tag {}, "
                                     "{} bytes of {}; make the send and the recv agree",
-                                    mesh_.self(), op.description, src, tag, data.count, data.dtype, data.bytes(), src,
+                                    mesh_.self(), op.description(), src, tag, data.count, data.dtype, data.bytes(), src,
                                     header.tag, header.bytes, sent_dtype));
   recv_bytes(mesh_, op, src, data.data, data.bytes());
 }

@@ -23,11 +23,11 @@ PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::
   if (mesh.departed(peer))
     return PeerError(fmt::format("{}: {}: rank {} already left the group (it destroyed its process group); the ranks "
                                  "issued different numbers of collectives",
-                                 mesh.self(), op.description, peer),
+                                 mesh.self(), op.description(), peer),
                      peer);
   return PeerError(fmt::format("{}: {}: lost rank {}: {}; its process exited, crashed or was killed. Check rank {}'s "
                                "output for the cause",
-                               mesh.self(), op.description, peer, how, peer),
+                               mesh.self(), op.description(), peer, how, peer),
                    peer);
 }
 
@@ -53,7 +53,7 @@ TimeoutError timed_out(const Mesh& mesh, const OpContext& op, std::span<const Ch
   return TimeoutError(
       fmt::format("{}: {} timed out after {:.1f} s waiting {} rank {}. Rank {} is stuck, slower than the timeout, or "
                   "issued a different sequence of collectives; if it is only slow, raise LOCKSTEP_TIMEOUT",
-                  mesh.self(), op.description, static_cast<double>(op.timeout.count()) / 1000.0, what, peer, peer),
+                  mesh.self(), op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what, peer, peer),
       peer);
 }
 
@@ -96,7 +96,7 @@ void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> chan
       if (ch.recv && !ch.recv->finished()) {
         all_done = false;
         const auto space = ch.recv->space();
-        LOCKSTEP_ENFORCE(!space.empty(), "{}: a sink that is not finished offered no space", op.description);
+        LOCKSTEP_ENFORCE(!space.empty(), "{}: a sink that is not finished offered no space", op.description());
         const ssize_t n = ::recv(mesh.fd(ch.peer), space.data(), space.size(), MSG_DONTWAIT);
         if (n > 0) {
           ch.recv->filled(static_cast<std::size_t>(n));
@@ -124,7 +124,7 @@ void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> chan
       in_use[static_cast<std::size_t>(ch.peer)] = true;
     }
     LOCKSTEP_ENFORCE(!fds.empty(), "{}: transfer stalled: nothing to send or receive yet not finished",
-                     op.description);
+                     op.description());
     const std::size_t first_watch = fds.size();
     for (int p = 0; p < mesh.size(); ++p) {
       const auto i = static_cast<std::size_t>(p);

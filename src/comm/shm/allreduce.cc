@@ -1,0 +1,79 @@
+// shm allreduce: inline, one-shot or pipelined two-shot by size (see
+// shm_backend.h). reduce_two_shot also serves reduce.
+#include <algorithm>
+#include <cstring>
+
+#include "comm/reduce_kernels.h"
+#include "comm/shm/shm_backend.h"
+#include "comm/chunks.h"
+
+namespace lockstep::shm {
+
+void ShmBackend::allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  if (size_ == 1 || data.count == 0) return;
+  if (data.bytes() <= kInlineBytes)
+    allreduce_inline(op, data, reduce_op);
+  else if (data.bytes() <= one_shot_max_)
+    allreduce_one_shot(op, data, reduce_op);
+  else
+    reduce_two_shot(op, data, reduce_op, /*gather_to=*/-1);
+}
+
+void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  const std::uint64_t seq = post_inline(data.data, data.bytes(), op);
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) wait_inline(q, seq, op);
+    sources_[static_cast<std::size_t>(q)] = inline_payload(q, seq);
+  }
+  reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
+}
+
+void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  const std::uint64_t g = begin_round(op);
+  std::memcpy(slot(rank_, g), data.data, data.bytes());
+  control(rank_).arrive.post(g + 1);
+  wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+  for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);
+  reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
+  control(rank_).consumed.post(g + 1);
+}
+
+// Rounds of size x chunk bytes. In each: copy the chunks others own into
+// this rank's slot; reduce the chunk this rank owns from everyone (its own
+// from its buffer) into its slot; then gather each owner's reduced chunk.
+void ShmBackend::reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to) {
+  const std::size_t elem = dtype_size(data.dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes_ / elem);
+  const std::size_t round_elems = chunk_elems * static_cast<std::size_t>(size_);
+  auto* buf = static_cast<std::byte*>(data.data);
+  const bool gather_here = gather_to < 0 || gather_to == rank_;
+  for (std::size_t begin = 0; begin < data.count; begin += round_elems) {
+    const std::size_t count = std::min(round_elems, data.count - begin);
+    const Chunks chunks(count, size_);
+    const auto in_buffer = [&](int c) { return buf + (begin + chunks.begin(c)) * elem; };
+    const auto in_slot = [&](int q, std::uint64_t g, int c) { return slot(q, g) + static_cast<std::size_t>(c) * chunk_bytes_; };
+
+    const std::uint64_t g = begin_round(op);
+    for (int c = 0; c < size_; ++c)
+      if (c != rank_) std::memcpy(in_slot(rank_, g, c), in_buffer(c), chunks.size(c) * elem);
+    control(rank_).arrive.post(g + 1);
+    wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+
+    for (int q = 0; q < size_; ++q)
+      sources_[static_cast<std::size_t>(q)] = q == rank_ ? in_buffer(rank_) : in_slot(q, g, rank_);
+    std::byte* mine = in_slot(rank_, g, rank_);
+    reduce_many(mine, sources_.data(), size_, chunks.size(rank_), data.dtype, reduce_op);
+    control(rank_).reduced.post(g + 1);
+    if (gather_here) {
+      std::memcpy(in_buffer(rank_), mine, chunks.size(rank_) * elem);
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        wait_one(q, &ControlBlock::reduced, g + 1, op, "its reduced chunk");
+        std::memcpy(in_buffer(q), in_slot(q, g, q), chunks.size(q) * elem);
+      }
+    }
+    control(rank_).consumed.post(g + 1);
+  }
+}
+
+}  // namespace lockstep::shm

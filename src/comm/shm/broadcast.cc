@@ -1,0 +1,34 @@
+// shm broadcast: inline for tiny buffers; otherwise in rounds of one slot:
+// the root copies a piece into its slot, everyone else copies it out.
+#include <algorithm>
+#include <cstring>
+
+#include "comm/shm/shm_backend.h"
+
+namespace lockstep::shm {
+
+void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
+  if (size_ == 1 || data.count == 0) return;
+  if (data.bytes() <= kInlineBytes) {
+    const std::uint64_t seq = post_inline(data.data, rank_ == root ? data.bytes() : 0, op);
+    if (rank_ != root) {
+      wait_inline(root, seq, op);
+      std::memcpy(data.data, inline_payload(root, seq), data.bytes());
+    }
+    return;
+  }
+  auto* buf = static_cast<std::byte*>(data.data);
+  for (std::size_t begin = 0; begin < data.bytes(); begin += layout_.slot_bytes) {
+    const std::size_t bytes = std::min(layout_.slot_bytes, data.bytes() - begin);
+    const std::uint64_t g = begin_round(op);
+    if (rank_ == root) std::memcpy(slot(rank_, g), buf + begin, bytes);
+    control(rank_).arrive.post(g + 1);
+    if (rank_ != root) {
+      wait_one(root, &ControlBlock::arrive, g + 1, op, "the broadcast data");
+      std::memcpy(buf + begin, slot(root, g), bytes);
+    }
+    control(rank_).consumed.post(g + 1);
+  }
+}
+
+}  // namespace lockstep::shm

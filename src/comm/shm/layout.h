@@ -1,0 +1,72 @@
+// Memory layout of one rank's shared region in the shm backend. Every rank
+// has one region with the same layout; it writes its own and reads its
+// peers'. Counters and inline lines sit on their own cache lines so that a
+// writer never invalidates a line another rank is polling for a different
+// reason.
+//
+//   control block     magic, owner, round counters, two inline lines
+//   p2p counters      sent-to[q] and received-from[q], one line each
+//   p2p mailboxes     to each peer: two slots of kMailboxBytes
+//   data slots        kSlots slots of slot_bytes: the pipeline
+//
+// Plain data; the atomics inside are what ranks synchronise on.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/shm/sync.h"
+
+namespace lockstep::shm {
+
+inline constexpr std::uint64_t kMagic = 0x6c6f636b73746570ull;  // "lockstep"
+inline constexpr int kSlots = 4;                    // pipeline depth: rounds a rank may run ahead
+inline constexpr std::size_t kInlineBytes = 48;     // payload carried inside the sequence's cache line
+inline constexpr std::size_t kMailboxBytes = 64 * 1024;
+
+struct alignas(64) InlineLine {
+  std::atomic<std::uint64_t> seq{0};
+  mutable std::atomic<std::uint32_t> sleepers{0};
+  std::uint32_t pad = 0;
+  unsigned char payload[kInlineBytes];
+};
+static_assert(sizeof(InlineLine) == 64);
+
+struct ControlBlock {
+  alignas(64) std::uint64_t magic = 0;
+  std::int32_t owner_pid = 0;
+  std::int32_t rank = 0;
+  // Round counters: a rank posts round g + 1 on each when it has
+  //   arrive:   put its inputs for round g in its slot,
+  //   reduced:  put its reduced chunk for round g in its slot,
+  //   consumed: finished reading its peers' slots for round g.
+  // Every rank posts arrive and consumed for every round, so "all peers
+  // consumed round g" is always a valid test before reusing slot g.
+  Counter arrive;
+  Counter reduced;
+  Counter consumed;
+  // Inline operations (payloads up to kInlineBytes, barriers): operation
+  // number s uses line s % 2.
+  InlineLine lines[2];
+};
+
+// Offsets of each part, the same for every rank of a group.
+struct Layout {
+  int ranks = 0;
+  std::size_t slot_bytes = 0;
+  std::size_t p2p_counters = 0;  // offset of Counter[2 * ranks]: sent-to[q], then received-from[q]
+  std::size_t mailboxes = 0;     // offset of ranks x 2 x kMailboxBytes
+  std::size_t slots = 0;         // offset of kSlots x slot_bytes
+  std::size_t total = 0;
+
+  Layout(int n, std::size_t slot) : ranks(n), slot_bytes(slot) {
+    const auto align = [](std::size_t v) { return (v + 4095) / 4096 * 4096; };
+    p2p_counters = align(sizeof(ControlBlock));
+    mailboxes = align(p2p_counters + 2 * static_cast<std::size_t>(n) * sizeof(Counter));
+    slots = align(mailboxes + static_cast<std::size_t>(n) * 2 * kMailboxBytes);
+    total = align(slots + kSlots * slot_bytes);
+  }
+};
+
+}  // namespace lockstep::shm

@@ -1,0 +1,112 @@
+// Shared-memory regions; see region.h.
+#include "comm/shm/region.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/env.h"
+#include "lockstep/error.h"
+
+namespace lockstep::shm {
+
+Region::~Region() {
+  unlink();
+  if (data_) ::munmap(data_, bytes_);
+}
+
+Region::Region(Region&& other) noexcept
+    : name_(std::move(other.name_)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      linked_(std::exchange(other.linked_, false)) {}
+
+Region& Region::operator=(Region&& other) noexcept {
+  if (this != &other) {
+    unlink();
+    if (data_) ::munmap(data_, bytes_);
+    name_ = std::move(other.name_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    linked_ = std::exchange(other.linked_, false);
+  }
+  return *this;
+}
+
+Region Region::create(const std::string& name, std::size_t bytes) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw Error(fmt::format("shm: cannot create {} ({}); is /dev/shm mounted and writable?", name, std::strerror(errno)));
+  Region r;
+  r.name_ = name;
+  r.linked_ = true;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(fmt::format("shm: cannot size {} to {} bytes ({}); /dev/shm may be too small", name, bytes,
+                            std::strerror(err)));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(errno)));
+  r.data_ = static_cast<std::byte*>(p);
+  r.bytes_ = bytes;
+  // First touch by the owner: the pages are allocated near this core, and a
+  // full /dev/shm fails here with SIGBUS-free clarity instead of later.
+  std::memset(r.data_, 0, bytes);
+  return r;
+}
+
+Region Region::open(const std::string& name, std::size_t bytes) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw PeerError(fmt::format("shm: cannot open a peer's region {} ({})", name, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
+    ::close(fd);
+    throw PeerError(fmt::format("shm: a peer's region {} is smaller than expected", name));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(errno)));
+  Region r;
+  r.name_ = name;
+  r.data_ = static_cast<std::byte*>(p);
+  r.bytes_ = bytes;
+  return r;
+}
+
+void Region::unlink() {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+std::string region_name(const std::string& nonce, const std::string& what) {
+  return fmt::format("/lockstep.{}.{}.{}", nonce, what, ::getpid());
+}
+
+void sweep_stale_regions() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("lockstep.", 0) != 0) continue;
+    const auto dot = file.rfind('.');
+    const auto pid = parse_int(file.substr(dot + 1));
+    if (!pid || *pid <= 0) continue;
+    // A region younger than a minute may belong to a job still setting up
+    // in another pid namespace; leave it.
+    const auto age = std::filesystem::file_time_type::clock::now() - entry.last_write_time(ec);
+    if (ec || age < std::chrono::minutes(1)) continue;
+    if (::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + file).c_str());
+  }
+}
+
+}  // namespace lockstep::shm

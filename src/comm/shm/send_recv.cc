@@ -1,0 +1,76 @@
+// shm point to point: each ordered pair of ranks has a mailbox of two slots
+// in the sender's region. The sender copies a chunk into slot k % 2 once the
+// receiver has taken chunk k - 2, then counts it sent; the receiver copies
+// it out and counts it received. The first chunk of each message starts
+// with a header (tag, dtype, bytes) the receiver checks.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "comm/shm/shm_backend.h"
+#include "common/format.h"
+#include "lockstep/error.h"
+
+namespace lockstep::shm {
+namespace {
+
+struct Header {
+  std::uint64_t bytes;
+  std::int32_t tag;
+  std::uint8_t dtype;
+  std::uint8_t reserved[3];
+};
+
+}  // namespace
+
+void ShmBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
+  const auto* in = static_cast<const std::byte*>(data.data);
+  std::size_t done = 0;
+  bool first = true;
+  std::uint64_t& k = p2p_chunks_sent_[static_cast<std::size_t>(dst)];
+  while (first || done < data.bytes()) {
+    if (k >= 2) waiter_.wait_at_least(p2p_received(dst, rank_), k - 1, dst, op, "to take an earlier message");
+    std::byte* box = mailbox(rank_, dst, k);
+    std::size_t offset = 0;
+    if (first) {
+      const Header h{data.bytes(), tag, static_cast<std::uint8_t>(data.dtype), {}};
+      std::memcpy(box, &h, sizeof h);
+      offset = sizeof h;
+    }
+    const std::size_t n = std::min(kMailboxBytes - offset, data.bytes() - done);
+    std::memcpy(box + offset, in + done, n);
+    done += n;
+    p2p_sent(rank_, dst).post(++k);
+    first = false;
+  }
+}
+
+void ShmBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
+  auto* out = static_cast<std::byte*>(data.data);
+  std::size_t done = 0;
+  bool first = true;
+  std::uint64_t& k = p2p_chunks_received_[static_cast<std::size_t>(src)];
+  while (first || done < data.bytes()) {
+    waiter_.wait_at_least(p2p_sent(src, rank_), k + 1, src, op, "its message");
+    const std::byte* box = mailbox(src, rank_, k);
+    std::size_t offset = 0;
+    if (first) {
+      Header h{};
+      std::memcpy(&h, box, sizeof h);
+      if (h.tag != tag || h.bytes != data.bytes() || h.dtype != static_cast<std::uint8_t>(data.dtype))
+        throw MismatchError(fmt::format("{}: {} from rank {} expected tag {}, {} x {} ({} bytes), but rank {} sent tag "
+                                        "{}, {} bytes of {}; make the send and the recv agree",
+                                        self_, op.description(), src, tag, data.count, data.dtype, data.bytes(), src,
+                                        h.tag, h.bytes, static_cast<DType>(h.dtype)));
+      offset = sizeof h;
+    }
+    const std::size_t n = std::min(kMailboxBytes - offset, data.bytes() - done);
+    std::memcpy(out + done, box + offset, n);
+    done += n;
+    p2p_received(rank_, src).post(++k);
+    first = false;
+  }
+}
+
+}  // namespace lockstep::shm

@@ -1,0 +1,215 @@
+// shm backend set-up, the round and inline protocols, and the factory; the
+// collectives live in one file each beside this one.
+//
+// Set-up, step by step:
+//   1. rank 0 draws a random nonce for the job and shares it through the
+//      store, so two jobs on one host never share a region name;
+//   2. each rank creates its region (zero-filled by itself: first touch),
+//      initialises its control block and publishes name, pid and pid
+//      namespace;
+//   3. each rank maps every peer's region and checks its magic number;
+//   4. once every rank reports it has mapped all regions, each unlinks its
+//      own: from then on nothing is left in /dev/shm whatever happens.
+#include "comm/shm/shm_backend.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "lockstep/error.h"
+
+namespace lockstep::shm {
+namespace {
+
+std::string random_nonce() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  std::string out;
+  for (int i = 0; i < 6; ++i) out += fmt::format("{:02x}", static_cast<unsigned>(urandom.get()) & 0xff);
+  return out;
+}
+
+std::string pid_namespace() {
+  char buf[128] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "unknown";
+}
+
+// This process's allowed CPUs as a hex mask string.
+std::string affinity_mask() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "";
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) out.push_back(CPU_ISSET(c, &set) ? '1' : '0');
+  return out;
+}
+
+// Ranks outnumber cores when the union of every rank's allowed CPUs is
+// smaller than the number of ranks: then a spinning rank steals the core
+// its peer needs, and waits must yield at once. (Ranks pinned one per core
+// are not oversubscribed, though each sees a single CPU.)
+bool oversubscribed(const std::vector<std::string>& masks) {
+  std::string all(CPU_SETSIZE, '0');
+  for (const auto& m : masks)
+    for (std::size_t c = 0; c < m.size() && c < all.size(); ++c)
+      if (m[c] == '1') all[c] = '1';
+  return std::count(all.begin(), all.end(), '1') < static_cast<long>(masks.size());
+}
+
+std::size_t env_bytes(const char* name, std::size_t fallback) {
+  const auto v = env_int(name);
+  if (!v) return fallback;
+  if (*v < 0) throw ConfigError(fmt::format("{}={} must not be negative", name, *v));
+  return static_cast<std::size_t>(*v);
+}
+
+std::size_t slot_size(int n, std::size_t one_shot, std::size_t chunk) {
+  const std::size_t need = std::max(one_shot, static_cast<std::size_t>(n) * chunk);
+  return std::max<std::size_t>(4096, (need + 4095) / 4096 * 4096);
+}
+
+}  // namespace
+
+ShmBackend::ShmBackend(const BackendContext& ctx)
+    : rank_(ctx.rank),
+      size_(ctx.size),
+      self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
+      log_(ctx.log),
+      one_shot_max_(env_bytes(env::kShmOneShotBytes, kDefaultOneShotBytes)),
+      chunk_bytes_(std::max<std::size_t>(64, env_bytes(env::kShmChunkBytes, kDefaultChunkBytes) / 64 * 64)),
+      layout_(ctx.size, slot_size(ctx.size, one_shot_max_, chunk_bytes_)),
+      base_(static_cast<std::size_t>(ctx.size), nullptr),
+      waiter_(watch_, SpinPolicy::spin, self_),
+      p2p_chunks_sent_(static_cast<std::size_t>(ctx.size), 0),
+      p2p_chunks_received_(static_cast<std::size_t>(ctx.size), 0),
+      sources_(static_cast<std::size_t>(ctx.size), nullptr) {
+  if (size_ == 1) return;
+  sweep_stale_regions();
+  Store& store = *ctx.store;
+  if (rank_ == 0) store.set("shm/nonce", random_nonce());
+  const std::string nonce = store.get("shm/nonce");
+
+  own_ = Region::create(region_name(nonce, fmt::format("r{}", rank_)), layout_.total);
+  base_[static_cast<std::size_t>(rank_)] = own_.data();
+  auto* block = new (own_.data()) ControlBlock();
+  block->owner_pid = ::getpid();
+  block->rank = rank_;
+  for (int i = 0; i < 2 * size_; ++i) new (own_.data() + layout_.p2p_counters + i * sizeof(Counter)) Counter();
+  std::atomic_thread_fence(std::memory_order_release);
+  block->magic = kMagic;
+  store.set(fmt::format("shm/region/{}", rank_),
+            fmt::format("{} {} {} {}", own_.name(), ::getpid(), pid_namespace(), affinity_mask()));
+
+  std::vector<pid_t> pids(static_cast<std::size_t>(size_), 0);
+  std::vector<std::string> namespaces(static_cast<std::size_t>(size_));
+  std::vector<std::string> masks(static_cast<std::size_t>(size_));
+  peer_regions_.resize(static_cast<std::size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    std::istringstream info(store.get(fmt::format("shm/region/{}", q)));
+    std::string name;
+    info >> name >> pids[static_cast<std::size_t>(q)] >> namespaces[static_cast<std::size_t>(q)] >>
+        masks[static_cast<std::size_t>(q)];
+    if (q == rank_) continue;
+    peer_regions_[static_cast<std::size_t>(q)] = Region::open(name, layout_.total);
+    base_[static_cast<std::size_t>(q)] = peer_regions_[static_cast<std::size_t>(q)].data();
+    if (control(q).magic != kMagic || control(q).rank != q)
+      throw ConfigError(fmt::format("{}: rank {}'s shared region {} is not set up as expected; are two jobs using "
+                                    "the same store?",
+                                    self_, q, name));
+  }
+  store.set(fmt::format("shm/mapped/{}", rank_), "1");
+  std::vector<std::string> mapped;
+  for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/mapped/{}", q));
+  store.wait(mapped, ctx.connect_timeout);
+  own_.unlink();
+  watch_ = PeerWatch(pids, namespaces, rank_);
+  const bool crowded = oversubscribed(masks);
+  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_);
+  log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}",
+             size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
+             crowded ? "yielding (more ranks than cores)" : "spinning");
+}
+
+ShmBackend::~ShmBackend() = default;
+
+void ShmBackend::shutdown(Deadline) {
+  // Nothing to tell peers: shared memory outlives any one mapping, so a
+  // peer still reading this rank's region is unaffected by its exit.
+}
+
+Counter& ShmBackend::p2p_sent(int q, int to) const {
+  return *reinterpret_cast<Counter*>(base_[static_cast<std::size_t>(q)] + layout_.p2p_counters +
+                                     static_cast<std::size_t>(to) * sizeof(Counter));
+}
+
+Counter& ShmBackend::p2p_received(int q, int from) const {
+  return *reinterpret_cast<Counter*>(base_[static_cast<std::size_t>(q)] + layout_.p2p_counters +
+                                     static_cast<std::size_t>(size_ + from) * sizeof(Counter));
+}
+
+std::byte* ShmBackend::mailbox(int q, int to, std::uint64_t chunk) const {
+  return base_[static_cast<std::size_t>(q)] + layout_.mailboxes +
+         (static_cast<std::size_t>(to) * 2 + chunk % 2) * kMailboxBytes;
+}
+
+std::uint64_t ShmBackend::begin_round(const OpContext& op) {
+  const std::uint64_t g = rounds_++;
+  if (g >= kSlots) wait_all(&ControlBlock::consumed, g - kSlots + 1, op, "to release a shared slot");
+  return g;
+}
+
+void ShmBackend::wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
+                          const char* what) const {
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+}
+
+void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
+                          const char* what) const {
+  waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+}
+
+std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, const OpContext& op) {
+  const std::uint64_t seq = ++inline_ops_;
+  // Line seq % 2 last carried operation seq - 2; every peer has read it
+  // once it has posted seq - 1.
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) wait_inline(q, seq - 1, op);
+  InlineLine& line = control(rank_).lines[seq % 2];
+  // Word copies: a library memcpy call costs more than these few bytes.
+  const auto* in = static_cast<const unsigned char*>(payload);
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) __builtin_memcpy(line.payload + i, in + i, 8);
+  for (; i < bytes; ++i) line.payload[i] = in[i];
+  line.seq.store(seq, std::memory_order_seq_cst);
+  if (line.sleepers.load(std::memory_order_seq_cst) != 0) wake_all(line.seq);
+  return seq;
+}
+
+void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op) const {
+  if (seq == 0) return;
+  InlineLine& line = control(q).lines[seq % 2];
+  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, "its part of a small operation");
+}
+
+void ShmBackend::barrier(const OpContext& op) {
+  if (size_ == 1) return;
+  const std::uint64_t seq = post_inline(nullptr, 0, op);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) wait_inline(q, seq, op);
+}
+
+}  // namespace lockstep::shm
+
+namespace lockstep {
+
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx) { return std::make_unique<shm::ShmBackend>(ctx); }
+
+}  // namespace lockstep

@@ -1,0 +1,111 @@
+// The shm backend: collectives through shared memory, for ranks on one host
+// (the default there). Each rank owns one region (layout.h) and maps its
+// peers'. Algorithms, by size:
+//
+//   up to 48 bytes   inline: the payload travels in the same cache line as
+//                    its sequence number; one line transfer per peer
+//   up to one_shot   one-shot: every rank copies its input into its slot,
+//                    then every rank reduces all inputs (rank order) itself
+//   larger           two-shot, pipelined: the buffer goes through in rounds
+//                    of ranks x chunk bytes; in each round every rank copies
+//                    the chunks others own into its slot, reduces the chunk
+//                    it owns from all ranks (one fused pass) and gathers the
+//                    reduced chunks of the others. Slots rotate through
+//                    kSlots, so ranks may run several rounds apart; a slot
+//                    is reused only after every peer consumed it.
+//
+// Every element is reduced in rank order 0..n-1 by exactly one kernel call,
+// whatever the algorithm, so all ranks get bitwise-identical results, and
+// 16-bit floats are rounded once.
+//
+// Buffers from allocate_shared (a collective allocation) are mapped by every
+// peer; an allreduce over such a buffer skips the copy into the slots
+// (single copy): peers read each other's buffers directly.
+//
+// Not thread-safe: one operation at a time, on the group's progress thread
+// (allocate_shared is guarded separately).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/shm/layout.h"
+#include "comm/shm/region.h"
+#include "comm/shm/sync.h"
+
+namespace lockstep::shm {
+
+class ShmBackend final : public Backend {
+ public:
+  explicit ShmBackend(const BackendContext& ctx);
+  ~ShmBackend() override;
+
+  std::string_view name() const override { return "shm"; }
+  void allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) override;
+  void broadcast(const OpContext& op, Buffer data, int root) override;
+  void allgather(const OpContext& op, ConstBuffer input, Buffer output) override;
+  void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
+  void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
+  void barrier(const OpContext& op) override;
+  void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
+  void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  void shutdown(Deadline deadline) override;
+  std::size_t inline_max_bytes() const override { return one_shot_max_; }
+
+  // Defaults, measured on a 2-core host (docs/performance.md); overridable
+  // with LOCKSTEP_SHM_ONESHOT_BYTES and LOCKSTEP_SHM_CHUNK_BYTES.
+  static constexpr std::size_t kDefaultOneShotBytes = 32 * 1024;
+  static constexpr std::size_t kDefaultChunkBytes = 64 * 1024;
+
+ private:
+  // Accessors into rank q's region.
+  ControlBlock& control(int q) const { return *reinterpret_cast<ControlBlock*>(base_[static_cast<std::size_t>(q)]); }
+  std::byte* slot(int q, std::uint64_t round) const {
+    return base_[static_cast<std::size_t>(q)] + layout_.slots + (round % kSlots) * layout_.slot_bytes;
+  }
+  Counter& p2p_sent(int q, int to) const;
+  Counter& p2p_received(int q, int from) const;
+  std::byte* mailbox(int q, int to, std::uint64_t chunk) const;
+
+  // Round protocol (see layout.h). begin_round waits until every peer has
+  // consumed what this rank's slot held kSlots rounds ago, and returns the
+  // round number.
+  std::uint64_t begin_round(const OpContext& op);
+  void wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
+  void wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
+
+  // An inline operation: publishes `bytes` of payload (may be 0) in this
+  // rank's line and returns the operation number; peers' payloads are read
+  // with inline_payload() after wait_inline().
+  std::uint64_t post_inline(const void* payload, std::size_t bytes, const OpContext& op);
+  void wait_inline(int q, std::uint64_t seq, const OpContext& op) const;
+  const unsigned char* inline_payload(int q, std::uint64_t seq) const { return control(q).lines[seq % 2].payload; }
+
+  void allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op);
+  void allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp reduce_op);
+  // Two-shot over `data`; when `gather_to` is a rank, only that rank gathers
+  // the result and nobody's input buffer is written except the root's.
+  void reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to);
+
+  int rank_;
+  int size_;
+  std::string self_;
+  Logger log_;
+  std::size_t one_shot_max_;
+  std::size_t chunk_bytes_;
+  Layout layout_;
+  Region own_;
+  std::vector<Region> peer_regions_;
+  std::vector<std::byte*> base_;  // base_[q]: rank q's region, own included
+  PeerWatch watch_;
+  Waiter waiter_;
+  std::uint64_t rounds_ = 0;       // rounds begun; the same on every rank
+  std::uint64_t inline_ops_ = 0;   // inline operations begun; the same on every rank
+  std::vector<std::uint64_t> p2p_chunks_sent_;      // per peer
+  std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
+  std::vector<const void*> sources_;  // scratch for kernel source lists
+};
+
+}  // namespace lockstep::shm

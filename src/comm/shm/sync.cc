@@ -1,0 +1,133 @@
+// Shared-memory waits; see sync.h.
+#include "comm/shm/sync.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "lockstep/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LOCKSTEP_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define LOCKSTEP_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define LOCKSTEP_CPU_RELAX() do {} while (0)
+#endif
+
+namespace lockstep::shm {
+namespace {
+
+// How long a wait spins before giving the core away. Long enough to catch a
+// peer arriving within a few microseconds (the common case when ranks run
+// in lockstep), short enough not to starve a compute thread on the same core.
+constexpr std::int64_t kSpinNanos = 20'000;
+// How long a wait yields (when ranks share cores) before sleeping.
+constexpr std::int64_t kYieldNanos = 200'000;
+// Sleep slices: how often a sleeping wait re-checks deadline and liveness.
+constexpr long kSleepSliceNanos = 2'000'000;
+
+std::int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::uint32_t* futex_word(const std::atomic<std::uint64_t>& word) {
+  // The low half of a little-endian 64-bit counter; it changes whenever the
+  // counter does (by less than 2^32).
+  static_assert(std::endian::native == std::endian::little);
+  return reinterpret_cast<std::uint32_t*>(const_cast<std::atomic<std::uint64_t>*>(&word));
+}
+
+}  // namespace
+
+void wake_all(const std::atomic<std::uint64_t>& word) {
+  ::syscall(SYS_futex, futex_word(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+void Counter::post(std::uint64_t v) {
+  value.store(v, std::memory_order_seq_cst);
+  // seq_cst store then load pairs with the sleeper's increment-then-recheck:
+  // either the sleeper sees the new value or we see the sleeper.
+  if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value);
+}
+
+PeerWatch::PeerWatch(const std::vector<pid_t>& pids, const std::vector<std::string>& pid_namespaces, int self)
+    : pidfds_(pids.size()) {
+  for (std::size_t q = 0; q < pids.size(); ++q) {
+    if (static_cast<int>(q) == self || pids[q] == ::getpid()) continue;  // thread ranks share one process
+    if (pid_namespaces[q] != pid_namespaces[static_cast<std::size_t>(self)]) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pids[q], 0));
+    if (fd >= 0) pidfds_[q] = UniqueFd(fd);
+  }
+}
+
+bool PeerWatch::alive(int peer) const {
+  if (peer < 0 || static_cast<std::size_t>(peer) >= pidfds_.size()) return true;
+  const UniqueFd& fd = pidfds_[static_cast<std::size_t>(peer)];
+  if (!fd.valid()) return true;
+  pollfd p{fd.fd(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;  // a pidfd turns readable when its process exits
+}
+
+void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                       std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+  const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
+  // A peer in lockstep arrives within a few hundred nanoseconds: look a
+  // while before reading the clock.
+  if (policy_ == SpinPolicy::spin) {
+    for (int i = 0; i < 256; ++i) {
+      if (reached()) return;
+      LOCKSTEP_CPU_RELAX();
+    }
+  }
+  const std::int64_t start = now_ns();
+  if (policy_ == SpinPolicy::spin) {
+    while (now_ns() - start < kSpinNanos) {
+      for (int i = 0; i < 64; ++i) {
+        if (reached()) return;
+        LOCKSTEP_CPU_RELAX();
+      }
+    }
+  } else {
+    while (now_ns() - start < kYieldNanos) {
+      if (reached()) return;
+      sched_yield();
+    }
+  }
+  for (;;) {
+    if (reached()) return;
+    if (op.deadline.expired())
+      throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s waiting for rank {} ({}). Rank {} is stuck, "
+                                     "slower than the timeout, or issued a different sequence of collectives; if it "
+                                     "is only slow, raise LOCKSTEP_TIMEOUT",
+                                     self_, op.description(), static_cast<double>(op.timeout.count()) / 1000.0, peer,
+                                     what, peer),
+                         peer);
+    if (!peers_->alive(peer))
+      throw PeerError(fmt::format("{}: {}: lost rank {}: its process exited while this rank waited for it ({}); it "
+                                  "crashed or was killed. Check rank {}'s output for the cause",
+                                  self_, op.description(), peer, what, peer),
+                      peer);
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint64_t seen = word.load(std::memory_order_seq_cst);
+    if (seen < target) {
+      timespec slice{0, kSleepSliceNanos};
+      ::syscall(SYS_futex, futex_word(word), FUTEX_WAIT, static_cast<std::uint32_t>(seen), &slice, nullptr, 0);
+    }
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace lockstep::shm

@@ -1,0 +1,86 @@
+// Synchronisation between ranks through shared memory.
+//
+// A Counter is a monotonically increasing 64-bit value on its own cache
+// line, written by one rank (release) and read by others (acquire). Waiting
+// for a counter to reach a target spins briefly with `pause`, then (or at
+// once when ranks outnumber cores) gives the core away: sched_yield for a
+// while, then a futex sleep in short slices. Between slices every wait
+// checks its deadline and whether the peer it waits for is still alive, so
+// a dead peer is a PeerError within milliseconds and nothing waits forever.
+//
+// Counters live in shared memory; Waiter and PeerWatch are per process and
+// used by one thread at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "common/unique_fd.h"
+
+namespace lockstep::shm {
+
+struct alignas(64) Counter {
+  std::atomic<std::uint64_t> value{0};
+  mutable std::atomic<std::uint32_t> sleepers{0};
+
+  // Publishes a new value and wakes sleepers, if any.
+  void post(std::uint64_t v);
+  void add(std::uint64_t delta) { post(value.load(std::memory_order_relaxed) + delta); }
+};
+static_assert(sizeof(Counter) == 64);
+
+// Whether each peer process is still alive. Uses pidfds (no signals, no
+// races with pid reuse); where the kernel or namespaces rule them out, the
+// check is skipped and the deadline alone applies.
+class PeerWatch {
+ public:
+  PeerWatch() = default;
+  // pids[q] and pid namespace ids per rank; this process's own entry is ignored.
+  PeerWatch(const std::vector<pid_t>& pids, const std::vector<std::string>& pid_namespaces, int self);
+  bool alive(int peer) const;
+
+ private:
+  std::vector<UniqueFd> pidfds_;
+};
+
+enum class SpinPolicy {
+  spin,   // cores to spare: spin with pause, then sleep
+  yield,  // ranks share cores: yield at once so the peer can run
+};
+
+class Waiter {
+ public:
+  Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self)
+      : peers_(&peers), policy_(policy), self_(std::move(self)) {}
+
+  // Waits until `counter` (owned by rank `peer`) is at least `target`.
+  // `what` names the step for error messages ("inputs of round 4").
+  void wait_at_least(const Counter& counter, std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+    if (counter.value.load(std::memory_order_acquire) >= target) return;
+    slow_wait(counter.value, counter.sleepers, target, peer, op, what);
+  }
+  // The same for a bare sequence word with its own sleeper count.
+  void wait_at_least(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                     std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+    if (word.load(std::memory_order_acquire) >= target) return;
+    slow_wait(word, sleepers, target, peer, op, what);
+  }
+
+ private:
+  void slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers, std::uint64_t target,
+                 int peer, const OpContext& op, const char* what) const;
+
+  const PeerWatch* peers_;
+  SpinPolicy policy_;
+  std::string self_;
+};
+
+// Wakes every thread sleeping on `word`'s futex (its low 32 bits).
+void wake_all(const std::atomic<std::uint64_t>& word);
+
+}  // namespace lockstep::shm
