@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps configure build run test bench clean
+.PHONY: all deps configure build run test test-tsan bench clean
 
 all: build
 
@@ -30,6 +30,17 @@ run: build
 
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# ThreadSanitizer build of the threaded parts: stores, process groups and the
+# shm and tcp backends with ranks as threads of one process.
+TSAN_DIR ?= build-tsan
+TSAN_TESTS = store_test process_group_test collectives_sweep_test
+test-tsan: deps
+	@cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_TSAN=ON -DLOCKSTEP_BUILD_TOOLS=OFF > $(TSAN_DIR).configure.log 2>&1 \
+	  || { cat $(TSAN_DIR).configure.log; exit 1; }
+	@cmake --build $(TSAN_DIR) -j $(JOBS) --target $(TSAN_TESTS)
+	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -j $(JOBS) -R "store_test|process_group_test|Sweep.*_[234]ranks"
 
 bench: build
 	$(BUILD_DIR)/lockstep bench --op allreduce --backend tcp -np 2 -b 4 -e 64M -f 4 -n 20 -w 5 -c 1

@@ -165,6 +165,16 @@ class ProcessGroup {
   // of creation.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
 
+  // Memory that this group's collectives can use in place. On the shm
+  // backend every rank maps every other rank's allocation, so an operation
+  // over a buffer inside it skips the copy into shared slots (single copy):
+  // peers read it directly. Collective: every rank of the group calls it
+  // with the same size, in the same order (with no operation in flight
+  // between, as for any collective). Zeroed, 64-byte aligned; released when
+  // the last copy of the pointer goes, which may outlive the group. On
+  // other backends it is ordinary memory.
+  std::shared_ptr<std::byte[]> allocate_shared(std::size_t bytes);
+
  private:
   std::unique_ptr<Impl> impl_;
 };

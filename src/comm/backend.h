@@ -70,6 +70,11 @@ class Backend {
   // to the deadline) for theirs, release resources. Errors are swallowed:
   // a peer that already died must not make a clean exit fail.
   virtual void shutdown(Deadline deadline) = 0;
+
+  // See ProcessGroup::allocate_shared. Called on the caller's thread, not
+  // the progress thread: implementations guard their own state. The
+  // default is ordinary, zeroed, 64-byte aligned memory.
+  virtual std::shared_ptr<std::byte[]> allocate_shared(std::size_t bytes, Deadline deadline);
 };
 
 // Factories, one per backend folder.

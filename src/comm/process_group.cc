@@ -1,6 +1,8 @@
 // ProcessGroup front end: argument checks, operation descriptions, queueing
 // onto the progress engine, sub-groups and the clean end of a group.
 #include <algorithm>
+#include <cstring>
+#include <new>
 #include <thread>
 
 #include <fmt/format.h>
@@ -139,6 +141,17 @@ std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
   Backend* b = impl_->backend.get();
   return impl_->engine->submit(info_of(Collective::recv, data, ReduceOp::sum, src, tag),
                                [b, data, src, tag](const OpContext& ctx) { b->recv(ctx, data, src, tag); });
+}
+
+std::shared_ptr<std::byte[]> ProcessGroup::allocate_shared(std::size_t bytes) {
+  return impl_->backend->allocate_shared(bytes, Deadline::after(impl_->spec.connect_timeout));
+}
+
+std::shared_ptr<std::byte[]> Backend::allocate_shared(std::size_t bytes, Deadline) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(::operator new[](rounded, std::align_val_t(64)));
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, std::align_val_t(64)); });
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {

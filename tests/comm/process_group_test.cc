@@ -17,8 +17,11 @@ namespace {
 using namespace std::chrono_literals;
 using testing::ThreadWorld;
 
-TEST(ProcessGroup, WorkCompletesAsynchronouslyAndInIssueOrder) {
-  ThreadWorld world(3);
+// Every behaviour holds on every backend.
+class ProcessGroupTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProcessGroupTest, WorkCompletesAsynchronouslyAndInIssueOrder) {
+  ThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     std::vector<std::vector<float>> bufs(10, std::vector<float>(5000, static_cast<float>(rank + 1)));
     std::vector<std::shared_ptr<Work>> works;
@@ -41,10 +44,12 @@ TEST(ProcessGroup, WorkCompletesAsynchronouslyAndInIssueOrder) {
   });
 }
 
-TEST(ProcessGroup, IssueReturnsBeforeTheCollectiveFinishes) {
-  ThreadWorld world(2);
+// Large operations always run on the progress thread, so issuing one returns
+// at once even when a peer is late (small ones may run inline; see below).
+TEST_P(ProcessGroupTest, IssueReturnsBeforeTheCollectiveFinishes) {
+  ThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
-    std::vector<float> data(1000, 1.0f);
+    std::vector<float> data(1 << 20, 1.0f);
     if (rank == 1) std::this_thread::sleep_for(300ms);  // rank 0's allreduce must wait for this
     const auto start = Clock::now();
     auto work = pg.allreduce(view(std::span(data)));
@@ -58,9 +63,9 @@ TEST(ProcessGroup, IssueReturnsBeforeTheCollectiveFinishes) {
   });
 }
 
-TEST(ProcessGroup, ResultsAreBitwiseIdenticalOnEveryRank) {
+TEST_P(ProcessGroupTest, ResultsAreBitwiseIdenticalOnEveryRank) {
   for (int n : {3, 4, 5}) {
-    ThreadWorld world(n);
+    ThreadWorld world(n, GetParam());
     for (std::size_t count : {100u, 300000u}) {  // both algorithms
       std::vector<std::vector<float>> results(static_cast<std::size_t>(n));
       std::vector<std::vector<std::uint16_t>> halves(static_cast<std::size_t>(n));
@@ -87,8 +92,8 @@ TEST(ProcessGroup, ResultsAreBitwiseIdenticalOnEveryRank) {
   }
 }
 
-TEST(ProcessGroup, SendAndRecvPassDataAndTags) {
-  ThreadWorld world(3);
+TEST_P(ProcessGroupTest, SendAndRecvPassDataAndTags) {
+  ThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     // A ring of sends: each rank sends to the next and receives from the previous.
     std::vector<std::int64_t> out(1000, rank), in(1000, -1);
@@ -105,8 +110,8 @@ TEST(ProcessGroup, SendAndRecvPassDataAndTags) {
   });
 }
 
-TEST(ProcessGroup, MismatchedSendAndRecvIsAMismatchError) {
-  ThreadWorld world(2, "tcp", 10s);
+TEST_P(ProcessGroupTest, MismatchedSendAndRecvIsAMismatchError) {
+  ThreadWorld world(2, GetParam(), 10s);
   auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
     std::vector<float> buf(10);
     if (rank == 0) pg.send(const_view(std::span<const float>(buf)), 1, /*tag=*/1)->wait();
@@ -121,8 +126,8 @@ TEST(ProcessGroup, MismatchedSendAndRecvIsAMismatchError) {
   }
 }
 
-TEST(ProcessGroup, BarrierWaitsForTheSlowestRank) {
-  ThreadWorld world(5);
+TEST_P(ProcessGroupTest, BarrierWaitsForTheSlowestRank) {
+  ThreadWorld world(5, GetParam());
   std::atomic<int> arrived{0};
   world.run([&](int rank, ProcessGroup& pg) {
     std::this_thread::sleep_for(std::chrono::milliseconds(40 * rank));
@@ -132,8 +137,8 @@ TEST(ProcessGroup, BarrierWaitsForTheSlowestRank) {
   });
 }
 
-TEST(ProcessGroup, BadArgumentsAreRejectedAtOnce) {
-  ThreadWorld world(2);
+TEST_P(ProcessGroupTest, BadArgumentsAreRejectedAtOnce) {
+  ThreadWorld world(2, GetParam());
   auto& pg = world.group(0);
   std::vector<float> in(4), out(5);
   EXPECT_THROW(pg.allgather(const_view(std::span<const float>(in)), view(std::span(out))), InvalidArgument);
@@ -146,8 +151,8 @@ TEST(ProcessGroup, BadArgumentsAreRejectedAtOnce) {
   EXPECT_FALSE(pg.aborted());  // argument errors do not break the group
 }
 
-TEST(ProcessGroup, SubGroupsRunIndependently) {
-  ThreadWorld world(4);
+TEST_P(ProcessGroupTest, SubGroupsRunIndependently) {
+  ThreadWorld world(4, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     const std::vector<int> evens{0, 2}, odds{3, 1};  // odd group listed out of order on purpose
     auto sub = pg.new_group(rank % 2 == 0 ? evens : odds);
@@ -168,7 +173,7 @@ TEST(ProcessGroup, SubGroupsRunIndependently) {
   });
 }
 
-TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
+TEST_P(ProcessGroupTest, WorldOfOneNeedsNoNetwork) {
   GroupOptions options;
   options.rank = 0;
   options.world_size = 1;
@@ -180,8 +185,8 @@ TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
   pg->barrier()->wait();
 }
 
-TEST(ProcessGroup, AStalledPeerIsATimeoutErrorNamingItAndTheCollective) {
-  ThreadWorld world(3, "tcp", 1s);
+TEST_P(ProcessGroupTest, AStalledPeerIsATimeoutErrorNamingItAndTheCollective) {
+  ThreadWorld world(3, GetParam(), 1s);
   std::vector<std::exception_ptr> errors = world.run_collecting([](int rank, ProcessGroup& pg) {
     std::vector<float> v(100, 1.0f);
     pg.allreduce(view(std::span(v)))->wait();  // #0: everyone
@@ -202,8 +207,8 @@ TEST(ProcessGroup, AStalledPeerIsATimeoutErrorNamingItAndTheCollective) {
   }
 }
 
-TEST(ProcessGroup, AfterAFailureLaterOperationsFailFast) {
-  ThreadWorld world(2, "tcp", 1s);
+TEST_P(ProcessGroupTest, AfterAFailureLaterOperationsFailFast) {
+  ThreadWorld world(2, GetParam(), 1s);
   world.run_collecting([](int rank, ProcessGroup& pg) {
     if (rank == 1) return;
     std::vector<float> v(10);
@@ -215,10 +220,21 @@ TEST(ProcessGroup, AfterAFailureLaterOperationsFailFast) {
   });
 }
 
-TEST(ProcessGroup, WaitWithATimeoutReturnsControlToTheCaller) {
-  ThreadWorld world(2, "tcp", 5s);
+TEST_P(ProcessGroupTest, SmallOperationsMayCompleteOnTheIssuingThread) {
+  ThreadWorld world(2, GetParam());
+  world.run([](int, ProcessGroup& pg) {
+    std::vector<float> v(4, 1.0f);
+    auto work = pg.allreduce(view(std::span(v)));
+    work->wait();  // whether it ran inline or not, the result is the same
+    EXPECT_EQ(v[3], 2.0f);
+    EXPECT_GE(work->started_us(), work->issued_us());
+  });
+}
+
+TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
+  ThreadWorld world(2, GetParam(), 5s);
   world.run([](int rank, ProcessGroup& pg) {
-    std::vector<float> v(10, 1.0f);
+    std::vector<float> v(1 << 20, 1.0f);
     if (rank == 1) std::this_thread::sleep_for(500ms);
     auto work = pg.allreduce(view(std::span(v)));
     if (rank == 0) EXPECT_THROW(work->wait(50ms), TimeoutError);
@@ -226,6 +242,9 @@ TEST(ProcessGroup, WaitWithATimeoutReturnsControlToTheCaller) {
     EXPECT_EQ(v[0], 2.0f);
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace lockstep

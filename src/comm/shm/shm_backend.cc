@@ -81,6 +81,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     : rank_(ctx.rank),
       size_(ctx.size),
       self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
+      store_(ctx.store),
       log_(ctx.log),
       one_shot_max_(env_bytes(env::kShmOneShotBytes, kDefaultOneShotBytes)),
       chunk_bytes_(std::max<std::size_t>(64, env_bytes(env::kShmChunkBytes, kDefaultChunkBytes) / 64 * 64)),
@@ -94,9 +95,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   sweep_stale_regions();
   Store& store = *ctx.store;
   if (rank_ == 0) store.set("shm/nonce", random_nonce());
-  const std::string nonce = store.get("shm/nonce");
+  nonce_ = store.get("shm/nonce");
 
-  own_ = Region::create(region_name(nonce, fmt::format("r{}", rank_)), layout_.total);
+  own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total);
   base_[static_cast<std::size_t>(rank_)] = own_.data();
   auto* block = new (own_.data()) ControlBlock();
   block->owner_pid = ::getpid();
@@ -138,6 +139,32 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
 }
 
 ShmBackend::~ShmBackend() = default;
+
+// Each rank creates its copy, maps everyone's (names through the store),
+// and unlinks its own once all have mapped it: the same steps as set-up.
+std::shared_ptr<std::byte[]> ShmBackend::allocate_shared(std::size_t bytes, Deadline deadline) {
+  if (size_ == 1) return Backend::allocate_shared(bytes, deadline);
+  std::lock_guard lock(allocate_mutex_);
+  const std::uint64_t id = allocations_made_.load();
+  const std::size_t rounded = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
+  std::vector<Region> regions(static_cast<std::size_t>(size_));
+  Region& own = regions[static_cast<std::size_t>(rank_)];
+  own = Region::create(region_name(nonce_, fmt::format("a{}r{}", id, rank_)), rounded);
+  store_->set(fmt::format("shm/alloc/{}/{}", id, rank_), own.name());
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      regions[static_cast<std::size_t>(q)] = Region::open(store_->get(fmt::format("shm/alloc/{}/{}", id, q)), rounded);
+  store_->set(fmt::format("shm/alloc/{}/mapped/{}", id, rank_), "1");
+  std::vector<std::string> mapped;
+  for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/alloc/{}/mapped/{}", id, q));
+  store_->wait(mapped, deadline.remaining());
+  own.unlink();
+  std::byte* mine = own.data();
+  allocations_->add(id, rounded, rank_, std::move(regions));
+  allocations_made_.store(id + 1);
+  // The deleter keeps the registry alive, so the memory may outlive the group.
+  return std::shared_ptr<std::byte[]>(mine, [registry = allocations_, id](std::byte*) { registry->remove(id); });
+}
 
 void ShmBackend::shutdown(Deadline) {
   // Nothing to tell peers: shared memory outlives any one mapping, so a

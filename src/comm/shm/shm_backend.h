@@ -26,13 +26,16 @@
 // (allocate_shared is guarded separately).
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <vector>
 
 #include "comm/backend.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/region.h"
+#include "comm/shm/shared_allocations.h"
 #include "comm/shm/sync.h"
 
 namespace lockstep::shm {
@@ -53,6 +56,7 @@ class ShmBackend final : public Backend {
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;
   std::size_t inline_max_bytes() const override { return one_shot_max_; }
+  std::shared_ptr<std::byte[]> allocate_shared(std::size_t bytes, Deadline deadline) override;
 
   // Defaults, measured on a 2-core host (docs/performance.md); overridable
   // with LOCKSTEP_SHM_ONESHOT_BYTES and LOCKSTEP_SHM_CHUNK_BYTES.
@@ -88,10 +92,19 @@ class ShmBackend final : public Backend {
   // Two-shot over `data`; when `gather_to` is a rank, only that rank gathers
   // the result and nobody's input buffer is written except the root's.
   void reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to);
+  // Two-shot over a buffer every rank has at `offset` in shared allocation
+  // `id`: peers' copies are read in place, nothing goes through the slots.
+  void allreduce_in_place(const OpContext& op, Buffer data, ReduceOp reduce_op, std::uint64_t id, std::size_t offset);
+  // Whether every rank passed its copy of the same shared allocation at the
+  // same offset (decided from every rank's answer, so all agree). Returns
+  // the location then.
+  std::optional<SharedAllocations::Location> agree_on_shared_buffer(const OpContext& op, const Buffer& data);
 
   int rank_;
   int size_;
   std::string self_;
+  std::shared_ptr<Store> store_;
+  std::string nonce_;
   Logger log_;
   std::size_t one_shot_max_;
   std::size_t chunk_bytes_;
@@ -106,6 +119,9 @@ class ShmBackend final : public Backend {
   std::vector<std::uint64_t> p2p_chunks_sent_;      // per peer
   std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
   std::vector<const void*> sources_;  // scratch for kernel source lists
+  std::shared_ptr<SharedAllocations> allocations_ = std::make_shared<SharedAllocations>();
+  std::mutex allocate_mutex_;                      // serialises allocate_shared callers
+  std::atomic<std::uint64_t> allocations_made_{0};  // the same on every rank (collective)
 };
 
 }  // namespace lockstep::shm

@@ -120,6 +120,24 @@ class Bench {
   Bench(ProcessGroup& pg, const BenchOptions& o, DType dtype, ReduceOp op)
       : pg_(pg), o_(o), dtype_(dtype), op_(op), n_(pg.size()), r_(pg.rank()) {}
 
+  // Buffers in the group's shared memory with --shared-buffers (single
+  // copy on the shm backend), else ordinary memory. Same size on every
+  // rank, so the collective allocation lines up.
+  struct Buf {
+    std::shared_ptr<std::byte[]> shared;
+    std::vector<std::byte> plain;
+    std::size_t size = 0;
+    std::byte* data() { return shared ? shared.get() : plain.data(); }
+  };
+  void allocate(Buf& b, std::size_t bytes) {
+    b.size = bytes;
+    if (o_.shared_buffers) {
+      b.shared = pg_.allocate_shared(std::max<std::size_t>(bytes, 1));
+    } else {
+      b.plain.assign(std::max<std::size_t>(bytes, 1), std::byte{0});
+    }
+  }
+
   // Runs one collective on the current buffers.
   void once(Collective c, std::size_t count) {
     switch (c) {
@@ -186,10 +204,10 @@ class Bench {
     const bool split = c == Collective::allgather || c == Collective::reduce_scatter;
     row.count = std::max<std::size_t>(1, bytes / elem / (split ? n : 1));
     row.bytes = row.count * elem * (split ? n : 1);
-    a_.assign(row.count * elem * (c == Collective::reduce_scatter ? n : 1), std::byte{0});
-    b_.assign(split ? row.count * elem * (c == Collective::allgather ? n : 1) : 0, std::byte{0});
+    allocate(a_, row.count * elem * (c == Collective::reduce_scatter ? n : 1));
+    allocate(b_, split ? row.count * elem * (c == Collective::allgather ? n : 1) : 0);
     if (o_.check) row.wrong = check(c, row.count);
-    fill(a_.data(), dtype_, a_.size() / elem, r_);
+    fill(a_.data(), dtype_, a_.size / elem, r_);
     for (int i = 0; i < o_.warmup; ++i) once(c, row.count);
     pg_.barrier()->wait();
     const auto start = Clock::now();
@@ -211,7 +229,7 @@ class Bench {
   ReduceOp op_;
   int n_;
   int r_;
-  std::vector<std::byte> a_, b_;
+  Buf a_, b_;
 };
 
 // Memory-copy bandwidth with every rank copying at once: the bound a
@@ -273,8 +291,9 @@ int bench_as_rank(const BenchOptions& o) {
   nlohmann::json report = {{"backend", pg->backend()}, {"ranks", pg->size()}, {"dtype", to_string(*dtype)},
                            {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
   if (printer) {
-    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s\n", pg->size(),
-                pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off");
+    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers\n",
+                pg->size(), pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off",
+                o.shared_buffers ? "shared" : "ordinary");
     std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
                 "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
@@ -353,6 +372,8 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("-r,--root", o.root, "Root rank for broadcast and reduce")->capture_default_str();
   b->add_option("--json", o.json_path, "Also write the results to this JSON file");
   b->add_option("--pin", o.pin, "Pin each rank to its own core (1) or not (0)")->capture_default_str();
+  b->add_flag("--shared-buffers", o.shared_buffers,
+              "Allocate buffers with ProcessGroup::allocate_shared (single copy on the shm backend)");
 }
 
 int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {

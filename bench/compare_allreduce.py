@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""All-reduce on one host: lockstep against Open MPI and PyTorch's Gloo.
+
+Runs every contender on the same sizes, pinned one rank per core, float32
+sum, in place, and repeats the whole set several times, interleaved, so that
+drift in the machine's speed hits all of them alike. Reports the median per
+size (time for small sizes, busbw for large ones) and lockstep's ratio to
+each peer, as a markdown table for docs/performance.md.
+
+Contenders (skipped with a note when unavailable):
+  lockstep shm            build/lockstep bench --backend shm
+  lockstep shm, shared    ... --shared-buffers (single copy)
+  lockstep tcp            ... --backend tcp
+  Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
+  Open MPI, malloc tuned  the same with glibc's mmap threshold raised
+  Gloo                    /usr/bin/python3 bench/gloo_allreduce.py
+
+Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+SIZES = ["4", "4K", "1M", "16M", "64M"]
+SMALL = {"4", "4K"}  # reported as latency (us); the rest as busbw (GB/s)
+
+
+def size_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def parse_table(output):
+    """Rows of a lockstep-bench-style table: {bytes: (time_us, busbw, wrong)}."""
+    rows = {}
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) == 9 and fields[0].isdigit():
+            rows[int(fields[0])] = (float(fields[5]), float(fields[7]), fields[8])
+    return rows
+
+
+def contenders(args):
+    lockstep = os.path.join(args.build, "lockstep")
+    mpi_bench = os.path.join(args.build, "bench", "mpi_allreduce")
+    common = ["-np", str(args.np), "-n", str(args.iters), "-w", str(args.warmup), "-c", "1"]
+    out = [
+        ("lockstep shm", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common, {}),
+        ("lockstep shm, shared buffers",
+         [lockstep, "bench", "--op", "allreduce", "--backend", "shm", "--shared-buffers"] + common, {}),
+        ("lockstep tcp", [lockstep, "bench", "--op", "allreduce", "--backend", "tcp"] + common, {}),
+    ]
+    if os.path.exists(mpi_bench) and shutil.which("mpirun"):
+        mpirun = ["mpirun", "--allow-run-as-root", "-np", str(args.np), "--bind-to", "core",
+                  "--mca", "btl", "self,vader"]
+        mpi_args = ["-n", str(args.iters), "-w", str(args.warmup), "-c", "1"]
+        out.append(("Open MPI", mpirun + [mpi_bench] + mpi_args, {}))
+        # glibc hands large allocations back to the kernel on free, so a
+        # library that mallocs a temporary per call pays page faults every
+        # time; raising the threshold (its maximum is 32 MiB) avoids that.
+        tuned = ["-x", "MALLOC_MMAP_THRESHOLD_=33554432", "-x", "MALLOC_TRIM_THRESHOLD_=4294967295"]
+        out.append(("Open MPI, malloc tuned", mpirun[:1] + tuned + mpirun[1:] + [mpi_bench] + mpi_args, {}))
+    else:
+        print(f"# note: {mpi_bench} or mpirun missing; Open MPI not measured", file=sys.stderr)
+    gloo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_allreduce.py")
+    python = "/usr/bin/python3"
+    if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True).returncode == 0:
+        out.append(("Gloo", [python, gloo, "-np", str(args.np), "-n", str(args.iters), "-w", str(args.warmup)], {}))
+    else:
+        print("# note: /usr/bin/python3 cannot import torch.distributed; Gloo not measured", file=sys.stderr)
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", help="also write the markdown table here")
+    args = parser.parse_args()
+
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    results = {}  # name -> size -> list of (time, busbw)
+    names = []
+    for run in range(args.runs):
+        for name, cmd, extra in contenders(args):
+            if name not in names:
+                names.append(name)
+            for size in SIZES:
+                # One size per invocation keeps every contender's buffers
+                # fresh and its warm-up identical.
+                full = cmd + ["-b", size, "-e", size]
+                proc = subprocess.run(full, capture_output=True, text=True, env=dict(env, **extra), timeout=600)
+                rows = parse_table(proc.stdout)
+                row = rows.get(size_bytes(size)) or (rows and list(rows.values())[0])
+                if proc.returncode != 0 or not row:
+                    print(f"# {name} {size}: failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+                          file=sys.stderr)
+                    continue
+                if row[2] not in ("0", "N/A"):
+                    print(f"# {name} {size}: {row[2]} wrong elements!", file=sys.stderr)
+                results.setdefault(name, {}).setdefault(size, []).append((row[0], row[1]))
+            print(f"# run {run + 1}/{args.runs}: {name} done", file=sys.stderr)
+
+    def median(name, size):
+        samples = results.get(name, {}).get(size)
+        if not samples:
+            return None
+        return statistics.median(s[0] if size in SMALL else s[1] for s in samples)
+
+    lines = [f"Median of {args.runs} interleaved runs, {args.np} ranks pinned one per core, float32 sum, in place; "
+             "time in µs for 4 B and 4 KiB (lower is better), busbw in GB/s otherwise (higher is better).", "",
+             "| size | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for size in SIZES:
+        cells = []
+        for name in names:
+            v = median(name, size)
+            cells.append("n/a" if v is None else (f"{v:.2f} µs" if size in SMALL else f"{v:.2f} GB/s"))
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    lines += ["", "lockstep shm relative to each peer (>1 means lockstep is better):", "",
+              "| size | " + " | ".join(n for n in names if not n.startswith("lockstep")) + " |",
+              "|---|" + "---|" * len([n for n in names if not n.startswith("lockstep")])]
+    for size in SIZES:
+        ours = median("lockstep shm", size)
+        ours_shared = median("lockstep shm, shared buffers", size)
+        cells = []
+        for name in names:
+            if name.startswith("lockstep"):
+                continue
+            peer = median(name, size)
+            if ours is None or peer is None:
+                cells.append("n/a")
+            elif size in SMALL:
+                cells.append(f"{peer / ours:.2f}×")
+            else:
+                cells.append(f"{ours / peer:.2f}× (shared: {ours_shared / peer:.2f}×)" if ours_shared else f"{ours / peer:.2f}×")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
