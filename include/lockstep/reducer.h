@@ -1,0 +1,202 @@
+// Gradient bucketing for data-parallel training, independent of any
+// framework. The Reducer owns contiguous buckets of gradients; a framework
+// adapter (lockstep/torch/ddp.h for libtorch) tells it when each parameter's
+// gradient is final, and it all-reduces each bucket as soon as the bucket is
+// full, in bucket order, while the backward pass goes on.
+//
+// One training step, as the adapter drives it:
+//   maybe_rebuild_buckets()      start of forward (collective, once)
+//   check_previous_iteration()   start of forward: report parameters that
+//                                got no gradient last time
+//   prepare_for_backward(unused) end of forward
+//   mark_ready(i)                from each parameter's gradient hook
+//   finalize()                   end of backward: wait, write back
+//
+// Thread-safety: one thread drives a Reducer (the thread running forward and
+// backward); collectives complete on the group's progress thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/process_group.h"
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+// One parameter as the reducer sees it: a name for messages, and the shape
+// of its gradient as a flat run of elements.
+struct ParamSpec {
+  std::string name;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+};
+
+struct BucketPlanOptions {
+  std::size_t first_bucket_bytes = 1u << 20;  // a small first bucket starts communication early
+  std::size_t bucket_cap_bytes = 25u << 20;
+};
+
+// A bucket: parameters whose gradients are reduced together, laid out one
+// after another in `params` order.
+struct Bucket {
+  std::vector<std::size_t> params;   // indices into the parameter list
+  std::vector<std::size_t> offsets;  // element offset of each parameter in the bucket
+  DType dtype = DType::f32;
+  std::size_t count = 0;             // elements
+  std::size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+// Assigns parameters to buckets, visiting them in `order` (by default the
+// reverse of model order, since the last layers' gradients are ready first).
+// Each bucket holds one dtype; the first bucket of each dtype closes once it
+// reaches first_bucket_bytes, later ones at bucket_cap_bytes; a parameter
+// larger than the limit gets a bucket of its own. Buckets are returned in
+// the order their first parameter appears in `order`. Pure function.
+std::vector<Bucket> plan_buckets(const std::vector<ParamSpec>& params, const std::vector<std::size_t>& order,
+                                 const BucketPlanOptions& options);
+// The default visiting order: n-1, ..., 1, 0.
+std::vector<std::size_t> reverse_order(std::size_t n);
+
+// Gradient memory, provided by the framework adapter. Pointers are to
+// contiguous gradients of ParamSpec's count and dtype.
+class GradientSource {
+ public:
+  virtual ~GradientSource() = default;
+  // Parameter i's gradient, created (zeroed) if it has none.
+  virtual void* gradient(std::size_t i) = 0;
+  // Makes parameter i's gradient a view of `slot` (gradient_as_bucket_view).
+  virtual void use_as_gradient(std::size_t i, void* slot) = 0;
+};
+
+// What a communication hook reduces: bucket `index`, whose `buffer` holds
+// this rank's gradients on entry and must hold the group's average when the
+// returned Work is done.
+struct GradBucket {
+  std::size_t index = 0;
+  Buffer buffer;
+  bool last = false;
+};
+
+// Replaces the plain average of each bucket, e.g. to compress it. Runs on
+// the thread running backward; the Work may finish on the progress thread.
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual std::string name() const = 0;
+  virtual std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) = 0;
+};
+
+// allreduce(avg) of the bucket as is.
+std::shared_ptr<CommHook> allreduce_hook();
+// Divide by the world size, send as fp16 (or bf16), sum (accumulated in
+// fp32), and widen back: half the bytes of fp32 buckets. Other dtypes are
+// reduced as is.
+std::shared_ptr<CommHook> fp16_compress_hook();
+std::shared_ptr<CommHook> bf16_compress_hook();
+
+struct ReducerOptions {
+  BucketPlanOptions buckets;
+  // Parameters may get no gradient in some iterations (branches): those the
+  // adapter reports unused, and any still missing at the end of backward,
+  // contribute zeros. Without it, a missing gradient is an error reported at
+  // the next forward.
+  bool find_unused_parameters = false;
+  // The graph and the set of used parameters never change: the first
+  // iteration's observations are reused (no search for unused parameters,
+  // and a parameter may be marked ready several times per backward, as
+  // with re-entrant activation checkpointing).
+  bool static_graph = false;
+  // Parameter gradients are views into the buckets: no copies in or out.
+  bool gradient_as_bucket_view = false;
+  // After the first synchronised iteration, re-plan buckets in the order
+  // gradients actually became ready (rank 0's order, shared with all).
+  bool rebuild_buckets = true;
+  std::shared_ptr<CommHook> comm_hook;  // null: allreduce_hook()
+};
+
+// Timings of one backward pass (steady-clock microseconds; see now_us).
+struct BucketTiming {
+  std::size_t bytes = 0;
+  std::int64_t launched_us = 0;   // handed to the group
+  std::int64_t started_us = 0;    // the collective began
+  std::int64_t finished_us = 0;   // the collective ended
+};
+
+struct StepStats {
+  std::uint64_t iteration = 0;
+  bool synchronised = false;
+  std::int64_t backward_start_us = 0;  // prepare_for_backward (end of forward)
+  std::int64_t backward_end_us = 0;    // finalize began: backward compute is over
+  std::int64_t finalize_end_us = 0;    // gradients written back
+  std::vector<BucketTiming> buckets;
+  // Time the step waited for communication after backward ended.
+  double exposed_communication_ms() const { return (finalize_end_us - backward_end_us) / 1000.0; }
+  double backward_ms() const { return (backward_end_us - backward_start_us) / 1000.0; }
+  std::size_t bytes() const;
+};
+
+class Reducer {
+ public:
+  // Collective: every rank constructs its Reducer with the same parameters
+  // (the same plan follows) at the same point.
+  Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params, GradientSource& gradients,
+          ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Collective, at the start of forward: rebuilds the buckets once, after
+  // the first synchronised iteration. Returns whether it did.
+  bool maybe_rebuild_buckets();
+  // Throws InvalidArgument naming the parameters (per rank) that got no
+  // gradient in the previous iteration, when find_unused_parameters is off.
+  void check_previous_iteration();
+  // End of forward. `unused` (only with find_unused_parameters): parameters
+  // that will get no gradient; they are ready at once, with zeros.
+  void prepare_for_backward(const std::vector<std::size_t>& unused = {});
+  // Parameter i's gradient is final for this backward.
+  void mark_ready(std::size_t i);
+  // End of backward: launches what is left, waits, writes gradients back.
+  void finalize();
+
+  // Under no_sync (sync false), backward passes only accumulate locally; the
+  // next synchronised backward reduces the accumulated gradients.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Where parameter i's gradient lives in its bucket.
+  void* bucket_slot(std::size_t i) const;
+  const StepStats& last_step() const { return last_step_; }
+  bool buckets_rebuilt() const { return rebuilt_; }
+  // Backward passes finished so far (synchronised or not).
+  std::uint64_t iterations() const;
+  ProcessGroup& group() const { return *pg_; }
+
+ private:
+  struct State;
+  void allocate_buckets();
+  void launch_ready_buckets();
+  void launch(std::size_t b);
+  void force_missing();
+  std::size_t trailer_elements() const;
+  void finish_iteration();
+
+  std::shared_ptr<ProcessGroup> pg_;
+  std::vector<ParamSpec> params_;
+  GradientSource& gradients_;
+  ReducerOptions options_;
+  std::vector<Bucket> buckets_;
+  bool sync_ = true;
+  bool rebuilt_ = false;
+  StepStats last_step_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,164 @@
+// DistributedDataParallel for libtorch's C++ frontend: what PyTorch's
+// torch.nn.parallel.DistributedDataParallel does, for a torch::nn::Module.
+//
+//   auto pg = lockstep::init_process_group();
+//   auto net = std::make_shared<NetImpl>();
+//   lockstep::torch::DistributedDataParallel ddp(net, pg);   // checks and syncs the replicas
+//   torch::optim::SGD opt(net->parameters(), 0.1);
+//   for (auto& batch : loader) {                              // each rank: its shard
+//     opt.zero_grad();
+//     auto loss = loss_fn(ddp.forward(batch.data), batch.target);
+//     loss.backward();                                        // gradients averaged, overlapped
+//     opt.step();                                             // identical on every rank
+//   }
+//
+// Construction is collective: every rank passes the same architecture; the
+// parameter names, shapes and dtypes are compared across ranks (a
+// MismatchError lists the differences) and rank 0's values are broadcast.
+// During backward each parameter's gradient hook hands its gradient to a
+// lockstep::Reducer, which all-reduces full buckets while backward goes on;
+// at the end of backward the averaged gradients are in param.grad().
+//
+// Thread-safety: drive a DDP from one thread (the one running forward and
+// backward), like the module itself.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "lockstep/process_group.h"
+#include "lockstep/reducer.h"
+
+namespace lockstep::torch {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  // Parameters may go unused in some iterations (branches): they then
+  // contribute zero gradients instead of raising an error.
+  bool find_unused_parameters = false;
+  // The graph and the used parameters are the same every iteration.
+  bool static_graph = false;
+  // param.grad() are views into the communication buckets: no copies.
+  bool gradient_as_bucket_view = false;
+  // Broadcast buffers (e.g. BatchNorm running statistics) from rank 0
+  // before each forward.
+  bool broadcast_buffers = true;
+  // Null: average each bucket with allreduce. See fp16_compress_hook().
+  std::shared_ptr<CommHook> comm_hook;
+};
+
+// Timings of the last step (steady-clock microseconds).
+struct StepTimes {
+  std::int64_t forward_start_us = 0;
+  std::int64_t forward_end_us = 0;
+  StepStats backward;  // from the Reducer
+  double forward_ms() const { return (forward_end_us - forward_start_us) / 1000.0; }
+};
+
+// The part of DDP that does not depend on the module's forward signature.
+class DataParallelCore {
+ public:
+  DataParallelCore(std::shared_ptr<::torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+                   DDPOptions options);
+  ~DataParallelCore();
+  DataParallelCore(const DataParallelCore&) = delete;
+  DataParallelCore& operator=(const DataParallelCore&) = delete;
+
+  void before_forward();
+  void after_forward(const std::vector<::torch::Tensor>& outputs);
+
+  Reducer& reducer();
+  const Reducer& reducer() const;
+  ProcessGroup& group() const;
+  const StepTimes& last_step() const;
+  // Names of the parameters in each bucket, bucket by bucket.
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Disables gradient synchronisation while it lives (gradient accumulation):
+// backward passes only accumulate locally, and the first synchronised
+// backward afterwards averages the accumulated gradients.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Reducer& reducer) : reducer_(reducer), previous_(reducer.sync()) { reducer.set_sync(false); }
+  ~NoSyncGuard() { reducer_.set_sync(previous_); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  Reducer& reducer_;
+  bool previous_;
+};
+
+namespace detail {
+inline void collect(std::vector<::torch::Tensor>& out, const ::torch::Tensor& t) { out.push_back(t); }
+inline void collect(std::vector<::torch::Tensor>& out, const std::vector<::torch::Tensor>& v) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <typename... Ts>
+void collect(std::vector<::torch::Tensor>& out, const std::tuple<Ts...>& t) {
+  std::apply([&](const auto&... e) { (collect(out, e), ...); }, t);
+}
+template <typename T>
+void collect(std::vector<::torch::Tensor>&, const T&) {}  // no tensors to follow
+}  // namespace detail
+
+// ModuleImpl is the module class with a forward(...) method, e.g. NetImpl
+// for TORCH_MODULE(Net), or torch::nn::LinearImpl.
+template <typename ModuleImpl>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleImpl> module, std::shared_ptr<ProcessGroup> pg,
+                          DDPOptions options = {})
+      : module_(std::move(module)), core_(module_, std::move(pg), std::move(options)) {}
+  template <typename Holder, typename = decltype(std::declval<Holder>().ptr())>
+  DistributedDataParallel(const Holder& holder, std::shared_ptr<ProcessGroup> pg, DDPOptions options = {})
+      : DistributedDataParallel(holder.ptr(), std::move(pg), std::move(options)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    core_.before_forward();
+    auto out = module_->forward(std::forward<Args>(args)...);
+    std::vector<::torch::Tensor> tensors;
+    detail::collect(tensors, out);
+    core_.after_forward(tensors);
+    return out;
+  }
+
+  // Use as: { auto guard = ddp.no_sync(); loss.backward(); }
+  NoSyncGuard no_sync() { return NoSyncGuard(core_.reducer()); }
+
+  ModuleImpl& module() { return *module_; }
+  const std::shared_ptr<ModuleImpl>& module_ptr() const { return module_; }
+  Reducer& reducer() { return core_.reducer(); }
+  const StepTimes& last_step() const { return core_.last_step(); }
+  std::vector<std::vector<std::string>> bucket_layout() const { return core_.bucket_layout(); }
+
+ private:
+  std::shared_ptr<ModuleImpl> module_;
+  DataParallelCore core_;
+};
+
+// lockstep's element type for a torch dtype; throws InvalidArgument for
+// types lockstep does not move (complex, ...).
+DType dtype_of(::torch::ScalarType type);
+
+// Broadcasts `tensors` from `root`, one collective per dtype (flattened).
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root);
+
+// Checks that every rank has the same named tensors (names, shapes,
+// dtypes); throws MismatchError listing the differences and the ranks.
+// Collective (uses the group's store). `what` names them ("parameters").
+void verify_same_across_ranks(ProcessGroup& pg, const std::vector<std::pair<std::string, ::torch::Tensor>>& named,
+                              const std::string& what);
+
+}  // namespace lockstep::torch

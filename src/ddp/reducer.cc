@@ -1,0 +1,375 @@
+// The Reducer; see lockstep/reducer.h.
+//
+// Per synchronised backward, step by step:
+//   1. prepare_for_backward: parameters known to be unused are ready at once
+//      (their slots zeroed).
+//   2. mark_ready(i): copy the gradient into its slot (nothing to copy when
+//      gradients are bucket views); when a bucket's last parameter is ready,
+//      launch every bucket that is complete, in bucket order, so all ranks
+//      issue the same collectives in the same order.
+//   3. finalize: parameters still missing contribute zeros (an error for the
+//      next forward, unless find_unused_parameters); the remaining buckets
+//      are launched; all are waited for; averages are copied back.
+//
+// Reporting missing gradients without hanging: the last bucket carries one
+// extra element, a flag each rank sets to 1 if it had to fill in missing
+// gradients. It is averaged with the bucket, so after the step every rank
+// knows whether any rank had such parameters; their names were put in the
+// store before the flag was sent, and the next forward reports them all.
+//
+// With find_unused_parameters the last bucket also carries one element per
+// parameter: 1 where this rank produced a gradient. A parameter unused on
+// every rank keeps its gradient as it was (as in PyTorch), so optimizers
+// skip it rather than step on a gradient of zeros. The last bucket is
+// launched only when every parameter is ready or known unused, so both
+// trailers are final by then; no extra collective is needed.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "common/half.h"
+#include "lockstep/error.h"
+#include "lockstep/reducer.h"
+
+namespace lockstep {
+namespace {
+
+void write_flag(void* at, DType dtype, double v) {
+  switch (dtype) {
+    case DType::f32: *static_cast<float*>(at) = static_cast<float>(v); break;
+    case DType::f64: *static_cast<double*>(at) = v; break;
+    case DType::f16: *static_cast<std::uint16_t*>(at) = float_to_half(static_cast<float>(v)); break;
+    case DType::bf16: *static_cast<std::uint16_t*>(at) = float_to_bf16(static_cast<float>(v)); break;
+    case DType::i32: *static_cast<std::int32_t*>(at) = static_cast<std::int32_t>(v); break;
+    case DType::i64: *static_cast<std::int64_t*>(at) = static_cast<std::int64_t>(v); break;
+    case DType::u8: *static_cast<std::uint8_t*>(at) = static_cast<std::uint8_t>(v); break;
+  }
+}
+
+double read_flag(const void* at, DType dtype) {
+  switch (dtype) {
+    case DType::f32: return *static_cast<const float*>(at);
+    case DType::f64: return *static_cast<const double*>(at);
+    case DType::f16: return half_to_float(*static_cast<const std::uint16_t*>(at));
+    case DType::bf16: return bf16_to_float(*static_cast<const std::uint16_t*>(at));
+    case DType::i32: return *static_cast<const std::int32_t*>(at);
+    case DType::i64: return static_cast<double>(*static_cast<const std::int64_t*>(at));
+    case DType::u8: return *static_cast<const std::uint8_t*>(at);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::size_t StepStats::bytes() const {
+  std::size_t total = 0;
+  for (const auto& b : buckets) total += b.bytes;
+  return total;
+}
+
+struct Reducer::State {
+  std::string store_prefix;                          // "ddp/<instance>"
+  std::vector<std::shared_ptr<std::byte[]>> storage;  // per bucket
+  std::vector<std::pair<std::size_t, std::size_t>> where;  // param -> (bucket, element offset)
+
+  // The current backward.
+  bool prepared = false;
+  std::vector<int> calls;  // mark_ready calls per parameter
+  std::vector<bool> ready;
+  std::vector<std::size_t> pending;  // parameters not yet ready, per bucket
+  std::size_t next_launch = 0;
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<BucketTiming> timings;
+  std::vector<std::size_t> ready_order;
+  std::vector<std::size_t> missing;  // filled with zeros although not declared unused
+  std::vector<bool> produced;        // a gradient arrived through mark_ready
+
+  // Across iterations.
+  std::uint64_t iterations = 0;  // backward passes finished
+  bool synced_once = false;
+  std::vector<std::size_t> first_ready_order;  // of the first synchronised iteration
+  std::vector<int> expected_calls;            // static_graph: from the first iteration
+  bool static_learned = false;
+  std::string pending_error;  // reported at the next forward
+};
+
+Reducer::Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params, GradientSource& gradients,
+                 ReducerOptions options)
+    : pg_(std::move(pg)),
+      params_(std::move(params)),
+      gradients_(gradients),
+      options_(std::move(options)),
+      state_(std::make_unique<State>()) {
+  if (!options_.comm_hook) options_.comm_hook = allreduce_hook();
+  // The k-th reducer a rank creates on this group is the k-th on every rank.
+  const auto instance = pg_->store()->add(fmt::format("ddp/instances/{}", pg_->rank()), 1);
+  state_->store_prefix = fmt::format("ddp/{}", instance);
+  buckets_ = plan_buckets(params_, reverse_order(params_.size()), options_.buckets);
+  allocate_buckets();
+  state_->calls.assign(params_.size(), 0);
+  state_->ready.assign(params_.size(), false);
+}
+
+Reducer::~Reducer() {
+  // Collectives may still read the buckets: let them finish first.
+  for (auto& w : state_->works) {
+    if (!w) continue;
+    try {
+      w->wait();
+    } catch (const std::exception&) {
+      // The error was or will be reported by whoever waited on purpose.
+    }
+  }
+}
+
+void Reducer::allocate_buckets() {
+  auto& s = *state_;
+  s.storage.clear();
+  s.where.assign(params_.size(), {0, 0});
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    const bool last = b + 1 == buckets_.size();
+    // Collective on every rank in the same order (ProcessGroup::allocate_shared).
+    s.storage.push_back(pg_->allocate_shared((bucket.count + (last ? trailer_elements() : 0)) * dtype_size(bucket.dtype)));
+    for (std::size_t k = 0; k < bucket.params.size(); ++k) s.where[bucket.params[k]] = {b, bucket.offsets[k]};
+  }
+  if (options_.gradient_as_bucket_view)
+    for (std::size_t i = 0; i < params_.size(); ++i) gradients_.use_as_gradient(i, bucket_slot(i));
+}
+
+std::uint64_t Reducer::iterations() const { return state_->iterations; }
+
+// Elements after the last bucket's gradients: the missing-gradient flag,
+// and with find_unused_parameters a used flag per parameter.
+std::size_t Reducer::trailer_elements() const {
+  return 1 + (options_.find_unused_parameters ? params_.size() : 0);
+}
+
+void* Reducer::bucket_slot(std::size_t i) const {
+  const auto [b, offset] = state_->where[i];
+  return state_->storage[b].get() + offset * dtype_size(buckets_[b].dtype);
+}
+
+bool Reducer::maybe_rebuild_buckets() {
+  auto& s = *state_;
+  if (rebuilt_ || !options_.rebuild_buckets || !s.synced_once) return false;
+  rebuilt_ = true;
+  // Rank 0's observed order, shared with everyone, so all plan alike.
+  std::vector<std::int64_t> order(params_.size());
+  std::vector<bool> listed(params_.size(), false);
+  std::size_t k = 0;
+  for (std::size_t i : s.first_ready_order) {
+    order[k++] = static_cast<std::int64_t>(i);
+    listed[i] = true;
+  }
+  for (std::size_t i : reverse_order(params_.size()))
+    if (!listed[i]) order[k++] = static_cast<std::int64_t>(i);
+  pg_->broadcast(view(std::span(order)), 0)->wait();
+  std::vector<std::size_t> agreed(order.begin(), order.end());
+  std::vector<Bucket> plan = plan_buckets(params_, agreed, options_.buckets);
+  bool same = plan.size() == buckets_.size();
+  for (std::size_t b = 0; same && b < plan.size(); ++b) same = plan[b].params == buckets_[b].params;
+  if (same) return false;
+  // Gradients may hold values (views live in the old buckets): carry them over.
+  std::vector<std::vector<std::byte>> saved(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto* slot = static_cast<const std::byte*>(bucket_slot(i));
+    saved[i].assign(slot, slot + params_[i].count * dtype_size(params_[i].dtype));
+  }
+  buckets_ = std::move(plan);
+  allocate_buckets();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!saved[i].empty()) std::memcpy(bucket_slot(i), saved[i].data(), saved[i].size());
+  return true;
+}
+
+void Reducer::check_previous_iteration() {
+  if (state_->pending_error.empty()) return;
+  std::string message = std::move(state_->pending_error);
+  state_->pending_error.clear();
+  throw InvalidArgument(message);
+}
+
+void Reducer::prepare_for_backward(const std::vector<std::size_t>& unused) {
+  auto& s = *state_;
+  if (!sync_) return;
+  s.prepared = true;
+  last_step_ = StepStats{};
+  last_step_.iteration = s.iterations;
+  last_step_.synchronised = true;
+  last_step_.backward_start_us = now_us();
+  s.calls.assign(params_.size(), 0);
+  s.ready.assign(params_.size(), false);
+  s.pending.assign(buckets_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) s.pending[b] = buckets_[b].params.size();
+  s.next_launch = 0;
+  s.works.assign(buckets_.size(), nullptr);
+  s.timings.assign(buckets_.size(), BucketTiming{});
+  s.ready_order.clear();
+  s.missing.clear();
+  s.produced.assign(params_.size(), false);
+  std::vector<std::size_t> declared = unused;
+  if (options_.static_graph && s.static_learned) {
+    declared.clear();
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (s.expected_calls[i] == 0) declared.push_back(i);
+  } else if (!options_.find_unused_parameters) {
+    declared.clear();
+  }
+  for (std::size_t i : declared) {
+    if (i >= params_.size() || s.ready[i]) continue;
+    std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
+    s.ready[i] = true;
+    --s.pending[s.where[i].first];
+  }
+  launch_ready_buckets();
+}
+
+void Reducer::mark_ready(std::size_t i) {
+  auto& s = *state_;
+  if (!sync_) return;
+  if (i >= params_.size()) throw InvalidArgument(fmt::format("mark_ready({}): there are {} parameters", i, params_.size()));
+  if (!s.prepared) prepare_for_backward();
+  const int calls = ++s.calls[i];
+  if (calls == 1) s.ready_order.push_back(i);
+  // The first iteration of a static graph only learns how often each
+  // gradient arrives; its buckets all go at the end.
+  if (options_.static_graph && !s.static_learned) return;
+  const int needed = options_.static_graph ? s.expected_calls[i] : 1;
+  if (calls < needed) return;
+  if (calls > needed || s.ready[i])
+    throw InvalidArgument(fmt::format(
+        "parameter '{}' received its gradient {} times in one backward pass (e.g. re-entrant activation "
+        "checkpointing, or a module used twice with a gradient hook in between); set static_graph=true if the "
+        "graph is the same every iteration",
+        params_[i].name, calls));
+  const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
+  void* slot = bucket_slot(i);
+  void* grad = gradients_.gradient(i);
+  if (grad != slot) {
+    std::memcpy(slot, grad, bytes);
+    if (options_.gradient_as_bucket_view) gradients_.use_as_gradient(i, slot);
+  }
+  s.ready[i] = true;
+  s.produced[i] = true;
+  --s.pending[s.where[i].first];
+  launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  auto& s = *state_;
+  while (s.next_launch < buckets_.size() && s.pending[s.next_launch] == 0) launch(s.next_launch++);
+}
+
+void Reducer::launch(std::size_t b) {
+  auto& s = *state_;
+  const Bucket& bucket = buckets_[b];
+  const bool last = b + 1 == buckets_.size();
+  std::size_t count = bucket.count;
+  if (last) {
+    if (!s.missing.empty()) {
+      std::string names;
+      for (std::size_t i : s.missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", params_[i].name);
+      pg_->store()->set(fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, pg_->rank()), names);
+    }
+    std::byte* trailer = s.storage[b].get() + count * dtype_size(bucket.dtype);
+    write_flag(trailer, bucket.dtype, s.missing.empty() ? 0.0 : 1.0);
+    if (options_.find_unused_parameters)
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        write_flag(trailer + (1 + i) * dtype_size(bucket.dtype), bucket.dtype, s.produced[i] ? 1.0 : 0.0);
+    count += trailer_elements();
+  }
+  s.timings[b].bytes = bucket.bytes();
+  s.timings[b].launched_us = now_us();
+  s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{s.storage[b].get(), count, bucket.dtype}, last});
+}
+
+// Parameters that never got a gradient: zeros, and (unless expected) a
+// record for the report at the next forward.
+void Reducer::force_missing() {
+  auto& s = *state_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (s.ready[i]) continue;
+    if (options_.static_graph && !s.static_learned && s.calls[i] > 0) {
+      // First static iteration: the gradient is there, just not counted yet.
+      const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
+      void* grad = gradients_.gradient(i);
+      if (grad != bucket_slot(i)) std::memcpy(bucket_slot(i), grad, bytes);
+      s.produced[i] = true;
+    } else {
+      std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
+      const bool expected = options_.find_unused_parameters || (options_.static_graph && !s.static_learned);
+      if (!expected) s.missing.push_back(i);
+    }
+    s.ready[i] = true;
+    --s.pending[s.where[i].first];
+  }
+}
+
+void Reducer::finalize() {
+  auto& s = *state_;
+  if (!sync_) {
+    ++s.iterations;
+    last_step_ = StepStats{};
+    last_step_.iteration = s.iterations - 1;
+    last_step_.synchronised = false;
+    return;
+  }
+  if (!s.prepared) prepare_for_backward();
+  last_step_.backward_end_us = now_us();
+  force_missing();
+  launch_ready_buckets();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    s.works[b]->wait();
+    s.timings[b].started_us = s.works[b]->started_us();
+    s.timings[b].finished_us = s.works[b]->finished_us();
+  }
+  const std::byte* trailer =
+      buckets_.empty() ? nullptr : s.storage.back().get() + buckets_.back().count * dtype_size(buckets_.back().dtype);
+  if (!options_.gradient_as_bucket_view) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const bool used_somewhere = !options_.find_unused_parameters ||
+                                  read_flag(trailer + (1 + i) * dtype_size(buckets_.back().dtype), buckets_.back().dtype) != 0;
+      if (used_somewhere)
+        std::memcpy(gradients_.gradient(i), bucket_slot(i), params_[i].count * dtype_size(params_[i].dtype));
+    }
+  }
+  if (!buckets_.empty()) {
+    const Bucket& last = buckets_.back();
+    const double flag = read_flag(trailer, last.dtype);
+    if (flag != 0 && !options_.find_unused_parameters) {
+      std::string report;
+      for (int r = 0; r < pg_->size(); ++r) {
+        const std::string key = fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, r);
+        if (pg_->store()->check({key})) report += fmt::format("\n  rank {}: {}", r, pg_->store()->get(key));
+      }
+      s.pending_error = fmt::format(
+          "rank {}/{}: in iteration {}, these parameters received no gradient (they were not used to compute the "
+          "loss):{}\nEvery parameter must take part in the loss on every rank, or construct DistributedDataParallel "
+          "with find_unused_parameters=true so that missing gradients count as zeros.",
+          pg_->rank(), pg_->size(), s.iterations, report);
+    }
+  }
+  finish_iteration();
+}
+
+void Reducer::finish_iteration() {
+  auto& s = *state_;
+  if (options_.static_graph && !s.static_learned) {
+    s.expected_calls = s.calls;
+    s.static_learned = true;
+  }
+  if (!s.synced_once) {
+    s.first_ready_order = s.ready_order;
+    s.synced_once = true;
+  }
+  last_step_.finalize_end_us = now_us();
+  last_step_.buckets = s.timings;
+  s.works.assign(buckets_.size(), nullptr);
+  s.prepared = false;
+  ++s.iterations;
+}
+
+}  // namespace lockstep

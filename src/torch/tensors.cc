@@ -1,0 +1,102 @@
+// Tensor helpers for the libtorch frontend: dtype mapping, coalesced
+// broadcast, and the cross-rank check that replicas have the same tensors.
+// Stateless; thread-safe as far as the group is.
+#include <fmt/format.h>
+
+#include <map>
+#include <sstream>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+
+namespace lockstep::torch {
+
+DType dtype_of(::torch::ScalarType type) {
+  switch (type) {
+    case ::torch::kFloat: return DType::f32;
+    case ::torch::kDouble: return DType::f64;
+    case ::torch::kHalf: return DType::f16;
+    case ::torch::kBFloat16: return DType::bf16;
+    case ::torch::kInt: return DType::i32;
+    case ::torch::kLong: return DType::i64;
+    case ::torch::kByte:
+    case ::torch::kChar:
+    case ::torch::kBool: return DType::u8;  // moved as bytes; never reduced
+    default: break;
+  }
+  throw InvalidArgument(fmt::format("lockstep cannot communicate tensors of type {}", c10::toString(type)));
+}
+
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root) {
+  if (pg.size() == 1 || tensors.empty()) return;
+  ::torch::NoGradGuard no_grad;
+  std::map<::torch::ScalarType, std::vector<::torch::Tensor>> by_type;
+  for (const auto& t : tensors)
+    if (t.numel() > 0) by_type[t.scalar_type()].push_back(t);
+  for (auto& [type, group] : by_type) {
+    std::vector<::torch::Tensor> flat;
+    for (const auto& t : group) flat.push_back(t.reshape({-1}));
+    ::torch::Tensor packed = ::torch::cat(flat).contiguous();
+    pg.broadcast(Buffer{packed.data_ptr(), static_cast<std::size_t>(packed.numel()), dtype_of(type)}, root)->wait();
+    std::int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(packed.slice(0, offset, offset + t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+namespace {
+
+std::string describe(const ::torch::Tensor& t) {
+  std::ostringstream shape;
+  shape << t.sizes();
+  return fmt::format("{} {}", shape.str(), c10::toString(t.scalar_type()));
+}
+
+}  // namespace
+
+void verify_same_across_ranks(ProcessGroup& pg, const std::vector<std::pair<std::string, ::torch::Tensor>>& named,
+                              const std::string& what) {
+  if (pg.size() == 1) return;
+  // Each rank publishes "name\tshape dtype" lines; every rank compares all
+  // lists with rank 0's, so each reports the same differences.
+  std::string mine;
+  for (const auto& [name, t] : named) mine += name + "\t" + describe(t) + "\n";
+  const auto instance = pg.store()->add(fmt::format("ddp/verify/{}/{}", what, pg.rank()), 1);
+  const auto key = [&](int r) { return fmt::format("ddp/verify/{}/{}/{}", what, instance, r); };
+  pg.store()->set(key(pg.rank()), mine);
+  const auto parse = [](const std::string& text) {
+    std::map<std::string, std::string> m;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto tab = line.find('\t');
+      if (tab != std::string::npos) m[line.substr(0, tab)] = line.substr(tab + 1);
+    }
+    return m;
+  };
+  const auto reference = parse(pg.store()->get(key(0)));
+  std::vector<std::string> differences;
+  for (int r = 1; r < pg.size(); ++r) {
+    const auto other = parse(pg.store()->get(key(r)));
+    for (const auto& [name, desc] : reference) {
+      auto it = other.find(name);
+      if (it == other.end())
+        differences.push_back(fmt::format("rank {} has no '{}' (rank 0: {})", r, name, desc));
+      else if (it->second != desc)
+        differences.push_back(fmt::format("'{}' is {} on rank {} but {} on rank 0", name, it->second, r, desc));
+    }
+    for (const auto& [name, desc] : other)
+      if (!reference.count(name)) differences.push_back(fmt::format("rank {} has an extra '{}' ({})", r, name, desc));
+  }
+  if (differences.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < differences.size() && i < 20; ++i) list += "\n  " + differences[i];
+  if (differences.size() > 20) list += fmt::format("\n  ... and {} more", differences.size() - 20);
+  throw MismatchError(fmt::format("rank {}/{}: the model's {} differ across ranks ({} difference(s)):{}\nEvery rank "
+                                  "must build the same model before wrapping it in DistributedDataParallel.",
+                                  pg.rank(), pg.size(), what, differences.size(), list));
+}
+
+}  // namespace lockstep::torch

@@ -1,0 +1,261 @@
+// The Reducer over plain vectors, ranks as threads: averages, launch order,
+// missing gradients, no_sync, rebuilt buckets, bucket views, compression
+// hooks and static graphs — everything except libtorch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <mutex>
+#include <random>
+
+#include "common/clock.h"
+#include "common/half.h"
+#include "harness/thread_world.h"
+#include "lockstep/reducer.h"
+
+namespace lockstep {
+namespace {
+
+using testing::ThreadWorld;
+
+// Gradients in vectors, or views into the reducer's buckets.
+class VectorGradients final : public GradientSource {
+ public:
+  explicit VectorGradients(const std::vector<ParamSpec>& params) : storage_(params.size()), views_(params.size(), nullptr) {
+    for (std::size_t i = 0; i < params.size(); ++i) storage_[i].assign(params[i].count, 0.0f);
+  }
+  void* gradient(std::size_t i) override { return views_[i] ? views_[i] : storage_[i].data(); }
+  void use_as_gradient(std::size_t i, void* slot) override { views_[i] = static_cast<float*>(slot); }
+  float* grad(std::size_t i) { return static_cast<float*>(gradient(i)); }
+
+ private:
+  std::vector<std::vector<float>> storage_;
+  std::vector<float*> views_;
+};
+
+std::vector<ParamSpec> model() {
+  return {{"layer0.weight", 3000, DType::f32}, {"layer0.bias", 30, DType::f32}, {"layer1.weight", 50000, DType::f32},
+          {"layer1.bias", 7, DType::f32},      {"layer2.weight", 900, DType::f32}};
+}
+
+ReducerOptions small_buckets() {
+  ReducerOptions o;
+  o.buckets = {16 * 1024, 64 * 1024};
+  return o;
+}
+
+// Rank r's gradient for parameter i, element k: the average over n ranks is
+// exact in float, so results can be compared exactly.
+float grad_value(int r, std::size_t i, std::size_t k) { return static_cast<float>((r + 1) * 4 + static_cast<int>((i + k) % 5)); }
+float average(int n, std::size_t i, std::size_t k) {
+  float sum = 0;
+  for (int r = 0; r < n; ++r) sum += grad_value(r, i, k);
+  return sum / static_cast<float>(n);
+}
+
+void fill(VectorGradients& g, const std::vector<ParamSpec>& params, int rank) {
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (std::size_t k = 0; k < params[i].count; ++k) g.grad(i)[k] = grad_value(rank, i, k);
+}
+
+// One backward pass: prepare, mark parameters ready in `order`, finalize.
+void backward(Reducer& reducer, const std::vector<std::size_t>& order, const std::vector<std::size_t>& unused = {}) {
+  reducer.prepare_for_backward(unused);
+  for (std::size_t i : order) reducer.mark_ready(i);
+  reducer.finalize();
+}
+
+class ReducerTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReducerTest, AveragesEveryGradientWhateverOrderRanksFinishIn) {
+  for (int n : {1, 2, 3, 4}) {
+    ThreadWorld world(n, GetParam());
+    world.run([&](int rank, ProcessGroup& pg) {
+      const auto params = model();
+      VectorGradients grads(params);
+      Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+      ASSERT_GT(reducer.buckets().size(), 1u);
+      for (int step = 0; step < 3; ++step) {
+        fill(grads, params, rank);
+        std::vector<std::size_t> order = reverse_order(params.size());
+        std::mt19937 rng(static_cast<unsigned>(rank * 31 + step));
+        std::shuffle(order.begin(), order.end(), rng);  // each rank its own order
+        backward(reducer, order);
+        for (std::size_t i = 0; i < params.size(); ++i)
+          for (std::size_t k = 0; k < params[i].count; k += 97)
+            ASSERT_EQ(grads.grad(i)[k], average(n, i, k)) << "param " << i << " element " << k << " step " << step;
+        const StepStats& stats = reducer.last_step();
+        EXPECT_TRUE(stats.synchronised);
+        EXPECT_EQ(stats.buckets.size(), reducer.buckets().size());
+        EXPECT_EQ(stats.bytes(), (3000 + 30 + 50000 + 7 + 900) * sizeof(float));
+        for (const auto& b : stats.buckets) EXPECT_GE(b.finished_us, b.launched_us);
+      }
+    });
+  }
+}
+
+TEST_P(ReducerTest, MissingGradientIsReportedAtTheNextForwardOnEveryRankNamingIt) {
+  ThreadWorld world(3, GetParam(), std::chrono::seconds(20));
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    fill(grads, params, rank);
+    std::vector<std::size_t> order = reverse_order(params.size());
+    if (rank == 1) order.erase(std::find(order.begin(), order.end(), 3u));  // layer1.bias gets no gradient on rank 1
+    const auto start = Clock::now();
+    backward(reducer, order);  // must not hang
+    EXPECT_LT(seconds_between(start, Clock::now()), 5.0);
+    try {
+      reducer.check_previous_iteration();
+      FAIL() << "rank " << rank << ": no error";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 1: layer1.bias"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+    }
+    EXPECT_NO_THROW(reducer.check_previous_iteration());  // reported once
+  });
+}
+
+TEST_P(ReducerTest, UnusedParametersContributeZerosWhenAllowed) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    ReducerOptions options = small_buckets();
+    options.find_unused_parameters = true;
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    fill(grads, params, rank);
+    std::vector<std::size_t> order = reverse_order(params.size());
+    std::vector<std::size_t> unused;
+    if (rank == 0) {  // declared unused on rank 0
+      order.erase(std::find(order.begin(), order.end(), 2u));
+      unused = {2};
+    }
+    if (rank == 1) order.erase(std::find(order.begin(), order.end(), 4u));  // found missing at the end on rank 1
+    backward(reducer, order, unused);
+    EXPECT_NO_THROW(reducer.check_previous_iteration());
+    EXPECT_EQ(grads.grad(2)[0], grad_value(1, 2, 0) / 2);  // (0 + rank 1's) / 2
+    EXPECT_EQ(grads.grad(4)[5], grad_value(0, 4, 5) / 2);
+    EXPECT_EQ(grads.grad(0)[0], average(2, 0, 0));
+  });
+}
+
+TEST_P(ReducerTest, NoSyncAccumulatesUntilTheNextSynchronisedBackward) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    fill(grads, params, rank);  // as if three micro-batches accumulated locally
+    reducer.set_sync(false);
+    backward(reducer, reverse_order(params.size()));
+    backward(reducer, reverse_order(params.size()));
+    EXPECT_FALSE(reducer.last_step().synchronised);
+    EXPECT_EQ(grads.grad(0)[0], grad_value(rank, 0, 0));  // untouched
+    reducer.set_sync(true);
+    backward(reducer, reverse_order(params.size()));
+    EXPECT_EQ(grads.grad(0)[0], average(2, 0, 0));
+  });
+}
+
+TEST_P(ReducerTest, BucketsAreRebuiltInRankZerosObservedOrderOnEveryRank) {
+  ThreadWorld world(2, GetParam());
+  std::vector<std::vector<std::vector<std::size_t>>> layouts(2);
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    EXPECT_FALSE(reducer.maybe_rebuild_buckets());  // nothing observed yet
+    fill(grads, params, rank);
+    // Rank 0 sees the model order, rank 1 another one; rank 0's wins.
+    backward(reducer, rank == 0 ? std::vector<std::size_t>{0, 1, 2, 3, 4} : std::vector<std::size_t>{4, 2, 0, 1, 3});
+    EXPECT_TRUE(reducer.maybe_rebuild_buckets());
+    EXPECT_TRUE(reducer.buckets_rebuilt());
+    EXPECT_EQ(reducer.buckets().front().params.front(), 0u);
+    for (const auto& b : reducer.buckets()) layouts[static_cast<std::size_t>(rank)].push_back(b.params);
+    fill(grads, params, rank);
+    backward(reducer, reverse_order(params.size()));
+    EXPECT_EQ(grads.grad(2)[10], average(2, 2, 10));
+    EXPECT_FALSE(reducer.maybe_rebuild_buckets());  // once only
+  });
+  EXPECT_EQ(layouts[0], layouts[1]);
+}
+
+TEST_P(ReducerTest, GradientsAsBucketViewsNeedNoCopies) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    ReducerOptions options = small_buckets();
+    options.gradient_as_bucket_view = true;
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    for (std::size_t i = 0; i < params.size(); ++i) EXPECT_EQ(grads.gradient(i), reducer.bucket_slot(i));
+    fill(grads, params, rank);
+    backward(reducer, reverse_order(params.size()));
+    EXPECT_EQ(grads.grad(1)[3], average(2, 1, 3));
+  });
+}
+
+TEST_P(ReducerTest, CompressionHooksAverageWithinHalfPrecision) {
+  for (bool bf16 : {false, true}) {
+    ThreadWorld world(3, GetParam());
+    world.run([&](int rank, ProcessGroup& pg) {
+      const auto params = model();
+      VectorGradients grads(params);
+      ReducerOptions options = small_buckets();
+      options.comm_hook = bf16 ? bf16_compress_hook() : fp16_compress_hook();
+      Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+      fill(grads, params, rank);
+      backward(reducer, reverse_order(params.size()));
+      const float tolerance = bf16 ? 1.0f / 64 : 1.0f / 512;  // relative, a little over half an ulp
+      for (std::size_t i = 0; i < params.size(); ++i)
+        for (std::size_t k = 0; k < params[i].count; k += 13)
+          ASSERT_NEAR(grads.grad(i)[k], average(3, i, k), tolerance * average(3, i, k)) << i << " " << k;
+    });
+  }
+}
+
+TEST_P(ReducerTest, StaticGraphAcceptsGradientsThatArriveSeveralTimes) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    ReducerOptions options = small_buckets();
+    options.static_graph = true;
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    // Parameter 2 is used twice per backward (its hook fires twice), as with
+    // re-entrant checkpointing; parameter 3 is never used.
+    const std::vector<std::size_t> order{4, 2, 1, 2, 0};
+    for (int step = 0; step < 3; ++step) {
+      fill(grads, params, rank);
+      backward(reducer, order);
+      EXPECT_NO_THROW(reducer.check_previous_iteration());
+      EXPECT_EQ(grads.grad(2)[0], average(2, 2, 0)) << "step " << step;
+      EXPECT_EQ(grads.grad(3)[0], 0.0f) << "step " << step;
+    }
+  });
+}
+
+TEST_P(ReducerTest, AGradientArrivingTwiceWithoutStaticGraphIsAnError) {
+  ThreadWorld world(1, GetParam());
+  world.run([&](int, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    reducer.prepare_for_backward();
+    reducer.mark_ready(2);
+    try {
+      reducer.mark_ready(2);
+      FAIL() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("static_graph"), std::string::npos) << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ReducerTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace lockstep

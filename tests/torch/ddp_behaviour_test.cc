@@ -1,0 +1,232 @@
+// DistributedDataParallel's contract beyond equivalence: mismatched models
+// are refused, a parameter without gradient is a clear error (never a hang),
+// buffers follow rank 0, layout and timings are reported, and it works over
+// tcp and across real processes.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "common/clock.h"
+#include "harness/process_ranks.h"
+#include "harness/thread_world.h"
+#include "lockstep/torch/ddp.h"
+
+namespace lockstep::torch {
+namespace {
+
+using lockstep::testing::ThreadWorld;
+namespace nn = ::torch::nn;
+
+struct NetImpl : nn::Module {
+  explicit NetImpl(int hidden = 16, bool with_side = false) {
+    fc1 = register_module("fc1", nn::Linear(6, hidden));
+    bn = register_module("bn", nn::BatchNorm1d(hidden));
+    fc2 = register_module("fc2", nn::Linear(hidden, 3));
+    if (with_side) side = register_module("side", nn::Linear(hidden, 3));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x, bool use_side = false) {
+    auto h = ::torch::relu(bn(fc1(x)));
+    return use_side ? fc2(h) + side(h) : fc2(h);
+  }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, side{nullptr};
+  nn::BatchNorm1d bn{nullptr};
+};
+
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
+TEST(DistributedDataParallel, MismatchedModelsAreRefusedOnEveryRankNamingTheDifference) {
+  std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(16), std::make_shared<NetImpl>(17)};
+  ThreadWorld world(2);
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const MismatchError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'fc1.weight' is [17, 6] Float on rank 1 but [16, 6] Float on rank 0"), std::string::npos)
+          << what;
+    }
+  }
+}
+
+TEST(DistributedDataParallel, AParameterWithoutGradientIsAClearErrorAtTheNextForward) {
+  std::vector<std::shared_ptr<NetImpl>> models;
+  for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<NetImpl>(16, /*with_side=*/true));
+  ThreadWorld world(3, "shm", std::chrono::seconds(30));
+  const auto start = Clock::now();
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
+    auto x = ::torch::randn({8, 6});
+    for (int step = 0; step < 3; ++step) {
+      // The side branch is used on rank 0 only.
+      ddp.forward(x, rank == 0).sum().backward();
+    }
+  });
+  EXPECT_LT(seconds_between(start, Clock::now()), 10.0) << "must fail fast, not at a timeout";
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 1: side.weight, side.bias"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 2: side.weight, side.bias"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters=true"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(DistributedDataParallel, BuffersFollowRankZeroAndLayoutAndTimingsAreReported) {
+  std::vector<std::shared_ptr<NetImpl>> models;
+  for (int r = 0; r < 2; ++r) {
+    ::torch::manual_seed(r);
+    models.push_back(std::make_shared<NetImpl>());
+  }
+  ThreadWorld world(2);
+  std::vector<::torch::Tensor> running_means(2);
+  world.run([&](int rank, ProcessGroup& pg) {
+    DDPOptions options;
+    options.bucket_cap_mb = options.first_bucket_mb = 1e-9;  // one parameter per bucket
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
+    const auto layout = ddp.bucket_layout();
+    ASSERT_EQ(layout.size(), 6u);  // fc1 w/b, bn w/b, fc2 w/b
+    EXPECT_EQ(layout.front(), std::vector<std::string>{"fc2.bias"});
+    auto x = ::torch::full({8, 6}, static_cast<float>(rank + 1));  // different data, different batch statistics
+    ddp.forward(x).sum().backward();
+    ddp.forward(x).sum().backward();  // its forward first takes rank 0's running stats
+    const StepTimes& t = ddp.last_step();
+    EXPECT_GE(t.forward_end_us, t.forward_start_us);
+    EXPECT_TRUE(t.backward.synchronised);
+    EXPECT_EQ(t.backward.buckets.size(), 6u);
+    EXPECT_GE(t.backward.finalize_end_us, t.backward.backward_end_us);
+    EXPECT_GT(t.backward.bytes(), 0u);
+    // Each rank's training forward updated its statistics from its own batch.
+    running_means[static_cast<std::size_t>(rank)] = ddp.module().bn->running_mean.clone();
+  });
+  EXPECT_FALSE(::torch::equal(running_means[0], running_means[1]));
+}
+
+TEST(DistributedDataParallel, EveryForwardStartsFromRankZerosBuffers) {
+  for (bool broadcast : {true, false}) {
+    std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
+    ThreadWorld world(2);
+    std::vector<::torch::Tensor> means(2);
+    world.run([&](int rank, ProcessGroup& pg) {
+      DDPOptions options;
+      options.broadcast_buffers = broadcast;
+      DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
+      auto x = ::torch::full({8, 6}, static_cast<float>(rank + 1));
+      ddp.forward(x).sum().backward();
+      ddp.module().eval();  // no update: an eval forward shows what the forward started from
+      ::torch::NoGradGuard no_grad;
+      ddp.forward(x);
+      means[static_cast<std::size_t>(rank)] = ddp.module().bn->running_mean.clone();
+    });
+    EXPECT_EQ(::torch::equal(means[0], means[1]), broadcast) << "broadcast_buffers=" << broadcast;
+  }
+}
+
+TEST(DistributedDataParallel, NoSyncGuardRestoresSynchronisation) {
+  auto model = std::make_shared<NetImpl>();
+  ThreadWorld world(1);
+  world.run([&](int, ProcessGroup& pg) {
+    DistributedDataParallel<NetImpl> ddp(model, borrow(pg));
+    EXPECT_TRUE(ddp.reducer().sync());
+    {
+      auto guard = ddp.no_sync();
+      EXPECT_FALSE(ddp.reducer().sync());
+    }
+    EXPECT_TRUE(ddp.reducer().sync());
+  });
+}
+
+// The global batch the training tests use (made before any thread rank
+// starts: libtorch's default generator is shared by the process).
+std::pair<::torch::Tensor, ::torch::Tensor> batch() {
+  ::torch::manual_seed(99);
+  auto x = ::torch::randn({12, 6});
+  return {x, ::torch::randn({12, 3})};
+}
+
+// Trains a few steps in this process's group and returns the parameters;
+// the global batch is split by rank.
+std::vector<::torch::Tensor> train(ProcessGroup& pg, std::shared_ptr<NetImpl> model, int steps,
+                                   const std::pair<::torch::Tensor, ::torch::Tensor>& data) {
+  DistributedDataParallel<NetImpl> ddp(std::move(model), borrow(pg));
+  ::torch::optim::SGD opt(ddp.module().parameters(), 0.1);
+  const auto& [x, y] = data;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    ::torch::mse_loss(ddp.forward(x.chunk(pg.size())[pg.rank()]), y.chunk(pg.size())[pg.rank()]).backward();
+    opt.step();
+  }
+  std::vector<::torch::Tensor> out;
+  for (auto& p : ddp.module().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(DistributedDataParallel, TcpBackendGivesTheSameParametersAsShm) {
+  std::vector<std::vector<::torch::Tensor>> results;
+  for (const char* backend : {"shm", "tcp"}) {
+    std::vector<std::shared_ptr<NetImpl>> models;
+    for (int r = 0; r < 2; ++r) {
+      ::torch::manual_seed(5);
+      models.push_back(std::make_shared<NetImpl>());
+    }
+    const auto data = batch();
+    ThreadWorld world(2, backend);
+    std::vector<std::vector<::torch::Tensor>> per_rank(2);
+    world.run([&](int rank, ProcessGroup& pg) {
+      per_rank[static_cast<std::size_t>(rank)] = train(pg, models[static_cast<std::size_t>(rank)], 3, data);
+    });
+    results.push_back(per_rank[0]);
+  }
+  for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(::torch::allclose(results[0][i], results[1][i], 1e-6, 1e-7));
+}
+
+TEST(DistributedDataParallel, TrainsAcrossRealProcessesLikeOneProcess) {
+  // Each rank trains in its own process over shm, then checks its result
+  // against a one-process run on the whole batch done by itself.
+  const int port = lockstep::testing::free_port();
+  lockstep::testing::ProcessRanks ranks(
+      2,
+      [&](int r) {
+        return lockstep::testing::EnvMap{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)}, {"LOCKSTEP_TIMEOUT", "60"}};
+      },
+      [](int) {
+        at::set_num_threads(1);
+        auto pg = init_process_group();
+        ::torch::manual_seed(5);
+        auto model_for_ddp = std::make_shared<NetImpl>();
+        auto got = train(*pg, model_for_ddp, 3, batch());
+        // The reference: one process, a world of one, the whole batch as two
+        // accumulated halves (BatchNorm normalises per rank's half).
+        GroupOptions solo;
+        solo.rank = 0;
+        solo.world_size = 1;
+        solo.store = std::make_shared<HashStore>();
+        auto one = init_process_group(solo);
+        ::torch::manual_seed(5);
+        auto model = std::make_shared<NetImpl>();
+        ::torch::optim::SGD opt(model->parameters(), 0.1);
+        const auto [x, y] = batch();
+        for (int s = 0; s < 3; ++s) {
+          opt.zero_grad();
+          for (int k = 0; k < 2; ++k) (::torch::mse_loss(model->forward(x.chunk(2)[k]), y.chunk(2)[k]) / 2).backward();
+          opt.step();
+        }
+        auto want = model->parameters();
+        for (std::size_t i = 0; i < want.size(); ++i)
+          if (!::torch::allclose(got[i], want[i], 1e-5, 1e-6)) throw std::runtime_error("parameters differ from one process");
+        if (pg->backend() != "shm") throw std::runtime_error("expected the shm backend on one host");
+      });
+  for (const auto& r : ranks.wait_all(std::chrono::seconds(120)))
+    EXPECT_EQ(r.exit_code, lockstep::testing::kExitOk) << lockstep::testing::describe(r);
+}
+
+}  // namespace
+}  // namespace lockstep::torch
