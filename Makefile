@@ -24,9 +24,12 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 	@echo "built: $(BUILD_DIR)/lockstep"
 
-# The main job: a model trained data-parallel on $(NPROC) local processes.
+# The main job: a convnet trained data-parallel on Fashion-MNIST by
+# $(NPROC) local processes. EPOCHS=3 make run trains longer.
+EPOCHS ?= 2
 run: build
-	$(BUILD_DIR)/lockstep run --nproc-per-node $(NPROC) -- $(BUILD_DIR)/examples/allreduce_demo
+	$(BUILD_DIR)/lockstep run --nproc-per-node $(NPROC) --unprefixed-rank0 -- \
+	  $(BUILD_DIR)/examples/fashion_mnist --epochs $(EPOCHS) --checkpoint $(BUILD_DIR)/fashion_mnist.ckpt --fresh
 
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

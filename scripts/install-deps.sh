@@ -12,7 +12,7 @@ packages=(
   # toolchain and build
   g++ make cmake ninja-build pkg-config
   # libraries the code uses
-  libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
   # libtorch frontend; OpenBLAS so libtorch does not fall back to the reference BLAS
   libtorch-dev libopenblas0-pthread
   # the MPI backend and the Open MPI peer in benchmarks

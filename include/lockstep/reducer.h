@@ -186,6 +186,7 @@ class Reducer {
   void launch(std::size_t b);
   void force_missing();
   std::size_t trailer_elements() const;
+  bool solo() const;
   void finish_iteration();
 
   std::shared_ptr<ProcessGroup> pg_;

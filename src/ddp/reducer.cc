@@ -10,6 +10,8 @@
 //   3. finalize: parameters still missing contribute zeros (an error for the
 //      next forward, unless find_unused_parameters); the remaining buckets
 //      are launched; all are waited for; averages are copied back.
+// In a world of one the gradients already are the average: the same
+// bookkeeping and checks run, but no data moves.
 //
 // Reporting missing gradients without hanging: the last bucket carries one
 // extra element, a flag each rank sets to 1 if it had to fill in missing
@@ -141,6 +143,8 @@ void Reducer::allocate_buckets() {
 
 std::uint64_t Reducer::iterations() const { return state_->iterations; }
 
+bool Reducer::solo() const { return pg_->size() == 1; }
+
 // Elements after the last bucket's gradients: the missing-gradient flag,
 // and with find_unused_parameters a used flag per parameter.
 std::size_t Reducer::trailer_elements() const {
@@ -248,7 +252,7 @@ void Reducer::mark_ready(std::size_t i) {
   const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
   void* slot = bucket_slot(i);
   void* grad = gradients_.gradient(i);
-  if (grad != slot) {
+  if (grad != slot && !solo()) {
     std::memcpy(slot, grad, bytes);
     if (options_.gradient_as_bucket_view) gradients_.use_as_gradient(i, slot);
   }
@@ -283,6 +287,10 @@ void Reducer::launch(std::size_t b) {
   }
   s.timings[b].bytes = bucket.bytes();
   s.timings[b].launched_us = now_us();
+  if (solo()) {  // a world of one: the gradients already are the average
+    s.timings[b].started_us = s.timings[b].finished_us = s.timings[b].launched_us;
+    return;
+  }
   s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{s.storage[b].get(), count, bucket.dtype}, last});
 }
 
@@ -296,10 +304,10 @@ void Reducer::force_missing() {
       // First static iteration: the gradient is there, just not counted yet.
       const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
       void* grad = gradients_.gradient(i);
-      if (grad != bucket_slot(i)) std::memcpy(bucket_slot(i), grad, bytes);
+      if (grad != bucket_slot(i) && !solo()) std::memcpy(bucket_slot(i), grad, bytes);
       s.produced[i] = true;
     } else {
-      std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
+      if (!solo()) std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
       const bool expected = options_.find_unused_parameters || (options_.static_graph && !s.static_learned);
       if (!expected) s.missing.push_back(i);
     }
@@ -322,13 +330,14 @@ void Reducer::finalize() {
   force_missing();
   launch_ready_buckets();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (!s.works[b]) continue;  // nothing was sent (a world of one)
     s.works[b]->wait();
     s.timings[b].started_us = s.works[b]->started_us();
     s.timings[b].finished_us = s.works[b]->finished_us();
   }
   const std::byte* trailer =
       buckets_.empty() ? nullptr : s.storage.back().get() + buckets_.back().count * dtype_size(buckets_.back().dtype);
-  if (!options_.gradient_as_bucket_view) {
+  if (!options_.gradient_as_bucket_view && !solo()) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const bool used_somewhere = !options_.find_unused_parameters ||
                                   read_flag(trailer + (1 + i) * dtype_size(buckets_.back().dtype), buckets_.back().dtype) != 0;
@@ -338,7 +347,7 @@ void Reducer::finalize() {
   }
   if (!buckets_.empty()) {
     const Bucket& last = buckets_.back();
-    const double flag = read_flag(trailer, last.dtype);
+    const double flag = solo() ? (s.missing.empty() ? 0.0 : 1.0) : read_flag(trailer, last.dtype);
     if (flag != 0 && !options_.find_unused_parameters) {
       std::string report;
       for (int r = 0; r < pg_->size(); ++r) {

@@ -1,0 +1,107 @@
+// Step time of data-parallel training with lockstep's DistributedDataParallel,
+// the program behind the DDP numbers in docs/performance.md. Start it with
+// the launcher, one process per core:
+//   build/lockstep run --nproc-per-node 2 -- build/examples/ddp_throughput --model mlp
+// Models: "mlp" (6 x Linear(2048, 2048) with ReLU, MSE loss; ~25M parameters)
+// and "convnet" (the Fashion-MNIST net: Conv 1->32->64, MaxPool, Linear
+// 9216->128->10, cross-entropy). Batch is per rank; SGD. --no-sync measures
+// the same step with gradient synchronisation off, so step - no_sync step is
+// the communication the step exposes.
+#include <lockstep/process_group.h>
+#include <lockstep/torch/ddp.h>
+#include <torch/torch.h>
+
+#include "models.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+using examples::ConvNetImpl;
+using examples::MlpImpl;
+
+struct Options {
+  std::string model = "mlp";
+  int batch = 64;
+  int steps = 20;
+  int warmup = 3;
+  bool no_sync = false;
+  bool bucket_view = false;
+  double bucket_cap_mb = 25;
+  std::string hook = "none";
+};
+
+template <typename Model>
+int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
+  torch::manual_seed(1);
+  auto model = std::make_shared<Model>();
+  lockstep::torch::DDPOptions ddp_options;
+  ddp_options.gradient_as_bucket_view = o.bucket_view;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  if (o.hook == "fp16") ddp_options.comm_hook = lockstep::fp16_compress_hook();
+  if (o.hook == "bf16") ddp_options.comm_hook = lockstep::bf16_compress_hook();
+  lockstep::torch::DistributedDataParallel<Model> ddp(model, pg, ddp_options);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  const bool conv = o.model == "convnet";
+  torch::manual_seed(100 + pg->rank());
+  auto x = conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, 2048});
+  auto y = conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, 2048});
+
+  std::vector<double> step_ms, exposed_ms;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    auto out = ddp.forward(x);
+    auto loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
+    if (o.no_sync) {
+      auto guard = ddp.no_sync();
+      loss.backward();
+    } else {
+      loss.backward();
+    }
+    opt.step();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (s >= o.warmup) {
+      step_ms.push_back(ms);
+      exposed_ms.push_back(ddp.last_step().backward.exposed_communication_ms());
+    }
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  std::sort(exposed_ms.begin(), exposed_ms.end());
+  double median = step_ms[step_ms.size() / 2], exposed = exposed_ms[exposed_ms.size() / 2];
+  // Report the slowest rank, as the step is only as fast as it.
+  pg->allreduce(lockstep::Buffer{&median, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
+  pg->allreduce(lockstep::Buffer{&exposed, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
+  if (pg->rank() == 0) {
+    std::size_t params = 0;
+    for (auto& p : model->parameters()) params += static_cast<std::size_t>(p.numel());
+    std::printf("model %s (%.1fM parameters), %d rank(s), backend %s, batch %d per rank, %s%s, hook %s\n",
+                o.model.c_str(), static_cast<double>(params) / 1e6, pg->size(), pg->backend().c_str(), o.batch,
+                o.no_sync ? "no_sync" : "synchronised", o.bucket_view ? ", gradient_as_bucket_view" : "",
+                o.hook.c_str());
+    std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", median, exposed,
+                o.batch * pg->size() * 1000.0 / median);
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"Step time of lockstep DistributedDataParallel training"};
+  Options o;
+  app.add_option("--model", o.model, "mlp or convnet")->check(CLI::IsMember({"mlp", "convnet"}));
+  app.add_option("--batch", o.batch, "Samples per rank per step");
+  app.add_option("--steps", o.steps, "Timed steps (the median is reported)");
+  app.add_option("--warmup", o.warmup, "Untimed steps first");
+  app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
+  app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap");
+  app.add_option("--hook", o.hook, "none, fp16 or bf16")->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(1);  // one core per rank
+  auto pg = lockstep::init_process_group();
+  return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);
+}

@@ -1,0 +1,228 @@
+// The main job (`make run`): a convnet trained on Fashion-MNIST with
+// lockstep's DistributedDataParallel, one process per rank:
+//   build/lockstep run --nproc-per-node 2 --unprefixed-rank0 -- build/examples/fashion_mnist
+//
+// Each epoch, rank 0 draws a progress bar, then reports the training loss,
+// the test accuracy computed exactly across ranks (every test image counted
+// once), the throughput, and how a step splits into compute, exposed
+// communication and data loading. At each epoch end rank 0 writes a
+// checkpoint atomically; a restarted job (lockstep run --max-restarts) or a
+// new one with the same --checkpoint resumes from it.
+#include <lockstep/process_group.h>
+#include <lockstep/torch/data.h>
+#include <lockstep/torch/ddp.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "../models.h"
+#include "dataset.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using examples::ConvNetImpl;
+
+struct Options {
+  int epochs = 2;
+  int batch_size = 64;  // per rank
+  double lr = 0.05;
+  double momentum = 0.9;
+  double bucket_cap_mb = 25;
+  std::string backend;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string checkpoint = "fashion_mnist.ckpt";
+  bool fresh = false;
+  std::size_t subset = 0;    // train on the first N samples only (0: all)
+  std::size_t test_subset = 0;
+  int max_steps = 0;         // stop each epoch after N steps (0: no limit)
+  std::string save_params;   // write the final parameters here
+  std::uint64_t seed = 1;
+  bool progress = true;
+};
+
+double since_ms(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+double sum_over_ranks(lockstep::ProcessGroup& pg, double v) {
+  pg.allreduce(lockstep::Buffer{&v, 1, lockstep::DType::f64}, lockstep::ReduceOp::sum)->wait();
+  return v;
+}
+
+void draw_progress(int epoch, int epochs, std::size_t done, std::size_t total, double samples_per_s, double loss) {
+  constexpr int kWidth = 30;
+  const int filled = total ? static_cast<int>(kWidth * static_cast<double>(done) / static_cast<double>(total)) : kWidth;
+  std::string bar(static_cast<std::size_t>(filled), '#');
+  bar.resize(kWidth, '.');
+  std::printf("\repoch %d/%d [%s] %3.0f%% %zu/%zu samples | %.0f samples/s | loss %.4f ", epoch, epochs, bar.c_str(),
+              total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, done, total,
+              samples_per_s, loss);
+  std::fflush(stdout);
+}
+
+// Correct predictions and images seen on this rank's exact shard of the test set.
+std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::Dataset test, int rank, int ranks) {
+  lockstep::torch::DistributedSampler sampler(
+      {.dataset_size = *test.size(), .num_replicas = ranks, .rank = rank, .shuffle = false, .exact = true});
+  auto loader = torch::data::make_data_loader(test.map(torch::data::transforms::Stack<>()), sampler, 500);
+  torch::NoGradGuard no_grad;
+  model.eval();
+  double correct = 0, seen = 0;
+  for (auto& batch : *loader) {
+    correct += model.forward(batch.data).argmax(1).eq(batch.target).sum().item<double>();
+    seen += static_cast<double>(batch.data.size(0));
+  }
+  model.train();
+  return {correct, seen};
+}
+
+int train(const Options& o) {
+  at::set_num_threads(1);  // one core per rank (the launcher sets OMP_NUM_THREADS=1 too)
+  lockstep::GroupOptions group;
+  group.backend = o.backend;
+  auto pg = lockstep::init_process_group(group);
+  const int rank = pg->rank(), ranks = pg->size();
+  const bool leader = rank == 0;
+
+  fashion_mnist::Dataset train_set(o.data, /*train=*/true, o.subset);
+  fashion_mnist::Dataset test_set(o.data, /*train=*/false, o.test_subset);
+  torch::manual_seed(static_cast<std::uint64_t>(o.seed));
+  auto model = std::make_shared<ConvNetImpl>();
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+
+  // Resume: every rank reads the checkpoint (same host or shared disk). A
+  // first attempt with --fresh ignores it; restarts of the job always resume.
+  const char* restart = std::getenv("LOCKSTEP_RESTART_COUNT");
+  const bool restarted = restart && std::string(restart) != "0";
+  int first_epoch = 0;
+  if (!o.fresh || restarted) {
+    lockstep::torch::load_checkpoint(o.checkpoint, [&](torch::serialize::InputArchive& in) {
+      model->load(in);
+      torch::serialize::InputArchive opt;
+      in.read("optimizer", opt);
+      optimizer.load(opt);
+      torch::Tensor epoch;
+      in.read("epochs_done", epoch, /*is_buffer=*/true);
+      first_epoch = static_cast<int>(epoch.item<std::int64_t>());
+      if (leader) std::printf("resuming from %s: %d epoch(s) already done\n", o.checkpoint.c_str(), first_epoch);
+    });
+  }
+  lockstep::torch::DDPOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  lockstep::torch::DistributedDataParallel<ConvNetImpl> ddp(model, pg, ddp_options);
+
+  lockstep::torch::DistributedSampler sampler(
+      {.dataset_size = *train_set.size(), .num_replicas = ranks, .rank = rank, .seed = o.seed});
+  auto loader = torch::data::make_data_loader(train_set.map(torch::data::transforms::Stack<>()), sampler,
+                                              torch::data::DataLoaderOptions(static_cast<std::size_t>(o.batch_size)));
+  std::size_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += static_cast<std::size_t>(p.numel());
+  if (leader)
+    std::printf("training a %.1fM-parameter convnet on %zu Fashion-MNIST images: %d rank(s) x batch %d, %s backend\n",
+                static_cast<double>(parameters) / 1e6, *train_set.size(), ranks, o.batch_size, pg->backend().c_str());
+  if (first_epoch >= o.epochs && leader)
+    std::printf("nothing to do: the checkpoint has %d epoch(s), --epochs is %d\n", first_epoch, o.epochs);
+
+  for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto epoch_start = Clock::now();
+    double loss_sum = 0, samples = 0, data_ms = 0, exposed_ms = 0, step_ms = 0;
+    int steps = 0;
+    auto last_draw = Clock::now();
+    auto fetch = Clock::now();
+    for (auto& batch : *loader) {
+      data_ms += since_ms(fetch);
+      const auto step_start = Clock::now();
+      optimizer.zero_grad();
+      auto loss = torch::cross_entropy_loss(ddp.forward(batch.data), batch.target);
+      loss.backward();
+      optimizer.step();
+      step_ms += since_ms(step_start);
+      exposed_ms += ddp.last_step().backward.exposed_communication_ms();
+      const double n = static_cast<double>(batch.data.size(0));
+      loss_sum += loss.item<double>() * n;
+      samples += n;
+      ++steps;
+      if (leader && o.progress && std::chrono::duration<double>(Clock::now() - last_draw).count() > 0.5) {
+        const double rate = samples * ranks / std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        draw_progress(epoch + 1, o.epochs, static_cast<std::size_t>(samples) * static_cast<std::size_t>(ranks),
+                      sampler.num_samples() * static_cast<std::size_t>(ranks), rate, loss_sum / samples);
+        last_draw = Clock::now();
+      }
+      if (o.max_steps > 0 && steps >= o.max_steps) break;
+      fetch = Clock::now();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    // Averages over every rank's steps.
+    const double all_samples = sum_over_ranks(*pg, samples);
+    const double train_loss = sum_over_ranks(*pg, loss_sum) / all_samples;
+    const double all_steps = sum_over_ranks(*pg, steps);
+    const double mean_step = sum_over_ranks(*pg, step_ms) / all_steps;
+    const double mean_exposed = sum_over_ranks(*pg, exposed_ms) / all_steps;
+    const double mean_data = sum_over_ranks(*pg, data_ms) / all_steps;
+    const auto [correct, seen] = evaluate(*model, test_set, rank, ranks);
+    const double all_correct = sum_over_ranks(*pg, correct), all_seen = sum_over_ranks(*pg, seen);
+    if (leader) {
+      if (o.progress) {
+        draw_progress(epoch + 1, o.epochs, static_cast<std::size_t>(all_samples), static_cast<std::size_t>(all_samples),
+                      all_samples / seconds, train_loss);
+        std::printf("\n");
+      }
+      std::printf("epoch %d/%d: train loss %.4f, test accuracy %.2f%% (%.0f images), %.0f samples/s over %d rank(s)\n",
+                  epoch + 1, o.epochs, train_loss, 100.0 * all_correct / all_seen, all_seen, all_samples / seconds, ranks);
+      std::printf("  step %.1f ms = compute %.1f ms + exposed communication %.1f ms; data loading %.1f ms per step\n",
+                  mean_step, mean_step - mean_exposed, mean_exposed, mean_data);
+      lockstep::torch::save_checkpoint(o.checkpoint, [&](torch::serialize::OutputArchive& out) {
+        model->save(out);
+        torch::serialize::OutputArchive opt;
+        optimizer.save(opt);
+        out.write("optimizer", opt);
+        out.write("epochs_done", torch::tensor(static_cast<std::int64_t>(epoch + 1)), /*is_buffer=*/true);
+      });
+      std::printf("  checkpoint: %s (epoch %d)\n", o.checkpoint.c_str(), epoch + 1);
+      std::fflush(stdout);
+    }
+    pg->barrier()->wait();  // nobody resumes from a checkpoint rank 0 is still writing
+  }
+  if (!o.save_params.empty() && leader) {
+    torch::serialize::OutputArchive out;
+    model->save(out);
+    out.save_to(o.save_params);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a convnet on Fashion-MNIST with lockstep DistributedDataParallel"};
+  Options o;
+  app.add_option("--epochs", o.epochs, "Epochs to train")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Samples per rank per step")->capture_default_str();
+  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap")->capture_default_str();
+  app.add_option("--backend", o.backend, "auto, shm, tcp, mpi (default: LOCKSTEP_BACKEND or auto)");
+  app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--checkpoint", o.checkpoint, "Checkpoint file (written each epoch, resumed from)")->capture_default_str();
+  app.add_flag("--fresh", o.fresh, "Ignore an existing checkpoint on the first attempt (restarts still resume)");
+  app.add_option("--subset", o.subset, "Train on the first N images only");
+  app.add_option("--test-subset", o.test_subset, "Test on the first N images only");
+  app.add_option("--max-steps", o.max_steps, "Stop each epoch after N steps");
+  app.add_option("--save-params", o.save_params, "Write the final parameters to this file");
+  app.add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  app.add_option("--progress", o.progress, "Draw a progress bar (1) or not (0)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return train(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
