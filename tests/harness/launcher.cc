@@ -1,0 +1,56 @@
+// Launcher harness; see launcher.h.
+#include "harness/launcher.h"
+
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace lockstep::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/lockstep-test-XXXXXX";
+  path_ = ::mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Launcher::Launcher(const std::string& cli, std::vector<std::string> args, EnvMap env)
+    : ranks_(1, [env](int) { return env; },
+             [cli, args](int) {
+               std::vector<std::string> argv{cli, "run"};
+               argv.insert(argv.end(), args.begin(), args.end());
+               std::vector<char*> c;
+               for (auto& a : argv) c.push_back(a.data());
+               c.push_back(nullptr);
+               ::execv(cli.c_str(), c.data());
+               throw std::runtime_error("cannot execute " + cli);
+             }) {}
+
+RankResult Launcher::wait(Duration timeout) { return ranks_.wait_all(timeout)[0]; }
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> out;
+  pid_t child = 0;
+  while (in >> child) out.push_back(child);
+  return out;
+}
+
+bool gone(pid_t pid) {
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+}  // namespace lockstep::testing

@@ -1,0 +1,46 @@
+// Test harness: runs `lockstep run ARGS...` (the real launcher binary) in a
+// child process with extra environment, capturing its output; plus temporary
+// directories and a check that processes are gone. Not thread-safe.
+#pragma once
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "harness/process_ranks.h"
+
+namespace lockstep::testing {
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+class Launcher {
+ public:
+  // `cli` is the path of the lockstep binary.
+  Launcher(const std::string& cli, std::vector<std::string> args, EnvMap env = {});
+  pid_t pid() const { return ranks_.pid(0); }
+  void signal(int sig) { ranks_.signal(0, sig); }
+  RankResult wait(Duration timeout);
+
+ private:
+  ProcessRanks ranks_;
+};
+
+// The direct children of a process (e.g. a launcher's ranks).
+std::vector<pid_t> children_of(pid_t pid);
+
+// True once the process no longer runs (gone or a zombie); reaps orphans
+// handed to this process.
+bool gone(pid_t pid);
+
+}  // namespace lockstep::testing
