@@ -165,6 +165,20 @@ class ProcessGroup {
   // of creation.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
 
+  // Diagnostics (see docs/diagnostics.md).
+  // Names operation `seq` (Work::seq) in the flight recorder and the
+  // timeline, e.g. "bucket 3".
+  void annotate(std::uint64_t seq, std::string label);
+  // Whether this rank writes a timeline (LOCKSTEP_TRACE is set).
+  bool tracing() const;
+  // Adds an event to this rank's timeline; times are steady-clock
+  // microseconds (lockstep::trace_now_us). `track` groups events ("step",
+  // "data"). Free when tracing is off.
+  void trace(std::string name, std::string track, std::int64_t start_us, std::int64_t end_us);
+  // Writes this group's flight recorder (its last operations) to a file
+  // now, as on a failure or SIGUSR1, and returns the file's path.
+  std::string dump_flight_recorder(const std::string& reason = "requested");
+
   // Memory that this group's collectives can use in place. On the shm
   // backend every rank maps every other rank's allocation, so an operation
   // over a buffer inside it skips the copy into shared slots (single copy):

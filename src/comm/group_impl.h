@@ -4,6 +4,7 @@
 // Impl is guarded by ProcessGroup's rules (see process_group.h).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/group_diagnostics.h"
 #include "comm/progress_engine.h"
 #include "lockstep/process_group.h"
 
@@ -33,6 +35,9 @@ struct GroupSpec {
   // Key every rank increments when its world group ends (empty for sub-groups).
   std::string finished_key;
   Logger log;
+  // The timeline, shared by a world group and its sub-groups.
+  std::shared_ptr<diag::Tracer> tracer;
+  DiagnosticsSettings diagnostics;
 };
 
 struct ProcessGroup::Impl {
@@ -41,7 +46,9 @@ struct ProcessGroup::Impl {
   std::shared_ptr<Store> store;  // prefixed with spec.key
   std::vector<std::string> host_ids;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<GroupDiagnostics> diagnostics;  // outlives the engine, which points into it
   std::unique_ptr<detail::ProgressEngine> engine;
+  std::atomic<std::uint64_t> collectives{0};      // collectives issued (fingerprints number them)
   Logger log;
 
   std::mutex subgroups_mutex;

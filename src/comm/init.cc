@@ -68,37 +68,15 @@ std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::
   return name;
 }
 
-// Records a group's first failure in its store and adds it to every later
-// report. When rank 2 dies, rank 3 notices first; rank 0 may only see rank 3
-// leave. With the record, rank 0's error also says what rank 3 saw.
-detail::ProgressEngine::AbortHook abort_recorder(std::shared_ptr<Store> store) {
-  return [store = std::move(store)](std::exception_ptr error) -> std::exception_ptr {
-    std::string mine;
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      mine = e.what();
-    }
-    std::string first;
-    try {
-      first = store->compare_set("abort/first", "", mine);
-    } catch (const std::exception&) {
-      return error;  // the store is gone too; report what this rank saw
-    }
-    if (first.empty() || first == mine) return error;
-    const std::string text = mine + "\n  the first failure in this group was: " + first;
-    try {
-      std::rethrow_exception(error);
-    } catch (const PeerError& e) {
-      return std::make_exception_ptr(PeerError(text, e.peer()));
-    } catch (const TimeoutError& e) {
-      return std::make_exception_ptr(TimeoutError(text, e.peer()));
-    } catch (const MismatchError&) {
-      return std::make_exception_ptr(MismatchError(text));
-    } catch (...) {
-      return error;
-    }
-  };
+DiagnosticsSettings diagnostics_settings() {
+  DiagnosticsSettings s;
+  const std::string debug = env_string(env::kDebug).value_or("OFF");
+  if (debug != "OFF" && debug != "INFO" && debug != "DETAIL" && debug != "off" && debug != "info" && debug != "detail")
+    throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, debug));
+  s.detail = debug == "DETAIL" || debug == "detail";
+  s.flight_dir = env_string(env::kFlightDir).value_or("");
+  s.settle = env_seconds(env::kWatchdogSettle).value_or(s.settle);
+  return s;
 }
 
 }  // namespace
@@ -138,8 +116,17 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.tcp_small_bytes = spec.tcp_small_bytes;
   ctx.log = spec.log;
   impl->backend = make_backend(impl->backend_name, ctx);
-  impl->engine = std::make_unique<detail::ProgressEngine>(fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout,
-                                                          impl->backend->inline_max_bytes(), abort_recorder(impl->store));
+  impl->diagnostics = std::make_unique<GroupDiagnostics>(impl->store, spec.rank, spec.size, spec.key, spec.log,
+                                                         spec.tracer, spec.diagnostics);
+  GroupDiagnostics* diagnostics = impl->diagnostics.get();
+  impl->engine = std::make_unique<detail::ProgressEngine>(
+      fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout, impl->backend->inline_max_bytes(),
+      [diagnostics](std::exception_ptr error, std::uint64_t seq, const OpInfo& info) {
+        return diagnostics->on_failure(error, seq, info);
+      },
+      &diagnostics->recorder(), diagnostics->tracer());
+  detail::ProgressEngine* engine = impl->engine.get();
+  diagnostics->start_watchdog([engine](std::exception_ptr error) { engine->abort(error); });
   spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
   impl->spec = std::move(spec);
   return std::make_shared<ProcessGroup>(std::move(impl));
@@ -159,6 +146,8 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.key = fmt::format("{}/{}", launch.run_id, options.name);
   spec.finished_key = fmt::format("{}/finished/{}", launch.run_id, options.name);
   spec.log = Logger().for_rank(launch.rank, launch.world_size);
+  spec.diagnostics = diagnostics_settings();
+  spec.tracer = std::make_shared<diag::Tracer>(env_string(env::kTrace).value_or(""), launch.rank);
   if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
 
   if (options.store) {

@@ -10,6 +10,7 @@
 #include "comm/group_impl.h"
 #include "common/enforce.h"
 #include "common/format.h"
+#include "diag/fingerprint.h"
 
 namespace lockstep {
 namespace {
@@ -27,6 +28,35 @@ OpInfo info_of(Collective c, const ConstBuffer& b, ReduceOp op = ReduceOp::sum, 
   return info;
 }
 
+// With LOCKSTEP_DEBUG=DETAIL: every rank shares the fingerprint of the
+// collective it is about to run and compares; a rank that issued something
+// else fails everyone at once with both fingerprints and the ranks.
+void check_fingerprint(Backend& backend, const OpContext& op, const OpInfo& info, std::uint64_t number, int rank,
+                       int size) {
+  const diag::Fingerprint mine = diag::fingerprint(info, number);
+  std::vector<diag::Fingerprint> all(static_cast<std::size_t>(size));
+  backend.allgather(op, ConstBuffer{&mine, sizeof mine, DType::u8}, Buffer{all.data(), sizeof mine * all.size(), DType::u8});
+  const std::string difference = diag::compare_fingerprints(all);
+  if (!difference.empty())
+    throw MismatchError(fmt::format("rank {}/{}: LOCKSTEP_DEBUG=DETAIL found that the ranks disagree on collective "
+                                    "number {}: {}. Every rank must issue the same collectives in the same order, "
+                                    "with the same counts, dtypes and roots",
+                                    rank, size, number, difference));
+}
+
+// Queues a collective (numbered for fingerprints, checked in DETAIL mode).
+template <typename Fn>
+std::shared_ptr<Work> submit_collective(ProcessGroup::Impl& s, const OpInfo& info, Fn fn) {
+  const std::uint64_t number = s.collectives++;
+  if (!s.diagnostics->settings().detail || s.spec.size == 1) return s.engine->submit(info, std::move(fn));
+  Backend* backend = s.backend.get();
+  const int rank = s.spec.rank, size = s.spec.size;
+  return s.engine->submit(info, [backend, info, number, rank, size, fn = std::move(fn)](const OpContext& ctx) {
+    check_fingerprint(*backend, ctx, info, number, rank, size);
+    fn(ctx);
+  });
+}
+
 void check_buffer(const ConstBuffer& b, const char* what) {
   LOCKSTEP_CHECK_ARG(b.count == 0 || b.data != nullptr, "{}: {} has {} elements but no memory", what, what, b.count);
 }
@@ -37,6 +67,7 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 ProcessGroup::~ProcessGroup() {
   auto& s = *impl_;
+  s.diagnostics->stop_watchdog();  // it may abort the engine: stop it first
   s.engine->drain_and_stop();
   const bool clean = !s.engine->aborted();
   // After an abort, peers are gone or failing too: leave without waiting.
@@ -68,7 +99,7 @@ std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, ReduceOp op) {
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, op), "{} backend cannot allreduce {} with {}",
                      backend(), data.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::allreduce, data, op),
+  return submit_collective(*impl_, info_of(Collective::allreduce, data, op),
                                [b, data, op](const OpContext& ctx) { b->allreduce(ctx, data, op); });
 }
 
@@ -76,7 +107,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
   check_buffer(data, "broadcast");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of {}", root, size());
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::broadcast, data, ReduceOp::sum, root),
+  return submit_collective(*impl_, info_of(Collective::broadcast, data, ReduceOp::sum, root),
                                [b, data, root](const OpContext& ctx) { b->broadcast(ctx, data, root); });
 }
 
@@ -88,7 +119,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) 
                      "allgather: output must hold size() x input = {} x {} = {} elements, not {}", size(),
                      input.count, input.count * static_cast<std::size_t>(size()), output.count);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::allgather, input),
+  return submit_collective(*impl_, info_of(Collective::allgather, input),
                                [b, input, output](const OpContext& ctx) { b->allgather(ctx, input, output); });
 }
 
@@ -103,7 +134,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, op), "{} backend cannot reduce_scatter {} with {}",
                      backend(), input.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::reduce_scatter, output, op),
+  return submit_collective(*impl_, info_of(Collective::reduce_scatter, output, op),
                                [b, input, output, op](const OpContext& ctx) { b->reduce_scatter(ctx, input, output, op); });
 }
 
@@ -113,7 +144,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, ReduceOp op) {
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, op), "{} backend cannot reduce {} with {}", backend(),
                      data.dtype, op);
   Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::reduce, data, op, root),
+  return submit_collective(*impl_, info_of(Collective::reduce, data, op, root),
                                [b, data, root, op](const OpContext& ctx) { b->reduce(ctx, data, root, op); });
 }
 
@@ -122,7 +153,7 @@ std::shared_ptr<Work> ProcessGroup::barrier() {
   OpInfo info;
   info.collective = Collective::barrier;
   info.dtype = DType::u8;
-  return impl_->engine->submit(info, [b](const OpContext& ctx) { b->barrier(ctx); });
+  return submit_collective(*impl_, info, [b](const OpContext& ctx) { b->barrier(ctx); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(ConstBuffer data, int dst, int tag) {
@@ -142,6 +173,20 @@ std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
   return impl_->engine->submit(info_of(Collective::recv, data, ReduceOp::sum, src, tag),
                                [b, data, src, tag](const OpContext& ctx) { b->recv(ctx, data, src, tag); });
 }
+
+void ProcessGroup::annotate(std::uint64_t seq, std::string label) {
+  impl_->diagnostics->recorder().label(seq, std::move(label));
+}
+
+bool ProcessGroup::tracing() const {
+  return impl_->diagnostics->tracer() && impl_->diagnostics->tracer()->enabled();
+}
+
+void ProcessGroup::trace(std::string name, std::string track, std::int64_t start_us, std::int64_t end_us) {
+  if (tracing()) impl_->diagnostics->tracer()->event(std::move(name), std::move(track), start_us, end_us);
+}
+
+std::string ProcessGroup::dump_flight_recorder(const std::string& reason) { return impl_->diagnostics->dump(reason); }
 
 std::shared_ptr<std::byte[]> ProcessGroup::allocate_shared(std::size_t bytes) {
   return impl_->backend->allocate_shared(bytes, Deadline::after(impl_->spec.connect_timeout));
@@ -177,6 +222,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   spec.backend = impl_->backend_name;
   spec.key = fmt::format("{}/sub/{}/{}", impl_->spec.key, list, ordinal);
   spec.finished_key.clear();
+  spec.tracer = impl_->diagnostics->shared_tracer();
   return make_group(std::move(spec));
 }
 

@@ -5,11 +5,14 @@
 
 namespace lockstep::detail {
 
-ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort)
+ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort,
+                               diag::FlightRecorder* recorder, diag::Tracer* tracer)
     : self_(std::move(self)),
       timeout_(timeout),
       inline_max_bytes_(inline_max_bytes),
       on_abort_(std::move(on_abort)),
+      recorder_(recorder),
+      tracer_(tracer),
       thread_([this] { run(); }) {}
 
 ProgressEngine::~ProgressEngine() { drain_and_stop(); }
@@ -21,6 +24,19 @@ void ProgressEngine::drain_and_stop() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+}
+
+void ProgressEngine::abort(std::exception_ptr error) {
+  std::deque<Item> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    if (!abort_error_) abort_error_ = error;
+    dropped.swap(queue_);
+  }
+  for (auto& item : dropped) {
+    if (recorder_) recorder_->finished(item.work->seq(), false, now_us());
+    item.work->complete(abort_error_);
+  }
 }
 
 bool ProgressEngine::aborted() const {
@@ -57,6 +73,7 @@ void ProgressEngine::run() {
     queue_.pop_front();
     if (abort_error_) {
       lock.unlock();
+      if (recorder_) recorder_->finished(item.work->seq(), false, now_us());
       item.work->complete(abort_error_);
       lock.lock();
       continue;
@@ -69,7 +86,14 @@ void ProgressEngine::run() {
 }
 
 void ProgressEngine::finish(Work& work, std::exception_ptr error) {
-  if (error && on_abort_ && !aborted()) error = on_abort_(error);
+  if (error && on_abort_ && !aborted()) error = on_abort_(error, work.seq(), work.info());
+  const std::int64_t finished = now_us();
+  if (recorder_) recorder_->finished(work.seq(), !error, finished);
+  if (tracer_ && tracer_->enabled()) {
+    const std::string label = recorder_ ? recorder_->label_of(work.seq()) : std::string();
+    tracer_->event(work.description() + (label.empty() ? "" : " [" + label + "]"), "collectives", work.started_us(),
+                   finished);
+  }
   bool queued = false;
   {
     std::lock_guard lock(mutex_);

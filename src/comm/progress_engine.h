@@ -25,6 +25,8 @@
 #include <thread>
 
 #include "comm/backend.h"
+#include "diag/flight_recorder.h"
+#include "diag/tracer.h"
 #include "lockstep/process_group.h"
 
 namespace lockstep::detail {
@@ -32,11 +34,13 @@ namespace lockstep::detail {
 class ProgressEngine {
  public:
   using Task = std::function<void(const OpContext&)>;
-  // Called once, with the first failure; returns the error to report (e.g.
-  // the same error with more context).
-  using AbortHook = std::function<std::exception_ptr(std::exception_ptr)>;
+  // Called once, with the first failure and its operation; returns the
+  // error to report (e.g. the same error with more context).
+  using AbortHook = std::function<std::exception_ptr(std::exception_ptr, std::uint64_t seq, const OpInfo&)>;
 
-  ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort = {});
+  // `recorder` and `tracer` (may be null) observe every operation.
+  ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort = {},
+                 diag::FlightRecorder* recorder = nullptr, diag::Tracer* tracer = nullptr);
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
@@ -46,8 +50,10 @@ class ProgressEngine {
     const auto now = Clock::now();
     std::unique_lock lock(mutex_);
     auto work = std::make_shared<Work>(next_seq_++, info, to_us(now));
+    if (recorder_) recorder_->issued(work->seq(), info, work->issued_us());
     if (abort_error_ || stopping_) {
       lock.unlock();
+      if (recorder_) recorder_->finished(work->seq(), false, work->issued_us());
       work->complete(refusal(*work));
       return work;
     }
@@ -66,6 +72,10 @@ class ProgressEngine {
   // Runs what is queued, then stops the thread. Idempotent.
   void drain_and_stop();
 
+  // Aborts from outside (the watchdog): queued and later operations fail
+  // with `error`; a running one ends at its own deadline.
+  void abort(std::exception_ptr error);
+
   bool aborted() const;
   std::uint64_t issued() const;
 
@@ -81,6 +91,7 @@ class ProgressEngine {
   void execute(Work& work, Fn& fn, Clock::time_point started) {
     const OpContext op = context_for(work, started);
     work.mark_started(to_us(started));
+    if (recorder_) recorder_->started(work.seq(), to_us(started));
     std::exception_ptr error;
     try {
       fn(op);
@@ -99,6 +110,8 @@ class ProgressEngine {
   const Duration timeout_;
   const std::size_t inline_max_bytes_;
   const AbortHook on_abort_;
+  diag::FlightRecorder* const recorder_;
+  diag::Tracer* const tracer_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Item> queue_;
