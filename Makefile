@@ -16,9 +16,10 @@ deps:
 	@scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD_DIR).configure.log 2>&1 \
-	  || { cat $(BUILD_DIR).configure.log; exit 1; }
-	@grep -E "^-- lockstep" $(BUILD_DIR).configure.log || true
+	@mkdir -p $(BUILD_DIR)
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) > $(BUILD_DIR)/configure.log 2>&1 \
+	  || { cat $(BUILD_DIR)/configure.log; exit 1; }
+	@grep -E "^-- lockstep" $(BUILD_DIR)/configure.log || true
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -39,8 +40,9 @@ test: build
 TSAN_DIR ?= build-tsan
 TSAN_TESTS = store_test process_group_test collectives_sweep_test
 test-tsan: deps
-	@cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_TSAN=ON -DLOCKSTEP_BUILD_TOOLS=OFF > $(TSAN_DIR).configure.log 2>&1 \
-	  || { cat $(TSAN_DIR).configure.log; exit 1; }
+	@mkdir -p $(TSAN_DIR)
+	@cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_TSAN=ON -DLOCKSTEP_BUILD_TOOLS=OFF > $(TSAN_DIR)/configure.log 2>&1 \
+	  || { cat $(TSAN_DIR)/configure.log; exit 1; }
 	@cmake --build $(TSAN_DIR) -j $(JOBS) --target $(TSAN_TESTS)
 	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -R "store_test|process_group_test|Sweep.*_[234]ranks"
@@ -49,4 +51,4 @@ bench: build
 	$(BUILD_DIR)/lockstep bench --op allreduce --backend tcp -np 2 -b 4 -e 64M -f 4 -n 20 -w 5 -c 1
 
 clean:
-	rm -rf $(BUILD_DIR) $(BUILD_DIR).configure.log
+	rm -rf $(BUILD_DIR) $(TSAN_DIR)
