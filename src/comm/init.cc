@@ -108,13 +108,14 @@ std::string resolve_backend(const std::string& requested, const std::vector<std:
   if (requested == "shm" && !all_same(host_ids))
     throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto' "
                       "or 'tcp'");
-  if (requested == "tcp" || requested == "shm") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp or shm", requested));
+  if (requested == "tcp" || requested == "shm" || requested == "mpi") return requested;
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm or mpi", requested));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
   if (name == "tcp") return make_tcp_backend(ctx);
   if (name == "shm") return make_shm_backend(ctx);
+  if (name == "mpi") return make_mpi_backend(ctx);
   throw ConfigError(fmt::format("unknown backend '{}'", name));
 }
 
@@ -129,6 +130,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   BackendContext ctx;
   ctx.rank = spec.rank;
   ctx.size = spec.size;
+  ctx.world = spec.world;
   ctx.store = impl->store;
   ctx.group_key = spec.key;
   ctx.timeout = spec.timeout;
@@ -150,6 +152,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   GroupSpec spec;
   spec.rank = launch.rank;
   spec.size = launch.world_size;
+  spec.world = true;
   spec.backend = !options.backend.empty() ? options.backend : env_string(env::kBackend).value_or("auto");
   spec.timeout = launch.timeout;
   spec.connect_timeout = launch.connect_timeout;

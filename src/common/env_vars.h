@@ -43,5 +43,6 @@ inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
 inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
 inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
+inline constexpr char kMpiMaxCount[] = "LOCKSTEP_MPI_MAX_COUNT";
 
 }  // namespace lockstep::env
