@@ -9,6 +9,7 @@
 
 #include "comm/group_impl.h"
 #include "comm/launch_env.h"
+#include "comm/mpi/bootstrap.h"
 #include "comm/rendezvous.h"
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -164,15 +165,23 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.log = Logger().for_rank(launch.rank, launch.world_size);
   if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
 
+  TcpStoreOptions store_options;
+  store_options.token = launch.token;
+  store_options.connect_timeout = launch.connect_timeout;
+  store_options.timeout = launch.timeout;
   if (options.store) {
     spec.root_store = options.store;
+  } else if (launch.master_addr.empty() && launch.source == "Open MPI" && launch.world_size > 1) {
+    // Started by mpirun alone: rank 0 hosts the store on a free port and
+    // tells the others where through MPI.
+    MpiBootstrap boot = bootstrap_store_with_mpi(launch, store_options);
+    spec.root_store = boot.client;
+    if (boot.server)
+      spec.keepalive = std::make_shared<StoreHost>(std::move(boot.server), boot.client, spec.finished_key,
+                                                   launch.world_size);
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {
-    TcpStoreOptions store_options;
-    store_options.token = launch.token;
-    store_options.connect_timeout = launch.connect_timeout;
-    store_options.timeout = launch.timeout;
     std::unique_ptr<TcpStoreServer> server;
     if (launch.rank == 0 && !launch.store_hosted)
       server = std::make_unique<TcpStoreServer>("", static_cast<std::uint16_t>(launch.master_port), store_options);

@@ -2,7 +2,10 @@
 // or MPI not found): the same entry points, each saying how to get MPI.
 // CMake compiles this file instead of the others; no #ifdef needed.
 // Stateless; thread-safe.
+#include <fmt/format.h>
+
 #include "comm/backend.h"
+#include "comm/mpi/bootstrap.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -13,5 +16,11 @@ constexpr char kNoMpi[] = "this lockstep was built without MPI: install libopenm
 }  // namespace
 
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext&) { throw ConfigError(kNoMpi); }
+
+MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions) {
+  throw ConfigError(fmt::format("rank {} of {} was started by mpirun without MASTER_ADDR and MASTER_PORT, and {}, "
+                                "or set MASTER_ADDR and MASTER_PORT",
+                                launch.rank, launch.world_size, kNoMpi));
+}
 
 }  // namespace lockstep
