@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "common/socket.h"
 #include "lockstep/process_group.h"
 
 namespace lockstep {
@@ -58,6 +59,31 @@ TEST(MpiBootstrap, AWorldCanBeFormedAgainAfterTheFirstIsDestroyed) {
     auto pg = init_process_group();
     expect_a_working_world(*pg);
   }
+}
+
+// Rank 0 cannot host the store (the port MASTER_PORT names is taken): every
+// rank fails with rank 0's reason, at once, instead of waiting for a store
+// that never comes. (Only rank 0 reads MASTER_PORT here; the others learn
+// the port from rank 0.)
+TEST(MpiBootstrap, ARank0ThatCannotHostTheStoreFailsEveryRankWithItsReason) {
+  const int rank = std::atoi(std::getenv("OMPI_COMM_WORLD_RANK"));
+  Socket holder;
+  std::string port = "29500";
+  if (rank == 0) {
+    holder = listen_tcp("127.0.0.1", 0);
+    port = std::to_string(local_port(holder.fd()));
+  }
+  ::setenv("MASTER_PORT", port.c_str(), 1);
+  const auto start = Clock::now();
+  try {
+    init_process_group();
+    ADD_FAILURE() << "a world formed although rank 0 could not host the store";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 could not host the rendezvous store"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(seconds_between(start, Clock::now()), 10.0);
+  ::unsetenv("MASTER_PORT");
 }
 
 }  // namespace
