@@ -15,7 +15,9 @@ constexpr char kNoMpi[] = "this lockstep was built without MPI: install libopenm
 
 }  // namespace
 
-std::unique_ptr<Backend> make_mpi_backend(const BackendContext&) { throw ConfigError(kNoMpi); }
+std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx) {
+  throw ConfigError(fmt::format("rank {}/{}: {}", ctx.rank, ctx.size, kNoMpi));
+}
 
 MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions) {
   throw ConfigError(fmt::format("rank {} of {} was started by mpirun without MASTER_ADDR and MASTER_PORT, and {}, "
