@@ -14,6 +14,7 @@
 
 #include <array>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <fmt/format.h>

@@ -18,10 +18,7 @@
 //      lockstep exceptions.
 #include "comm/mpi/mpi_backend.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
