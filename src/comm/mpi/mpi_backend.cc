@@ -1,7 +1,7 @@
 // mpi backend set-up, waiting, shutdown and the factory; the collectives
 // live in one file each beside this one.
 //
-// Set-up, step by step:
+// Set-up, step by step (a group of one skips it all: it never communicates):
 //   1. initialise MPI if nobody has (runtime.h);
 //   2. every member publishes its MPI world rank and size in the group's
 //      store and reads the others' (so every rank sees the same list, and
@@ -73,7 +73,11 @@ MpiBackend::MpiBackend(const BackendContext& ctx)
       log_(ctx.log),
       max_count_(max_count_from_env()),
       crowded_(crowded_host(ctx)) {
-  if (size_ > 1 && !initialized() && !env_string(env::kOmpiSize))
+  // A group of one never communicates (every collective returns at once),
+  // so it needs neither MPI nor a communicator: a program started without
+  // mpirun can still run as a world of one with LOCKSTEP_BACKEND=mpi.
+  if (size_ == 1) return;
+  if (!initialized() && !env_string(env::kOmpiSize))
     throw ConfigError(fmt::format("{}: the mpi backend needs the ranks started by mpirun (Open MPI), but {} is not "
                                   "set; start the program with `mpirun -np {} ...`, or choose another backend "
                                   "(LOCKSTEP_BACKEND=auto)",
