@@ -122,10 +122,11 @@ MPI_Comm MpiBackend::create_communicator(const BackendContext& ctx) {
                                   "or the launcher's RANK wrong?",
                                   self_));
 
-  // A heap cell: if the idup times out, MPI may still write the new handle
-  // into it later, so it is then left allocated.
-  auto* cell = new MPI_Comm(MPI_COMM_NULL);
+  MPI_Comm comm = MPI_COMM_NULL;
   if (ctx.world) {
+    // A heap cell: if the idup times out, MPI may still write the new
+    // handle into it later, so it is then left allocated.
+    auto* cell = new MPI_Comm(MPI_COMM_NULL);
     MPI_Request request = MPI_REQUEST_NULL;
     MPI_Comm_idup(MPI_COMM_WORLD, cell, &request);
     const WaitOutcome outcome = test_until(request, Deadline::after(ctx.connect_timeout), kMinSpin, crowded_);
@@ -135,19 +136,19 @@ MPI_Comm MpiBackend::create_communicator(const BackendContext& ctx) {
                                      "every rank call init_process_group?",
                                      self_, static_cast<double>(ctx.connect_timeout.count()) / 1000.0,
                                      outcome.error == MPI_SUCCESS ? "timed out" : error_text(outcome.error)));
+    comm = *cell;
+    delete cell;
   } else {
     MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
     MPI_Comm_group(MPI_COMM_WORLD, &world_group);
     MPI_Group_incl(world_group, size_, members.data(), &group);
     const int tag = static_cast<int>(stable_hash(ctx.group_key) % (static_cast<std::uint64_t>(tag_upper_bound()) + 1));
-    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, cell);
+    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     if (code != MPI_SUCCESS)
       throw ConfigError(fmt::format("{}: MPI_Comm_create_group failed: {}", self_, error_text(code)));
   }
-  const MPI_Comm comm = *cell;
-  delete cell;
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   int comm_rank = -1;
   MPI_Comm_rank(comm, &comm_rank);
