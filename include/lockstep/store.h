@@ -50,6 +50,11 @@ class Store {
   virtual bool delete_key(std::string_view key) = 0;
   virtual std::int64_t num_keys() = 0;
 
+  // Another handle on the same data that does not share this one's
+  // connection or locks, for a thread that must not wait behind another's
+  // blocking request (the watchdog). Same timeout.
+  virtual std::shared_ptr<Store> clone() const = 0;
+
   Duration timeout() const { return Duration(timeout_ms_.load()); }
   void set_timeout(Duration timeout) { timeout_ms_.store(timeout.count()); }
 
@@ -73,10 +78,11 @@ class HashStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;
+  std::shared_ptr<Store> clone() const override;
 
  private:
   struct State;
-  std::unique_ptr<State> state_;
+  std::shared_ptr<State> state_;  // shared by clones
 };
 
 // A store in one file that every participant can open (a local or shared
@@ -97,6 +103,7 @@ class FileStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;
+  std::shared_ptr<Store> clone() const override;
 
   const std::string& path() const { return path_; }
 
@@ -121,6 +128,7 @@ class PrefixStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;  // counts the base store's keys, all prefixes
+  std::shared_ptr<Store> clone() const override;
 
   const std::shared_ptr<Store>& base() const { return base_; }
   const std::string& prefix() const { return prefix_; }
@@ -181,6 +189,7 @@ class TcpStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;
+  std::shared_ptr<Store> clone() const override;
 
   // The local address of the connection to the server: an address of this
   // host that the server's host can reach, used to pick a listen address.

@@ -35,6 +35,9 @@ struct OpContext {
 struct BackendContext {
   int rank = 0;
   int size = 1;
+  // A world group (init_process_group), not a sub-group (new_group): the
+  // mpi backend then requires rank == MPI world rank.
+  bool world = false;
   std::shared_ptr<Store> store;  // already prefixed for this group
   std::string group_key;         // unique per group and job; peers check it on connect
   Duration timeout{0};
@@ -80,5 +83,7 @@ class Backend {
 // Factories, one per backend folder.
 std::unique_ptr<Backend> make_tcp_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
+// Throws ConfigError when lockstep was built without MPI.
+std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);
 
 }  // namespace lockstep

@@ -52,7 +52,7 @@ std::string what_of(std::exception_ptr error) {
 
 GroupDiagnostics::GroupDiagnostics(std::shared_ptr<Store> store, int rank, int size, std::string name, Logger log,
                                    std::shared_ptr<diag::Tracer> tracer, DiagnosticsSettings settings)
-    : store_(std::move(store)),
+    : store_(store->clone()),  // its own connection: never queued behind the program's store calls
       rank_(rank),
       size_(size),
       name_(std::move(name)),

@@ -72,7 +72,7 @@ class GroupDiagnostics {
   std::string progress() const;
   std::string collect_verdict(std::uint64_t seq, const std::string& what);
 
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> store_;  // a clone of the group's store
   int rank_;
   int size_;
   std::string name_;

@@ -22,6 +22,7 @@ namespace lockstep {
 struct GroupSpec {
   int rank = 0;
   int size = 1;
+  bool world = false;  // formed by init_process_group (sub-groups: false)
   std::string backend = "auto";
   std::shared_ptr<Store> root_store;  // not prefixed
   std::string key;                    // store prefix and identity of the group

@@ -9,6 +9,7 @@
 
 #include "comm/group_impl.h"
 #include "comm/launch_env.h"
+#include "comm/mpi/bootstrap.h"
 #include "comm/rendezvous.h"
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -86,13 +87,14 @@ std::string resolve_backend(const std::string& requested, const std::vector<std:
   if (requested == "shm" && !all_same(host_ids))
     throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto' "
                       "or 'tcp'");
-  if (requested == "tcp" || requested == "shm") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp or shm", requested));
+  if (requested == "tcp" || requested == "shm" || requested == "mpi") return requested;
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm or mpi", requested));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
   if (name == "tcp") return make_tcp_backend(ctx);
   if (name == "shm") return make_shm_backend(ctx);
+  if (name == "mpi") return make_mpi_backend(ctx);
   throw ConfigError(fmt::format("unknown backend '{}'", name));
 }
 
@@ -107,6 +109,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   BackendContext ctx;
   ctx.rank = spec.rank;
   ctx.size = spec.size;
+  ctx.world = spec.world;
   ctx.store = impl->store;
   ctx.group_key = spec.key;
   ctx.timeout = spec.timeout;
@@ -137,6 +140,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   GroupSpec spec;
   spec.rank = launch.rank;
   spec.size = launch.world_size;
+  spec.world = true;
   spec.backend = !options.backend.empty() ? options.backend : env_string(env::kBackend).value_or("auto");
   spec.timeout = launch.timeout;
   spec.connect_timeout = launch.connect_timeout;
@@ -150,15 +154,23 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.tracer = std::make_shared<diag::Tracer>(env_string(env::kTrace).value_or(""), launch.rank);
   if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
 
+  TcpStoreOptions store_options;
+  store_options.token = launch.token;
+  store_options.connect_timeout = launch.connect_timeout;
+  store_options.timeout = launch.timeout;
   if (options.store) {
     spec.root_store = options.store;
+  } else if (launch.master_addr.empty() && launch.source == "Open MPI" && launch.world_size > 1) {
+    // Started by mpirun alone: rank 0 hosts the store on a free port and
+    // tells the others where through MPI.
+    MpiBootstrap boot = bootstrap_store_with_mpi(launch, store_options);
+    spec.root_store = boot.client;
+    if (boot.server)
+      spec.keepalive = std::make_shared<StoreHost>(std::move(boot.server), boot.client, spec.finished_key,
+                                                   launch.world_size);
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {
-    TcpStoreOptions store_options;
-    store_options.token = launch.token;
-    store_options.connect_timeout = launch.connect_timeout;
-    store_options.timeout = launch.timeout;
     std::unique_ptr<TcpStoreServer> server;
     if (launch.rank == 0 && !launch.store_hosted)
       server = std::make_unique<TcpStoreServer>("", static_cast<std::uint16_t>(launch.master_port), store_options);

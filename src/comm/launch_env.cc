@@ -108,7 +108,10 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
   if (info.master_port > 65535 || (info.master_port <= 0 && info.master_port != -1))
     throw ConfigError(fmt::format("MASTER_PORT={} is not a TCP port; use a free port in 1..65535", info.master_port));
 
-  if (!options.store && info.world_size > 1) {
+  // Under mpirun the store can be found without MASTER_ADDR: rank 0 hosts it
+  // and shares its address through MPI (init.cc, comm/mpi/bootstrap.h).
+  const bool mpi_bootstrap = info.source == "Open MPI" && info.master_addr.empty();
+  if (!options.store && info.world_size > 1 && !mpi_bootstrap) {
     if (info.master_addr.empty())
       throw ConfigError(fmt::format(
           "MASTER_ADDR is not set, so rank {} of {} cannot find the others. Set MASTER_ADDR to the host of rank 0 "

@@ -4,7 +4,8 @@
 //   Open MPI (mpirun)         OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
 //   Slurm (srun)              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, ...
 // With none of them, the process is a world of one.
-// The store's address comes from MASTER_ADDR / MASTER_PORT.
+// The store's address comes from MASTER_ADDR / MASTER_PORT; under mpirun
+// without them, from rank 0 through MPI (comm/mpi/bootstrap.h).
 // Pure function of options and environment; thread-safe.
 #pragma once
 

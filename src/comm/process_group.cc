@@ -221,6 +221,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   spec.size = static_cast<int>(ranks.size());
   spec.backend = impl_->backend_name;
   spec.key = fmt::format("{}/sub/{}/{}", impl_->spec.key, list, ordinal);
+  spec.world = false;
   spec.finished_key.clear();
   spec.tracer = impl_->diagnostics->shared_tracer();
   return make_group(std::move(spec));

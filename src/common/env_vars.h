@@ -47,5 +47,6 @@ inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
 inline constexpr char kFlightDir[] = "LOCKSTEP_FLIGHT_DIR";
 inline constexpr char kWatchdogSettle[] = "LOCKSTEP_WATCHDOG_SETTLE";
+inline constexpr char kMpiMaxCount[] = "LOCKSTEP_MPI_MAX_COUNT";
 
 }  // namespace lockstep::env

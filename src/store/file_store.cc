@@ -197,6 +197,12 @@ bool FileStore::delete_key(std::string_view key) {
   return true;
 }
 
+std::shared_ptr<Store> FileStore::clone() const {
+  auto copy = std::make_shared<FileStore>(path_);
+  copy->set_timeout(timeout());
+  return copy;
+}
+
 std::int64_t FileStore::num_keys() {
   std::lock_guard lock(state_->mutex);
   LockedFile file(path_, false);

@@ -15,7 +15,7 @@ struct HashStore::State {
   KeyValueMap map;
 };
 
-HashStore::HashStore() : state_(std::make_unique<State>()) {}
+HashStore::HashStore() : state_(std::make_shared<State>()) {}
 HashStore::~HashStore() = default;
 
 void HashStore::set(std::string_view key, std::string_view value) {
@@ -60,6 +60,13 @@ bool HashStore::check(const std::vector<std::string>& keys) {
 bool HashStore::delete_key(std::string_view key) {
   std::lock_guard lock(state_->mutex);
   return state_->map.erase(key);
+}
+
+std::shared_ptr<Store> HashStore::clone() const {
+  auto copy = std::make_shared<HashStore>();
+  copy->state_ = state_;
+  copy->set_timeout(timeout());
+  return copy;
 }
 
 std::int64_t HashStore::num_keys() {

@@ -39,4 +39,10 @@ bool PrefixStore::delete_key(std::string_view key) { return base_->delete_key(fu
 
 std::int64_t PrefixStore::num_keys() { return base_->num_keys(); }
 
+std::shared_ptr<Store> PrefixStore::clone() const {
+  auto copy = std::make_shared<PrefixStore>(prefix_, base_->clone());
+  copy->set_timeout(timeout());
+  return copy;
+}
+
 }  // namespace lockstep

@@ -177,6 +177,12 @@ std::int64_t TcpStore::num_keys() {
   return *v;
 }
 
+std::shared_ptr<Store> TcpStore::clone() const {
+  auto copy = std::make_shared<TcpStore>(state_->host, state_->port, state_->options);
+  copy->set_timeout(timeout());
+  return copy;
+}
+
 std::string TcpStore::local_address() const {
   std::lock_guard lock(state_->mutex);
   return state_->socket.valid() ? local_host(state_->socket.fd()) : std::string();

@@ -105,6 +105,22 @@ void expect_config_error(const GroupOptions& options, const std::string& fragmen
   }
 }
 
+// Under mpirun alone there is no MASTER_ADDR: init_process_group then finds
+// the store through MPI (comm/mpi/bootstrap.h), so this is not an error.
+TEST(LaunchEnv, OpenMpiWithoutMasterAddrIsLeftToTheMpiBootstrap) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+  const auto info = resolve_launch({});
+  EXPECT_EQ(info.source, "Open MPI");
+  EXPECT_EQ(info.world_size, 3);
+  EXPECT_EQ(info.local_world_size, 3);
+  EXPECT_EQ(info.master_addr, "");
+  EXPECT_EQ(info.master_port, -1);
+  // RANK/WORLD_SIZE take precedence, and they still need MASTER_ADDR.
+  ScopedEnv torchrun({{"RANK", "0"}, {"WORLD_SIZE", "3"}});
+  expect_config_error({}, "MASTER_ADDR is not set");
+}
+
 TEST(LaunchEnv, MissingMasterAddrIsAClearError) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}});

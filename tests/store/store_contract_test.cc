@@ -173,6 +173,19 @@ TEST_P(StoreContract, CheckDeleteAndCount) {
   EXPECT_EQ(store_->num_keys(), before + 1);
 }
 
+TEST_P(StoreContract, ACloneSeesTheSameDataAndIsNotBlockedByAWaitingHandle) {
+  auto clone = store_->clone();
+  EXPECT_EQ(clone->timeout(), store_->timeout());
+  std::thread waiter([&] { EXPECT_THROW(store_->wait({"never"}, 1500ms), TimeoutError); });
+  std::this_thread::sleep_for(100ms);  // the original handle is now inside a long wait
+  const auto start = Clock::now();
+  clone->set("via-clone", "1");
+  EXPECT_EQ(clone->get("via-clone"), "1");
+  EXPECT_LT(seconds_between(start, Clock::now()), 1.0);
+  waiter.join();
+  EXPECT_EQ(store_->get("via-clone"), "1");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreContract, ::testing::Values("hash", "file", "tcp", "prefix"),
                          [](const auto& info) { return info.param; });
 

@@ -260,6 +260,14 @@ void pin_to_core(int local_rank) {
   sched_setaffinity(0, sizeof one, &one);
 }
 
+// This rank's index on its host, from whichever launcher started it (under
+// mpirun LOCAL_RANK is not set, and every rank would pick the first core).
+int local_rank() {
+  for (const char* name : {env::kLocalRank, env::kOmpiLocalRank, env::kSlurmLocalId})
+    if (auto v = env_int(name)) return static_cast<int>(*v);
+  return 0;
+}
+
 std::string self_exe() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
@@ -280,7 +288,7 @@ int bench_as_rank(const BenchOptions& o) {
       throw InvalidArgument(fmt::format("--op {}: use allreduce, broadcast, reduce, allgather, reduce_scatter or all", o.op));
     ops = {*c};
   }
-  if (o.pin) pin_to_core(static_cast<int>(env_int(env::kLocalRank).value_or(0)));
+  if (o.pin) pin_to_core(local_rank());
   GroupOptions group;
   group.backend = o.backend;
   auto pg = init_process_group(group);

@@ -1,0 +1,245 @@
+// mpi_allreduce: the plain-MPI peer of `lockstep bench --op allreduce`.
+// MPI_Allreduce in place (MPI_IN_PLACE) on one buffer per rank, over the
+// same sizes, with the same options (-b -e -f -n -w -c -d -o) and the same
+// table (size, count, type, redop, root, time, algbw, busbw, #wrong), so
+// the two outputs compare line by line. Nothing of lockstep is used.
+//
+//   mpirun -np 2 --bind-to core build/bench/mpi_allreduce -b 4 -e 64M -f 4
+//
+// Per size, exactly as lockstep bench does it: (with -c 1) one checked run on
+// known inputs, counting wrong elements on every rank; then the inputs are
+// refilled, -w untimed warm-up iterations run, all ranks meet in a barrier,
+// and -n timed iterations follow. The time reported is the slowest rank's
+// average per iteration; algbw = size / time, busbw = algbw x 2(n-1)/n.
+// Each rank prints the CPUs it may run on, so a missing --bind-to core (ranks
+// sharing cores) shows in the output.
+//
+// Single-threaded (MPI_THREAD_SINGLE is all it asks for).
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace {
+
+struct Options {
+  std::string min_bytes = "32M";
+  std::string max_bytes = "32M";
+  double factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  std::string dtype = "float";
+  std::string redop = "sum";
+};
+
+struct ElementType {
+  const char* name;
+  MPI_Datatype type;
+  std::size_t size;
+};
+
+const ElementType kTypes[] = {
+    {"float", MPI_FLOAT, 4}, {"double", MPI_DOUBLE, 8}, {"int32", MPI_INT32_T, 4},
+    {"int64", MPI_INT64_T, 8}, {"uint8", MPI_UINT8_T, 1},
+};
+
+struct Reduction {
+  const char* name;
+  MPI_Op op;
+};
+
+const Reduction kOps[] = {{"sum", MPI_SUM}, {"min", MPI_MIN}, {"max", MPI_MAX}, {"prod", MPI_PROD}};
+
+// "4", "64K", "32M", "1G" -> bytes; 0 if malformed.
+std::size_t parse_size(const std::string& text) {
+  if (text.empty()) return 0;
+  std::size_t mult = 1;
+  std::string digits = text;
+  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
+    case 'K': mult = 1ull << 10; digits.pop_back(); break;
+    case 'M': mult = 1ull << 20; digits.pop_back(); break;
+    case 'G': mult = 1ull << 30; digits.pop_back(); break;
+    default: break;
+  }
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); })) return 0;
+  return std::stoull(digits) * mult;
+}
+
+// lockstep bench's known input: small integers, exact in every type.
+double pattern(int rank, std::size_t i) { return static_cast<double>((rank * 3 + i * 7) % 9) - 4; }
+double input(const ElementType& t, int rank, std::size_t i) {
+  return t.type == MPI_UINT8_T ? pattern(rank, i) + 4 : pattern(rank, i);
+}
+
+void fill(const ElementType& t, void* buf, std::size_t count, int rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const double v = input(t, rank, i);
+    if (t.type == MPI_FLOAT) static_cast<float*>(buf)[i] = static_cast<float>(v);
+    else if (t.type == MPI_DOUBLE) static_cast<double*>(buf)[i] = v;
+    else if (t.type == MPI_INT32_T) static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
+    else if (t.type == MPI_INT64_T) static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v);
+    else static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v);
+  }
+}
+
+double value_at(const ElementType& t, const void* buf, std::size_t i) {
+  if (t.type == MPI_FLOAT) return static_cast<const float*>(buf)[i];
+  if (t.type == MPI_DOUBLE) return static_cast<const double*>(buf)[i];
+  if (t.type == MPI_INT32_T) return static_cast<const std::int32_t*>(buf)[i];
+  if (t.type == MPI_INT64_T) return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  return static_cast<const std::uint8_t*>(buf)[i];
+}
+
+double expected(const ElementType& t, const Reduction& r, int n, std::size_t i) {
+  double acc = input(t, 0, i);
+  for (int q = 1; q < n; ++q) {
+    const double v = input(t, q, i);
+    if (r.op == MPI_SUM) acc += v;
+    else if (r.op == MPI_PROD) acc *= v;
+    else if (r.op == MPI_MIN) acc = std::min(acc, v);
+    else acc = std::max(acc, v);
+  }
+  if (t.type == MPI_UINT8_T) acc = static_cast<double>(static_cast<std::uint8_t>(static_cast<std::int64_t>(acc)));
+  return acc;
+}
+
+// Products of many ranks overflow small types; check prod only where exact.
+bool checkable(const ElementType& t, const Reduction& r, int n) {
+  return r.op != MPI_PROD || n <= 4 || t.type == MPI_DOUBLE || t.type == MPI_INT64_T;
+}
+
+std::string allowed_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out;
+}
+
+struct Row {
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  double time_us = 0;
+  long long wrong = 0;
+};
+
+Row measure(const Options& o, const ElementType& t, const Reduction& r, std::size_t bytes, int rank, int n) {
+  Row row;
+  row.count = std::max<std::size_t>(1, bytes / t.size);
+  row.bytes = row.count * t.size;
+  const int count = static_cast<int>(row.count);
+  std::vector<unsigned char> buf(row.bytes);
+  if (o.check) {
+    fill(t, buf.data(), row.count, rank);
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
+    if (checkable(t, r, n))
+      for (std::size_t i = 0; i < row.count; ++i) row.wrong += value_at(t, buf.data(), i) != expected(t, r, n, i);
+  }
+  fill(t, buf.data(), row.count, rank);
+  for (int i = 0; i < o.warmup; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  for (int i = 0; i < o.iters; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
+  double us = (MPI_Wtime() - start) * 1e6 / std::max(1, o.iters);
+  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  row.time_us = us;
+  return row;
+}
+
+int run(const Options& o, int rank, int n) {
+  const auto* type = std::find_if(std::begin(kTypes), std::end(kTypes), [&](const auto& t) { return o.dtype == t.name; });
+  const auto* op = std::find_if(std::begin(kOps), std::end(kOps), [&](const auto& r) { return o.redop == r.name; });
+  const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
+  std::string problem;
+  if (type == std::end(kTypes)) problem = "-d " + o.dtype + ": use float, double, int32, int64 or uint8";
+  else if (op == std::end(kOps)) problem = "-o " + o.redop + ": use sum, min, max or prod";
+  else if (min_bytes == 0 || max_bytes == 0) problem = "-b/-e: sizes are bytes with an optional K, M or G";
+  else if (o.factor <= 1 && min_bytes != max_bytes) problem = "-f must be greater than 1";
+  else if (max_bytes / type->size > static_cast<std::size_t>(INT32_MAX)) problem = "-e: more elements than MPI's int count";
+  if (!problem.empty()) {
+    if (rank == 0) std::fprintf(stderr, "mpi_allreduce: %s\n", problem.c_str());
+    return 2;
+  }
+
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  const std::string library(version, std::strcspn(version, ",\n"));
+  // Every rank's CPUs, gathered to rank 0 for the header.
+  char mine[256] = {0};
+  std::snprintf(mine, sizeof mine, "%s", allowed_cpus().c_str());
+  std::vector<char> all(static_cast<std::size_t>(n) * sizeof mine);
+  MPI_Gather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    std::printf("# mpi_allreduce: %d ranks, %s, MPI_Allreduce in place, %d iterations after %d warm-up, check %s\n", n,
+                library.c_str(), o.iters, o.warmup, o.check ? "on" : "off");
+    std::printf("# cpus:");
+    for (int q = 0; q < n; ++q) std::printf(" rank %d on %s;", q, &all[static_cast<std::size_t>(q) * sizeof mine]);
+    std::printf("\n#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time",
+                "algbw", "busbw", "#wrong");
+    std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+                "(GB/s)", "");
+  }
+  double busbw_sum = 0;
+  int rows = 0;
+  long long wrong_total = 0;
+  for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
+    const Row row = measure(o, *type, *op, bytes, rank, n);
+    const double algbw = static_cast<double>(row.bytes) / (row.time_us * 1e3);  // GB/s
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    busbw_sum += busbw;
+    wrong_total += row.wrong;
+    ++rows;
+    if (rank == 0) {
+      std::printf("  %10zu %12zu %8s %6s %6d %10.2f %8.2f %8.2f %7s\n", row.bytes, row.count, type->name, op->name, -1,
+                  row.time_us, algbw, busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A");
+      std::fflush(stdout);
+    }
+    if (bytes >= max_bytes || o.factor <= 1) break;
+  }
+  if (rank == 0) {
+    std::printf("# Out of bounds values : %lld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? busbw_sum / rows : 0);
+  }
+  return wrong_total == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"MPI_Allreduce benchmark with lockstep bench's options and table"};
+  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
+  app.add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
+  app.add_option("-d,--datatype", o.dtype, "float, double, int32, int64, uint8")->capture_default_str();
+  app.add_option("-o,--op_type", o.redop, "sum, min, max, prod")->capture_default_str();
+  // Parse before MPI_Init so --help works without mpirun; every rank sees
+  // the same command line, so every rank reaches the same verdict.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  const int status = run(o, rank, n);
+  MPI_Finalize();
+  return status;
+}
