@@ -26,6 +26,11 @@ import sys
 
 SIZES = ["4", "4K", "1M", "16M", "64M"]
 SMALL = {"4", "4K"}  # reported as latency (us); the rest as busbw (GB/s)
+# Iterations per size: enough for a stable mean of sub-microsecond
+# operations, few enough for 64 MiB. Gloo's small messages take
+# milliseconds, so it gets fewer.
+ITERS = {"4": 20000, "4K": 5000, "1M": 200, "16M": 30, "64M": 15}
+GLOO_ITERS = {"4": 500, "4K": 300, "1M": 100, "16M": 30, "64M": 15}
 
 
 def size_bytes(text):
@@ -46,7 +51,7 @@ def parse_table(output):
 def contenders(args):
     lockstep = os.path.join(args.build, "lockstep")
     mpi_bench = os.path.join(args.build, "bench", "mpi_allreduce")
-    common = ["-np", str(args.np), "-n", str(args.iters), "-w", str(args.warmup), "-c", "1"]
+    common = ["-np", str(args.np), "-w", str(args.warmup), "-c", "1"]
     out = [
         ("lockstep shm", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common, {}),
         ("lockstep shm, shared buffers",
@@ -56,7 +61,7 @@ def contenders(args):
     if os.path.exists(mpi_bench) and shutil.which("mpirun"):
         mpirun = ["mpirun", "--allow-run-as-root", "-np", str(args.np), "--bind-to", "core",
                   "--mca", "btl", "self,vader"]
-        mpi_args = ["-n", str(args.iters), "-w", str(args.warmup), "-c", "1"]
+        mpi_args = ["-w", str(args.warmup), "-c", "1"]
         out.append(("Open MPI", mpirun + [mpi_bench] + mpi_args, {}))
         # glibc hands large allocations back to the kernel on free, so a
         # library that mallocs a temporary per call pays page faults every
@@ -68,7 +73,7 @@ def contenders(args):
     gloo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_allreduce.py")
     python = "/usr/bin/python3"
     if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True).returncode == 0:
-        out.append(("Gloo", [python, gloo, "-np", str(args.np), "-n", str(args.iters), "-w", str(args.warmup)], {}))
+        out.append(("Gloo", [python, gloo, "-np", str(args.np), "-w", str(args.warmup)], {}))
     else:
         print("# note: /usr/bin/python3 cannot import torch.distributed; Gloo not measured", file=sys.stderr)
     return out
@@ -78,7 +83,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", help="also write the markdown table here")
@@ -94,7 +98,8 @@ def main():
             for size in SIZES:
                 # One size per invocation keeps every contender's buffers
                 # fresh and its warm-up identical.
-                full = cmd + ["-b", size, "-e", size]
+                iters = (GLOO_ITERS if name == "Gloo" else ITERS)[size]
+                full = cmd + ["-b", size, "-e", size, "-n", str(iters)]
                 proc = subprocess.run(full, capture_output=True, text=True, env=dict(env, **extra), timeout=600)
                 rows = parse_table(proc.stdout)
                 row = rows.get(size_bytes(size)) or (rows and list(rows.values())[0])

@@ -20,6 +20,7 @@
 // Work is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -43,7 +44,8 @@ class ProgressEngine;
 // The handle of one asynchronous operation.
 class Work {
  public:
-  Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us);
+  // `started_us`: 0 until the operation starts (see mark_started).
+  Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us, std::int64_t started_us = 0);
 
   // Waits until the operation finished and rethrows its error, if any. If it
   // is still running after `timeout`, throws TimeoutError (the operation goes
@@ -65,7 +67,9 @@ class Work {
   // E.g. "allreduce #12 (float x 1000, sum)".
   std::string description() const { return describe(info_, seq_); }
   // Steady-clock microseconds: when the operation was issued, started and
-  // finished. 0 if not yet.
+  // finished; 0 if not yet. Operations short enough to run on the issuing
+  // thread are stamped at the kernel tick's resolution (1-4 ms) unless a
+  // timeline is being written (LOCKSTEP_TRACE); others to the microsecond.
   std::int64_t issued_us() const { return issued_us_; }
   std::int64_t started_us() const;
   std::int64_t finished_us() const;
@@ -73,14 +77,14 @@ class Work {
  private:
   friend class detail::ProgressEngine;
   void mark_started(std::int64_t at_us);
-  void complete(std::exception_ptr error);
+  void complete(std::exception_ptr error, std::int64_t finished_us);
 
   const std::uint64_t seq_;
   const OpInfo info_;
   const std::int64_t issued_us_;
   mutable std::mutex mutex_;
   std::condition_variable finished_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // set last, with release: a done Work needs no lock to read
   std::exception_ptr error_;
   std::int64_t started_us_ = 0;
   std::int64_t finished_us_ = 0;

@@ -13,6 +13,7 @@ ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t i
       on_abort_(std::move(on_abort)),
       recorder_(recorder),
       tracer_(tracer),
+      precise_issue_(tracer != nullptr && tracer->enabled()),
       thread_([this] { run(); }) {}
 
 ProgressEngine::~ProgressEngine() { drain_and_stop(); }
@@ -34,8 +35,9 @@ void ProgressEngine::abort(std::exception_ptr error) {
     dropped.swap(queue_);
   }
   for (auto& item : dropped) {
-    if (recorder_) recorder_->finished(item.work->seq(), false, now_us());
-    item.work->complete(abort_error_);
+    const std::int64_t now = now_us();
+    if (recorder_) recorder_->finished(item.work->seq(), false, now);
+    item.work->complete(abort_error_, now);
   }
 }
 
@@ -73,8 +75,9 @@ void ProgressEngine::run() {
     queue_.pop_front();
     if (abort_error_) {
       lock.unlock();
-      if (recorder_) recorder_->finished(item.work->seq(), false, now_us());
-      item.work->complete(abort_error_);
+      const std::int64_t now = now_us();
+      if (recorder_) recorder_->finished(item.work->seq(), false, now);
+      item.work->complete(abort_error_, now);
       lock.lock();
       continue;
     }
@@ -85,9 +88,9 @@ void ProgressEngine::run() {
   }
 }
 
-void ProgressEngine::finish(Work& work, std::exception_ptr error) {
+void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_point finished_at) {
   if (error && on_abort_ && !aborted()) error = on_abort_(error, work.seq(), work.info());
-  const std::int64_t finished = now_us();
+  const std::int64_t finished = to_us(finished_at);
   if (recorder_) recorder_->finished(work.seq(), !error, finished);
   if (tracer_ && tracer_->enabled()) {
     const std::string label = recorder_ ? recorder_->label_of(work.seq()) : std::string();
@@ -105,7 +108,7 @@ void ProgressEngine::finish(Work& work, std::exception_ptr error) {
   // the next operation. Wake the progress thread only if it has work: an
   // idle wake-up costs a context switch on the caller's core.
   if (queued) wake_.notify_one();
-  work.complete(error);
+  work.complete(error, finished);
 }
 
 }  // namespace lockstep::detail

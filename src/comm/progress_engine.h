@@ -47,20 +47,26 @@ class ProgressEngine {
 
   template <typename Fn>
   std::shared_ptr<Work> submit(const OpInfo& info, Fn&& fn) {
-    const auto now = Clock::now();
+    // Issue times only need the kernel tick's resolution, unless a timeline
+    // is being written; started and finished times of queued operations
+    // are always precise.
+    const auto now = precise_issue_ ? Clock::now() : coarse_now();
+    const std::int64_t now_us = to_us(now);
     std::unique_lock lock(mutex_);
-    auto work = std::make_shared<Work>(next_seq_++, info, to_us(now));
-    if (recorder_) recorder_->issued(work->seq(), info, work->issued_us());
+    const bool run_here = queue_.empty() && !running_ && !abort_error_ && !stopping_ && info.bytes() <= inline_max_bytes_;
+    // An operation run here starts as it is issued.
+    auto work = std::make_shared<Work>(next_seq_++, info, now_us, run_here ? now_us : 0);
+    if (recorder_) recorder_->issued(work->seq(), info, now_us, /*started=*/run_here);
     if (abort_error_ || stopping_) {
       lock.unlock();
       if (recorder_) recorder_->finished(work->seq(), false, work->issued_us());
-      work->complete(refusal(*work));
+      work->complete(refusal(*work), work->issued_us());
       return work;
     }
-    if (queue_.empty() && !running_ && info.bytes() <= inline_max_bytes_) {
+    if (run_here) {
       running_ = true;
       lock.unlock();
-      execute(*work, fn, now);  // started when issued
+      execute(*work, fn, now, /*on_issuing_thread=*/true);
       return work;
     }
     queue_.push_back({work, Task(std::forward<Fn>(fn))});
@@ -87,23 +93,27 @@ class ProgressEngine {
 
   // Runs one operation on this thread (running_ is already set), completes
   // its Work and releases the engine.
+  // `on_issuing_thread`: run inline; the Work and the recorder already
+  // know it started.
   template <typename Fn>
-  void execute(Work& work, Fn& fn, Clock::time_point started) {
+  void execute(Work& work, Fn& fn, Clock::time_point started, bool on_issuing_thread = false) {
     const OpContext op = context_for(work, started);
-    work.mark_started(to_us(started));
-    if (recorder_) recorder_->started(work.seq(), to_us(started));
+    if (!on_issuing_thread) {
+      work.mark_started(to_us(started));
+      if (recorder_) recorder_->started(work.seq(), to_us(started));
+    }
     std::exception_ptr error;
     try {
       fn(op);
     } catch (...) {
       error = std::current_exception();
     }
-    finish(work, error);
+    finish(work, error, on_issuing_thread && !precise_issue_ ? coarse_now() : Clock::now());
   }
 
   OpContext context_for(const Work& work, Clock::time_point started) const;
   std::exception_ptr refusal(const Work& work) const;
-  void finish(Work& work, std::exception_ptr error);
+  void finish(Work& work, std::exception_ptr error, Clock::time_point finished);
   void run();
 
   const std::string self_;
@@ -112,6 +122,7 @@ class ProgressEngine {
   const AbortHook on_abort_;
   diag::FlightRecorder* const recorder_;
   diag::Tracer* const tracer_;
+  const bool precise_issue_;  // a timeline is being written
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Item> queue_;

@@ -10,24 +10,25 @@
 
 namespace lockstep {
 
-Work::Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us)
-    : seq_(seq), info_(info), issued_us_(issued_us) {}
+Work::Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us, std::int64_t started_us)
+    : seq_(seq), info_(info), issued_us_(issued_us), started_us_(started_us) {}
 
 void Work::wait(Duration timeout) {
+  if (done_.load(std::memory_order_acquire)) {
+    if (error_) std::rethrow_exception(error_);  // written before done_ was set
+    return;
+  }
   std::unique_lock lock(mutex_);
   if (timeout == Duration::max()) {
-    finished_.wait(lock, [&] { return done_; });
-  } else if (!finished_.wait_for(lock, timeout, [&] { return done_; })) {
+    finished_.wait(lock, [&] { return done_.load(); });
+  } else if (!finished_.wait_for(lock, timeout, [&] { return done_.load(); })) {
     throw TimeoutError(fmt::format("{} still running after Work::wait({} ms); it goes on until its own deadline",
                                    description(), timeout.count()));
   }
   if (error_) std::rethrow_exception(error_);
 }
 
-bool Work::done() const {
-  std::lock_guard lock(mutex_);
-  return done_;
-}
+bool Work::done() const { return done_.load(std::memory_order_acquire); }
 
 std::exception_ptr Work::error() const {
   std::lock_guard lock(mutex_);
@@ -37,7 +38,7 @@ std::exception_ptr Work::error() const {
 void Work::on_complete(std::function<void(const Work&)> callback) {
   {
     std::lock_guard lock(mutex_);
-    if (!done_) {
+    if (!done_.load(std::memory_order_relaxed)) {
       callbacks_.push_back(std::move(callback));
       return;
     }
@@ -60,14 +61,22 @@ void Work::mark_started(std::int64_t at_us) {
   started_us_ = at_us;
 }
 
-void Work::complete(std::exception_ptr error) {
+void Work::complete(std::exception_ptr error, std::int64_t finished) {
   std::vector<std::function<void(const Work&)>> callbacks;
   {
     std::lock_guard lock(mutex_);
     error_ = std::move(error);
-    finished_us_ = now_us();
+    finished_us_ = finished;
     if (started_us_ == 0) started_us_ = finished_us_;
-    callbacks.swap(callbacks_);
+    if (callbacks_.empty()) {
+      done_.store(true, std::memory_order_release);  // the common case: nothing to run first
+    } else {
+      callbacks.swap(callbacks_);
+    }
+  }
+  if (callbacks.empty()) {
+    finished_.notify_all();
+    return;
   }
   // Callbacks run before the Work counts as done, so whoever waits sees
   // their effects; ones registered meanwhile are picked up by the loop.
@@ -85,7 +94,7 @@ void Work::complete(std::exception_ptr error) {
     callbacks.clear();
     callbacks.swap(callbacks_);
     if (callbacks.empty()) {
-      done_ = true;
+      done_.store(true, std::memory_order_release);
       break;
     }
   }

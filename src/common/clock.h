@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 
 #include "lockstep/types.h"
 
@@ -21,6 +22,16 @@ inline std::int64_t to_us(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
 inline std::int64_t now_us() { return to_us(Clock::now()); }
+
+// The same clock (CLOCK_MONOTONIC) at the resolution of a kernel tick (1-4
+// ms), read in a few nanoseconds: for deadlines and diagnostics of
+// operations too short to need more.
+inline Clock::time_point coarse_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
+                                                                       std::chrono::nanoseconds(ts.tv_nsec)));
+}
 
 class Deadline {
  public:

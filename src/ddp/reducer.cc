@@ -292,6 +292,10 @@ void Reducer::launch(std::size_t b) {
     return;
   }
   s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{s.storage[b].get(), count, bucket.dtype}, last});
+  // The Work's own issue time: on the same clock as its start and finish
+  // (small operations are stamped coarsely unless a timeline is written).
+  s.timings[b].launched_us = std::min(s.timings[b].launched_us, s.works[b]->issued_us());
+  pg_->annotate(s.works[b]->seq(), fmt::format("bucket {}", b));
 }
 
 // Parameters that never got a gradient: zeros, and (unless expected) a

@@ -23,10 +23,16 @@ OpRecord* FlightRecorder::find(std::uint64_t seq) {
   return r.seq == seq && recorded_ > seq ? &r : nullptr;
 }
 
-void FlightRecorder::issued(std::uint64_t seq, const OpInfo& info, std::int64_t at_us) {
+void FlightRecorder::issued(std::uint64_t seq, const OpInfo& info, std::int64_t at_us, bool started) {
   std::lock_guard lock(mutex_);
   OpRecord& r = ring_[seq % ring_.size()];
-  r = OpRecord{seq, info, OpState::issued, at_us, 0, 0, {}};
+  r.seq = seq;
+  r.info = info;
+  r.state = started ? OpState::started : OpState::issued;
+  r.issued_us = at_us;
+  r.started_us = started ? at_us : 0;
+  r.finished_us = 0;
+  r.label.clear();
   recorded_ = std::max(recorded_, seq + 1);
 }
 

@@ -32,7 +32,8 @@ class FlightRecorder {
  public:
   explicit FlightRecorder(std::size_t capacity = 1024);
 
-  void issued(std::uint64_t seq, const OpInfo& info, std::int64_t at_us);
+  // `started`: it starts at once (runs on the issuing thread).
+  void issued(std::uint64_t seq, const OpInfo& info, std::int64_t at_us, bool started = false);
   void started(std::uint64_t seq, std::int64_t at_us);
   void finished(std::uint64_t seq, bool ok, std::int64_t at_us);
   void label(std::uint64_t seq, std::string text);

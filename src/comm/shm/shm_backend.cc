@@ -83,7 +83,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
       self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
       store_(ctx.store),
       log_(ctx.log),
-      one_shot_max_(env_bytes(env::kShmOneShotBytes, kDefaultOneShotBytes)),
+      one_shot_max_(env_bytes(env::kShmOneShotBytes, default_one_shot_bytes(ctx.size))),
       chunk_bytes_(std::max<std::size_t>(64, env_bytes(env::kShmChunkBytes, kDefaultChunkBytes) / 64 * 64)),
       layout_(ctx.size, slot_size(ctx.size, one_shot_max_, chunk_bytes_)),
       base_(static_cast<std::size_t>(ctx.size), nullptr),

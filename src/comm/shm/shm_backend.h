@@ -26,6 +26,7 @@
 // (allocate_shared is guarded separately).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -59,9 +60,13 @@ class ShmBackend final : public Backend {
   std::shared_ptr<std::byte[]> allocate_shared(std::size_t bytes, Deadline deadline) override;
 
   // Defaults, measured on a 2-core host (docs/performance.md); overridable
-  // with LOCKSTEP_SHM_ONESHOT_BYTES and LOCKSTEP_SHM_CHUNK_BYTES.
-  static constexpr std::size_t kDefaultOneShotBytes = 32 * 1024;
-  static constexpr std::size_t kDefaultChunkBytes = 64 * 1024;
+  // with LOCKSTEP_SHM_ONESHOT_BYTES and LOCKSTEP_SHM_CHUNK_BYTES. One-shot
+  // reads every peer's whole input, so its crossover falls as ranks grow:
+  // 256 KiB / ranks, within [16 KiB, 128 KiB].
+  static std::size_t default_one_shot_bytes(int ranks) {
+    return std::clamp<std::size_t>(256 * 1024 / static_cast<std::size_t>(std::max(ranks, 1)), 16 * 1024, 128 * 1024);
+  }
+  static constexpr std::size_t kDefaultChunkBytes = 128 * 1024;
 
  private:
   // Accessors into rank q's region.
