@@ -136,7 +136,9 @@ int train(const Options& o) {
     int steps = 0;
     auto last_draw = Clock::now();
     auto fetch = Clock::now();
+    auto loading = ddp.data_timer();  // the loader fetches inside the range-for
     for (auto& batch : *loader) {
+      loading.stop();
       data_ms += since_ms(fetch);
       const auto step_start = Clock::now();
       optimizer.zero_grad();
@@ -157,6 +159,7 @@ int train(const Options& o) {
       }
       if (o.max_steps > 0 && steps >= o.max_steps) break;
       fetch = Clock::now();
+      loading.restart();
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
     // Averages over every rank's steps.

@@ -125,6 +125,10 @@ struct BucketTiming {
   std::int64_t launched_us = 0;   // handed to the group
   std::int64_t started_us = 0;    // the collective began
   std::int64_t finished_us = 0;   // the collective ended
+  // Time backward stood still in this bucket's collective: a small one runs
+  // to completion on the thread that launches it (see ProcessGroup), which
+  // during backward is the autograd thread, so none of it is hidden.
+  std::int64_t blocked_us = 0;
 };
 
 struct StepStats {
@@ -134,9 +138,12 @@ struct StepStats {
   std::int64_t backward_end_us = 0;    // finalize began: backward compute is over
   std::int64_t finalize_end_us = 0;    // gradients written back
   std::vector<BucketTiming> buckets;
-  // Time the step waited for communication after backward ended.
-  double exposed_communication_ms() const { return (finalize_end_us - backward_end_us) / 1000.0; }
-  double backward_ms() const { return (backward_end_us - backward_start_us) / 1000.0; }
+  // Communication the step waited for: after backward ended, and inside
+  // backward while a bucket's collective blocked it.
+  double exposed_communication_ms() const { return (finalize_end_us - backward_end_us + blocked_us()) / 1000.0; }
+  // Backward's own compute (without the blocked time).
+  double backward_ms() const { return (backward_end_us - backward_start_us - blocked_us()) / 1000.0; }
+  std::int64_t blocked_us() const;
   std::size_t bytes() const;
 };
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "comm/rendezvous.h"
+#include "comm/signal_dumps.h"
 #include "common/clock.h"
 #include "diag/watchdog_report.h"
 #include "lockstep/error.h"
@@ -58,9 +59,14 @@ GroupDiagnostics::GroupDiagnostics(std::shared_ptr<Store> store, int rank, int s
       name_(std::move(name)),
       log_(std::move(log)),
       tracer_(std::move(tracer)),
-      settings_(std::move(settings)) {}
+      settings_(std::move(settings)) {
+  register_for_signal_dumps(this);
+}
 
-GroupDiagnostics::~GroupDiagnostics() { stop_watchdog(); }
+GroupDiagnostics::~GroupDiagnostics() {
+  unregister_from_signal_dumps(this);
+  stop_watchdog();
+}
 
 void GroupDiagnostics::stop_watchdog() {
   {
@@ -147,9 +153,11 @@ void GroupDiagnostics::watch() {
         }
         const std::string verdict =
             store_->check({kVerdict}) ? store_->get(kVerdict) : std::string("watchdog: a rank timed out; no verdict arrived");
+        // Dump first: a rank stuck outside lockstep may be stopped by its
+        // launcher as soon as another rank reports the failure.
+        dump("watchdog");
         abort_(std::make_exception_ptr(TimeoutError(
             fmt::format("rank {}/{}: the group was aborted by the watchdog:\n{}", rank_, size_, verdict))));
-        dump("watchdog");
         return;
       }
     } catch (const std::exception& e) {

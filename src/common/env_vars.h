@@ -45,6 +45,7 @@ inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
 inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
 inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
+inline constexpr char kStats[] = "LOCKSTEP_STATS";
 inline constexpr char kFlightDir[] = "LOCKSTEP_FLIGHT_DIR";
 inline constexpr char kWatchdogSettle[] = "LOCKSTEP_WATCHDOG_SETTLE";
 inline constexpr char kMpiMaxCount[] = "LOCKSTEP_MPI_MAX_COUNT";

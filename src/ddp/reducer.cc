@@ -65,6 +65,12 @@ double read_flag(const void* at, DType dtype) {
 
 }  // namespace
 
+std::int64_t StepStats::blocked_us() const {
+  std::int64_t total = 0;
+  for (const auto& b : buckets) total += b.blocked_us;
+  return total;
+}
+
 std::size_t StepStats::bytes() const {
   std::size_t total = 0;
   for (const auto& b : buckets) total += b.bytes;
@@ -285,16 +291,25 @@ void Reducer::launch(std::size_t b) {
         write_flag(trailer + (1 + i) * dtype_size(bucket.dtype), bucket.dtype, s.produced[i] ? 1.0 : 0.0);
     count += trailer_elements();
   }
-  s.timings[b].bytes = bucket.bytes();
-  s.timings[b].launched_us = now_us();
+  BucketTiming& timing = s.timings[b];
+  timing.bytes = bucket.bytes();
+  timing.launched_us = now_us();
   if (solo()) {  // a world of one: the gradients already are the average
-    s.timings[b].started_us = s.timings[b].finished_us = s.timings[b].launched_us;
+    timing.started_us = timing.finished_us = timing.launched_us;
     return;
   }
   s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{s.storage[b].get(), count, bucket.dtype}, last});
-  // The Work's own issue time: on the same clock as its start and finish
-  // (small operations are stamped coarsely unless a timeline is written).
-  s.timings[b].launched_us = std::min(s.timings[b].launched_us, s.works[b]->issued_us());
+  if (s.works[b]->done()) {
+    // It ran to completion on this thread (a small operation on an idle
+    // group): timed here, precisely. Inside backward (finalize has not
+    // begun) that time stalled backward.
+    timing.started_us = timing.launched_us;
+    timing.finished_us = now_us();
+    if (last_step_.backward_end_us == 0) timing.blocked_us = timing.finished_us - timing.launched_us;
+  } else {
+    // The Work's own issue time: on the same clock as its start and finish.
+    timing.launched_us = std::min(timing.launched_us, s.works[b]->issued_us());
+  }
   pg_->annotate(s.works[b]->seq(), fmt::format("bucket {}", b));
 }
 
@@ -336,6 +351,7 @@ void Reducer::finalize() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (!s.works[b]) continue;  // nothing was sent (a world of one)
     s.works[b]->wait();
+    if (s.timings[b].finished_us != 0) continue;  // timed at launch
     s.timings[b].started_us = s.works[b]->started_us();
     s.timings[b].finished_us = s.works[b]->finished_us();
   }

@@ -58,6 +58,7 @@ std::size_t merge_traces(const std::vector<std::string>& inputs, const std::stri
     for (const auto& e : doc["traceEvents"]) merged.push_back(e);
     ++files;
   }
+  if (files == 0) return 0;  // nothing traced (or no rank got far enough): no empty file
   std::ofstream(output) << nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() << "\n";
   return files;
 }

@@ -40,7 +40,7 @@ class Tracer {
 
 // Merges per-rank trace files into one: every event keeps its rank as the
 // process id, so viewers show one track group per rank. Returns the number
-// of files merged.
+// of files merged; writes nothing if none could be read.
 std::size_t merge_traces(const std::vector<std::string>& inputs, const std::string& output);
 
 }  // namespace lockstep::diag

@@ -6,11 +6,17 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <fstream>
 #include <unordered_set>
+
+#include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "common/log.h"
 #include "lockstep/error.h"
 
 namespace lockstep::torch {
@@ -70,8 +76,93 @@ struct DataParallelCore::State {
   // holding the accumulator keeps it (and so the hook) alive.
   std::vector<std::pair<std::shared_ptr<autograd::Node>, std::uintptr_t>> hooks;
   bool finalize_queued = false;
-  bool first_forward = true;
   StepTimes times;
+
+  // Step statistics. A step runs from one training forward to the next (or
+  // to an evaluation forward, which pauses the count until training resumes).
+  std::int64_t step_start_us = 0;
+  std::size_t steps_closed = 0;
+  StepAccumulator window;  // since the last cross-rank comparison
+  StepAccumulator total;   // all steps after the first two
+  StragglerDetector detector;
+  std::vector<RankSummary> last_window;
+  std::vector<int> stragglers;
+
+  bool tracing() const { return pg->tracing(); }
+
+  // The end of backward: timeline events for it and its buckets.
+  void trace_backward() {
+    if (!tracing()) return;
+    const StepStats& b = times.backward;
+    pg->trace("backward", "step", b.backward_start_us, b.backward_end_us);
+    pg->trace("wait for gradients", "step", b.backward_end_us, b.finalize_end_us);
+    for (std::size_t i = 0; i < b.buckets.size(); ++i)
+      pg->trace(fmt::format("bucket {} ({:.2f} MiB)", i, static_cast<double>(b.buckets[i].bytes) / (1 << 20)),
+                "buckets", b.buckets[i].launched_us, b.buckets[i].finished_us);
+  }
+
+  // Closes the step that ends now (if one is open) and opens the next.
+  void close_step(std::int64_t now) {
+    if (step_start_us != 0) {
+      const StepStats& b = times.backward;
+      const bool synced = b.synchronised && b.backward_start_us >= step_start_us;
+      double comm = 0;
+      if (synced)
+        for (const auto& bucket : b.buckets) comm += static_cast<double>(bucket.finished_us - bucket.started_us) / 1000.0;
+      const double step_ms = static_cast<double>(now - step_start_us) / 1000.0;
+      const double exposed = synced ? b.exposed_communication_ms() : 0.0;
+      const double bytes = synced && pg->size() > 1 ? static_cast<double>(b.bytes()) : 0.0;
+      window.add(step_ms, exposed, comm, times.data_ms, bytes);
+      if (++steps_closed > 2) total.add(step_ms, exposed, comm, times.data_ms, bytes);
+      if (tracing() && b.finalize_end_us >= step_start_us)
+        pg->trace("between steps (optimizer, data, ...)", "step", b.finalize_end_us, now);
+    }
+    step_start_us = now;
+    times.data_ms = 0;
+  }
+
+  // At a training forward: compares with the other ranks at the end of a
+  // window. Collective: every rank closes the same training steps, whether
+  // at this forward or at an evaluation forward before it.
+  void maybe_compare_ranks() {
+    if (options.stats_window > 0 && window.steps() >= options.stats_window) compare_ranks();
+  }
+
+  void compare_ranks() {
+    const RankSummary mine = window.summary(pg->rank());
+    window.clear();
+    constexpr std::size_t kFields = 7;
+    const double fields[kFields] = {static_cast<double>(mine.steps), mine.step_ms, mine.compute_ms, mine.exposed_ms,
+                                    mine.comm_ms, mine.data_ms, mine.bytes};
+    std::vector<double> all(kFields * static_cast<std::size_t>(pg->size()));
+    pg->allgather(ConstBuffer{fields, kFields, DType::f64}, Buffer{all.data(), all.size(), DType::f64})->wait();
+    last_window.clear();
+    for (int r = 0; r < pg->size(); ++r) {
+      const double* f = &all[static_cast<std::size_t>(r) * kFields];
+      RankSummary s;
+      s.rank = r;
+      s.steps = static_cast<std::size_t>(f[0]);
+      s.step_ms = f[1];
+      s.compute_ms = f[2];
+      s.exposed_ms = f[3];
+      s.comm_ms = f[4];
+      s.data_ms = f[5];
+      s.bytes = f[6];
+      last_window.push_back(s);
+    }
+    const std::vector<int> before = std::move(stragglers);
+    stragglers = detector.add(last_window);
+    // Said once when it starts, not every window (rank 0 speaks for all).
+    if (stragglers != before && pg->rank() == 0) {
+      if (!stragglers.empty())
+        log.warn("straggler(s) over the last {} steps:\n{}", mine.steps, describe_stragglers(last_window, stragglers));
+      else
+        log.warn("no straggler any more over the last {} steps", mine.steps);
+    }
+  }
+
+  void write_stats_file() const;
+  Logger log;
 
   void on_gradient(std::size_t i) {
     // The first gradient of a backward pass schedules the end-of-backward
@@ -82,6 +173,7 @@ struct DataParallelCore::State {
         finalize_queued = false;
         reducer->finalize();
         times.backward = reducer->last_step();
+        trace_backward();
       });
     }
     reducer->mark_ready(i);
@@ -116,6 +208,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   s.module = std::move(module);
   s.pg = std::move(pg);
   s.options = std::move(options);
+  s.log = Logger().for_rank(s.pg->rank(), s.pg->size());
   std::vector<std::pair<std::string, ::torch::Tensor>> named_params, named_buffers;
   for (const auto& item : s.module->named_parameters(/*recurse=*/true)) named_params.emplace_back(item.key(), item.value());
   for (const auto& item : s.module->named_buffers(/*recurse=*/true)) named_buffers.emplace_back(item.key(), item.value());
@@ -156,25 +249,66 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
 DataParallelCore::~DataParallelCore() {
   // The module may outlive us: take our hooks off its parameters.
   for (auto& [accumulator, key] : state_->hooks) accumulator->del_post_hook(key);
+  try {
+    state_->write_stats_file();
+  } catch (const std::exception& e) {
+    state_->log.warn("could not write the step statistics: {}", e.what());
+  }
+}
+
+// LOCKSTEP_STATS=<prefix>: this rank's statistics as <prefix>.rank<r>.json.
+void DataParallelCore::State::write_stats_file() const {
+  const auto prefix = env_string(env::kStats);
+  if (!prefix) return;
+  const RankSummary s = total.steps() > 0 ? total.summary(pg->rank()) : window.summary(pg->rank());
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : reducer->buckets()) buckets.push_back({{"parameters", b.params.size()}, {"bytes", b.bytes()}});
+  nlohmann::json window_json = nlohmann::json::array();
+  for (const auto& w : last_window)
+    window_json.push_back({{"rank", w.rank}, {"step_ms", w.step_ms}, {"compute_ms", w.compute_ms},
+                           {"exposed_ms", w.exposed_ms}, {"comm_ms", w.comm_ms}, {"data_ms", w.data_ms}});
+  std::size_t parameters = 0;
+  for (const auto& p : params) parameters += static_cast<std::size_t>(p.numel());
+  const nlohmann::json doc = {
+      {"rank", pg->rank()},        {"world_size", pg->size()},  {"backend", pg->backend()},
+      {"steps", s.steps},          {"step_ms", s.step_ms},      {"compute_ms", s.compute_ms},
+      {"exposed_ms", s.exposed_ms}, {"comm_ms", s.comm_ms},     {"data_ms", s.data_ms},
+      {"overlap", s.overlap()},    {"bytes_per_step", s.bytes}, {"parameters", parameters},
+      {"bucket_cap_mb", options.bucket_cap_mb}, {"buckets", buckets}, {"compression", options.comm_hook ? options.comm_hook->name() : "none"},
+      {"last_window", window_json}, {"stragglers", stragglers}};
+  std::ofstream(fmt::format("{}.rank{}.json", *prefix, pg->rank())) << doc.dump(1) << "\n";
 }
 
 void DataParallelCore::before_forward() {
   auto& s = *state_;
   s.times.forward_start_us = now_us();
   s.reducer->check_previous_iteration();
+  const bool training = ::torch::GradMode::is_enabled() && s.module->is_training();
+  if (training) {
+    s.close_step(s.times.forward_start_us);
+    s.maybe_compare_ranks();
+  } else if (s.step_start_us != 0) {
+    // Evaluation (maybe on some ranks only) ends the training step; the
+    // pause is nobody's step time.
+    s.close_step(s.times.forward_start_us);
+    s.step_start_us = 0;
+  }
   if (s.finalize_queued)
     throw InvalidArgument("DistributedDataParallel: forward called while the previous backward pass is still "
                           "running; finish backward() first");
   // Collective (every rank reaches its first training forward after the
   // first synchronised step at the same point); gradient views, if any, are
   // re-pointed by the Reducer.
-  if (::torch::GradMode::is_enabled() && s.module->is_training()) s.reducer->maybe_rebuild_buckets();
-  if (s.options.broadcast_buffers && !s.buffers.empty()) broadcast_coalesced(*s.pg, s.buffers, 0);
+  if (training) s.reducer->maybe_rebuild_buckets();
+  // Only training forwards broadcast buffers: an evaluation forward issues
+  // no collective, so evaluating on some ranks only cannot hang the group.
+  if (training && s.options.broadcast_buffers && !s.buffers.empty()) broadcast_coalesced(*s.pg, s.buffers, 0);
 }
 
 void DataParallelCore::after_forward(const std::vector<::torch::Tensor>& outputs) {
   auto& s = *state_;
   s.times.forward_end_us = now_us();
+  if (s.tracing()) s.pg->trace("forward", "step", s.times.forward_start_us, s.times.forward_end_us);
   if (!::torch::GradMode::is_enabled() || !s.reducer->sync()) return;
   // A static graph's unused parameters are known after the first iteration.
   const bool search = s.options.find_unused_parameters && !(s.options.static_graph && s.reducer->iterations() > 0);
@@ -185,6 +319,30 @@ Reducer& DataParallelCore::reducer() { return *state_->reducer; }
 const Reducer& DataParallelCore::reducer() const { return *state_->reducer; }
 ProcessGroup& DataParallelCore::group() const { return *state_->pg; }
 const StepTimes& DataParallelCore::last_step() const { return state_->times; }
+
+RankSummary DataParallelCore::summary() const {
+  const auto& s = *state_;
+  return s.total.steps() > 0 ? s.total.summary(s.pg->rank()) : s.window.summary(s.pg->rank());
+}
+
+const std::vector<RankSummary>& DataParallelCore::last_window() const { return state_->last_window; }
+const std::vector<int>& DataParallelCore::stragglers() const { return state_->stragglers; }
+
+void DataParallelCore::add_data_time(std::int64_t start_us, std::int64_t end_us) {
+  state_->times.data_ms += static_cast<double>(end_us - start_us) / 1000.0;
+  if (state_->tracing()) state_->pg->trace("data loading", "data", start_us, end_us);
+}
+
+DataTimer::DataTimer(DataParallelCore& core) : core_(core), start_us_(now_us()) {}
+DataTimer::~DataTimer() { stop(); }
+
+void DataTimer::stop() {
+  if (start_us_ == 0) return;
+  core_.add_data_time(start_us_, now_us());
+  start_us_ = 0;
+}
+
+void DataTimer::restart() { start_us_ = now_us(); }
 
 std::vector<std::vector<std::string>> DataParallelCore::bucket_layout() const {
   std::vector<std::vector<std::string>> out;

@@ -4,6 +4,8 @@
 // tcp and across real processes.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <torch/torch.h>
 
 #include "common/clock.h"
@@ -109,7 +111,7 @@ TEST(DistributedDataParallel, BuffersFollowRankZeroAndLayoutAndTimingsAreReporte
   EXPECT_FALSE(::torch::equal(running_means[0], running_means[1]));
 }
 
-TEST(DistributedDataParallel, EveryForwardStartsFromRankZerosBuffers) {
+TEST(DistributedDataParallel, EveryTrainingForwardStartsFromRankZerosBuffers) {
   for (bool broadcast : {true, false}) {
     std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
     ThreadWorld world(2);
@@ -118,15 +120,33 @@ TEST(DistributedDataParallel, EveryForwardStartsFromRankZerosBuffers) {
       DDPOptions options;
       options.broadcast_buffers = broadcast;
       DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
-      auto x = ::torch::full({8, 6}, static_cast<float>(rank + 1));
-      ddp.forward(x).sum().backward();
-      ddp.module().eval();  // no update: an eval forward shows what the forward started from
-      ::torch::NoGradGuard no_grad;
-      ddp.forward(x);
+      // Different batches: the ranks' running statistics drift apart...
+      ddp.forward(::torch::full({8, 6}, static_cast<float>(rank + 1))).sum().backward();
+      // ...and one batch for both: equal afterwards only if both started
+      // this forward from rank 0's statistics.
+      ddp.forward(::torch::ones({8, 6})).sum().backward();
       means[static_cast<std::size_t>(rank)] = ddp.module().bn->running_mean.clone();
     });
     EXPECT_EQ(::torch::equal(means[0], means[1]), broadcast) << "broadcast_buffers=" << broadcast;
   }
+}
+
+TEST(DistributedDataParallel, EvaluationOnOneRankIssuesNoCollective) {
+  std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
+  ThreadWorld world(2, "tcp", std::chrono::seconds(10));  // a stray collective: a timeout, not a pass
+  world.run([&](int rank, ProcessGroup& pg) {
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
+    auto x = ::torch::randn({8, 6});
+    ddp.forward(x).sum().backward();
+    if (rank == 0) {
+      ::torch::NoGradGuard no_grad;
+      ddp.module().eval();
+      for (int i = 0; i < 3; ++i) ddp.forward(x);
+      ddp.module().train();
+    }
+    // Both ranks must still agree on the sequence of collectives.
+    ddp.forward(x).sum().backward();
+  });
 }
 
 TEST(DistributedDataParallel, NoSyncGuardRestoresSynchronisation) {
@@ -166,6 +186,47 @@ std::vector<::torch::Tensor> train(ProcessGroup& pg, std::shared_ptr<NetImpl> mo
   std::vector<::torch::Tensor> out;
   for (auto& p : ddp.module().parameters()) out.push_back(p.detach().clone());
   return out;
+}
+
+TEST(DistributedDataParallel, StepStatisticsSplitDataLoadingAndSkipEvaluation) {
+  std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
+  ThreadWorld world(2, "shm");
+  std::vector<RankSummary> summaries(2);
+  std::vector<std::vector<RankSummary>> windows(2);
+  world.run([&](int rank, ProcessGroup& pg) {
+    DDPOptions options;
+    options.stats_window = 4;
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
+    auto x = ::torch::randn({8, 6}), y = ::torch::randn({8, 3});
+    auto loading = ddp.data_timer();
+    for (int step = 0; step < 10; ++step) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // "loading" a batch
+      loading.stop();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      if (step == 5 && rank == 0) {  // evaluation on one rank, with a long pause: not a step
+        ddp.module().eval();
+        ::torch::NoGradGuard no_grad;
+        ddp.forward(x);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        ddp.module().train();
+      }
+      loading.restart();
+    }
+    summaries[static_cast<std::size_t>(rank)] = ddp.summary();
+    windows[static_cast<std::size_t>(rank)] = ddp.last_window();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const auto& s = summaries[static_cast<std::size_t>(r)];
+    EXPECT_EQ(s.steps, 7u) << "9 closed steps, the first two left out";  // the 10th is still open
+    // Rank 0's loading right after its evaluation pause belongs to no step.
+    EXPECT_GE(s.data_ms, r == 0 ? 4.0 : 4.9) << "rank " << r;
+    EXPECT_LT(s.step_ms, 200.0) << "rank " << r << ": the evaluation pause counted as a step";
+    EXPECT_GE(s.step_ms, s.data_ms);
+    EXPECT_GT(s.bytes, 0);
+    // Both ranks compared the same two windows of four steps.
+    ASSERT_EQ(windows[static_cast<std::size_t>(r)].size(), 2u);
+    EXPECT_EQ(windows[static_cast<std::size_t>(r)][1].steps, 4u);
+  }
 }
 
 TEST(DistributedDataParallel, TcpBackendGivesTheSameParametersAsShm) {

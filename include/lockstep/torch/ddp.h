@@ -19,6 +19,12 @@
 // lockstep::Reducer, which all-reduces full buckets while backward goes on;
 // at the end of backward the averaged gradients are in param.grad().
 //
+// With LOCKSTEP_TRACE set, forward, backward, each bucket, the wait at the end
+// of backward and the time between steps go into the rank's timeline; with
+// LOCKSTEP_STATS=<prefix>, each rank writes <prefix>.rank<r>.json (its step
+// statistics and bucket layout) when the DDP is destroyed, which `lockstep
+// doctor` reads.
+//
 // Thread-safety: drive a DDP from one thread (the one running forward and
 // backward), like the module itself.
 #pragma once
@@ -32,6 +38,7 @@
 
 #include "lockstep/process_group.h"
 #include "lockstep/reducer.h"
+#include "lockstep/step_stats.h"
 
 namespace lockstep::torch {
 
@@ -46,10 +53,15 @@ struct DDPOptions {
   // param.grad() are views into the communication buckets: no copies.
   bool gradient_as_bucket_view = false;
   // Broadcast buffers (e.g. BatchNorm running statistics) from rank 0
-  // before each forward.
+  // before each training forward. Evaluation forwards (no grad, or the
+  // module in eval mode) are local: they use this rank's buffers and issue
+  // no collective, so evaluating on rank 0 alone is safe.
   bool broadcast_buffers = true;
   // Null: average each bucket with allreduce. See fp16_compress_hook().
   std::shared_ptr<CommHook> comm_hook;
+  // Every this many training steps the ranks compare where their time went
+  // and name stragglers (one small allgather); 0: never.
+  std::size_t stats_window = 50;
 };
 
 // Timings of the last step (steady-clock microseconds).
@@ -57,6 +69,7 @@ struct StepTimes {
   std::int64_t forward_start_us = 0;
   std::int64_t forward_end_us = 0;
   StepStats backward;  // from the Reducer
+  double data_ms = 0;  // data loading marked with data_timer() since the last forward
   double forward_ms() const { return (forward_end_us - forward_start_us) / 1000.0; }
 };
 
@@ -79,9 +92,40 @@ class DataParallelCore {
   // Names of the parameters in each bucket, bucket by bucket.
   std::vector<std::vector<std::string>> bucket_layout() const;
 
+  // This rank's averages over its steps so far (the first two, warm-up,
+  // left out).
+  RankSummary summary() const;
+  // Every rank's averages over the last stats window, and the ranks found
+  // to be stragglers (the same on every rank).
+  const std::vector<RankSummary>& last_window() const;
+  const std::vector<int>& stragglers() const;
+
+  // Adds time spent loading data to the current step (see DataTimer).
+  void add_data_time(std::int64_t start_us, std::int64_t end_us);
+
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// Marks data loading, for the step statistics and the timeline. It runs
+// from construction (or restart) to stop() or destruction:
+//   { auto timer = ddp.data_timer(); batch = next_batch(); }
+// or, around a range-for over a DataLoader, whose fetch hides in the loop:
+//   auto loading = ddp.data_timer();
+//   for (auto& batch : *loader) { loading.stop(); ...step...; loading.restart(); }
+class DataTimer {
+ public:
+  explicit DataTimer(DataParallelCore& core);
+  ~DataTimer();
+  DataTimer(const DataTimer&) = delete;
+  DataTimer& operator=(const DataTimer&) = delete;
+  void stop();     // adds the time since (re)start; idempotent
+  void restart();
+
+ private:
+  DataParallelCore& core_;
+  std::int64_t start_us_;  // 0: stopped
 };
 
 // Disables gradient synchronisation while it lives (gradient accumulation):
@@ -136,6 +180,10 @@ class DistributedDataParallel {
 
   // Use as: { auto guard = ddp.no_sync(); loss.backward(); }
   NoSyncGuard no_sync() { return NoSyncGuard(core_.reducer()); }
+  DataTimer data_timer() { return DataTimer(core_); }
+  RankSummary summary() const { return core_.summary(); }
+  const std::vector<RankSummary>& last_window() const { return core_.last_window(); }
+  const std::vector<int>& stragglers() const { return core_.stragglers(); }
 
   ModuleImpl& module() { return *module_; }
   const std::shared_ptr<ModuleImpl>& module_ptr() const { return module_; }

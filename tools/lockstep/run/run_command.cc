@@ -26,6 +26,7 @@
 
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "diag/tracer.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "run/supervisor.h"
@@ -140,6 +141,19 @@ void wait_for_nodes(Store& store, const RunOptions& o, int attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
+// With LOCKSTEP_TRACE set, each rank wrote <prefix>.rank<r>.json: merge this
+// node's into one file (<prefix>.json on node 0, <prefix>.node<k>.json on
+// others), one track group per rank.
+void merge_rank_traces(const RunOptions& o, const Layout& layout, int nproc) {
+  const auto prefix = env_string(env::kTrace);
+  if (!prefix) return;
+  std::vector<std::string> files;
+  for (int local = 0; local < nproc; ++local) files.push_back(fmt::format("{}.rank{}.json", *prefix, layout.first_rank + local));
+  const std::string out = o.node_rank == 0 ? *prefix + ".json" : fmt::format("{}.node{}.json", *prefix, o.node_rank);
+  const std::size_t merged = diag::merge_traces(files, out);
+  if (merged > 0) std::fprintf(stderr, "lockstep run: timeline of %zu rank(s) in %s (open it in Perfetto or chrome://tracing)\n", merged, out.c_str());
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, RunOptions& o) {
@@ -225,6 +239,7 @@ int run_job(const RunOptions& o) {
     }
     sup.unprefixed_rank0 = o.unprefixed_rank0;
     const AttemptResult result = supervise(ranks, signals.fd(), sup);
+    merge_rank_traces(o, layout, nproc);
 
     if (result.ok) {
       if (!single) {

@@ -1,0 +1,130 @@
+// Never hang silently: a rank that skips a collective, a rank stuck in a
+// sleep, and mismatched collectives are named, within seconds or within the
+// timeout; the launcher exits non-zero with the report and leaves no
+// process; SIGUSR1 dumps the flight recorder without stopping the rank.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "harness/launcher.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Launcher;
+using testing::TempDir;
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+std::vector<pid_t> pids_in(const std::string& dir, int n) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = 0;
+    std::ifstream(dir + "/rank" + std::to_string(r) + ".pid") >> pid;
+    if (pid > 0) pids.push_back(pid);
+  }
+  return pids;
+}
+
+void expect_gone(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    const Deadline deadline = Deadline::after(5s);
+    while (!testing::gone(pid) && !deadline.expired()) std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(testing::gone(pid)) << "process " << pid << " left behind";
+  }
+}
+
+struct Run {
+  testing::RankResult result;
+  double seconds;
+  std::vector<pid_t> pids;
+};
+
+Run run_scenario(const std::string& mode, testing::EnvMap env, const TempDir& dir, const std::string& backend = "shm") {
+  env["PID_DIR"] = dir.path();
+  env["LOCKSTEP_FLIGHT_DIR"] = dir.path();
+  env["LOCKSTEP_BACKEND"] = backend;
+  const auto start = Clock::now();
+  Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "3", "--grace-period", "1", "--", DIAG_PROGRAM, mode}, env);
+  Run run{launcher.wait(60s), 0, {}};
+  run.seconds = seconds_between(start, Clock::now());
+  run.pids = pids_in(dir.path(), 3);
+  return run;
+}
+
+class Watchdog : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Watchdog, NamesTheRankThatSkippedACollective) {
+  TempDir dir;
+  const auto run = run_scenario("skip", {{"LOCKSTEP_TIMEOUT", "3"}}, dir, GetParam());
+  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  EXPECT_TRUE(contains(run.result.output, "rank(s) 1 never reached #1")) << run.result.output;
+  EXPECT_TRUE(contains(run.result.output, "failed first")) << run.result.output;
+  EXPECT_LT(run.seconds, 20.0);
+  expect_gone(run.pids);
+}
+
+TEST_P(Watchdog, NamesARankStuckInASleep) {
+  TempDir dir;
+  const auto run = run_scenario("stuck", {{"LOCKSTEP_TIMEOUT", "3"}}, dir, GetParam());
+  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  EXPECT_TRUE(contains(run.result.output, "rank(s) 1 never reached #0")) << run.result.output;
+  EXPECT_TRUE(contains(run.result.output, "rank 1 (pid")) << run.result.output;
+  EXPECT_TRUE(contains(run.result.output, "flight recorder:")) << run.result.output;
+  EXPECT_LT(run.seconds, 20.0);
+  expect_gone(run.pids);
+}
+
+TEST_P(Watchdog, DetailModeNamesAMismatchedCollectiveWithinSeconds) {
+  TempDir dir;
+  const auto run = run_scenario("mismatch", {{"LOCKSTEP_TIMEOUT", "60"}, {"LOCKSTEP_DEBUG", "DETAIL"}}, dir, GetParam());
+  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  EXPECT_TRUE(contains(run.result.output, "rank 1 issued broadcast #0 (float x 10, root 0) while ranks 0, 2 issued "
+                                          "allreduce #0 (float x 1000, sum)"))
+      << run.result.output;
+  EXPECT_LT(run.seconds, 10.0) << "must not wait for the timeout";
+  expect_gone(run.pids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Watchdog, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+TEST(FlightRecorder, Sigusr1DumpsItWithoutStoppingTheRank) {
+  TempDir dir;
+  Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "2", "--", DIAG_PROGRAM, "idle"},
+                    {{"PID_DIR", dir.path()}, {"LOCKSTEP_FLIGHT_DIR", dir.path()}});
+  ASSERT_TRUE(testing::wait_for_file(dir.path() + "/rank1.pid", 30s));
+  std::this_thread::sleep_for(500ms);  // past its allreduce, idling
+  pid_t pid = 0;
+  std::ifstream(dir.path() + "/rank1.pid") >> pid;
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGUSR1);
+  std::string dump;
+  const Deadline deadline = Deadline::after(10s);
+  while (dump.empty() && !deadline.expired()) {
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+      if (contains(e.path().filename().string(), "lockstep-flight-") && contains(e.path().filename().string(), "rank1"))
+        dump = e.path().string();
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(dump.empty()) << "no flight recorder dump after SIGUSR1";
+  std::this_thread::sleep_for(100ms);
+  const auto j = nlohmann::json::parse(std::ifstream(dump));
+  ASSERT_TRUE(j.contains("operations"));
+  EXPECT_EQ(j["operations"][0]["op"], "allreduce");
+  EXPECT_EQ(j["operations"][0]["state"], "completed");
+  EXPECT_FALSE(testing::gone(pid)) << "SIGUSR1 must not kill the rank";
+  launcher.signal(SIGTERM);
+  launcher.wait(20s);
+}
+
+}  // namespace
+}  // namespace lockstep
