@@ -1,6 +1,7 @@
 // The lockstep command line: one binary, subcommands per task.
 //   lockstep run     start a program on several processes (a torchrun equivalent)
 //   lockstep bench   measure collectives (nccl-tests' interface)
+//   lockstep doctor  explain how a data-parallel program scales
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_command.h"
+#include "doctor/doctor_command.h"
 #include "lockstep/error.h"
 #include "run/run_command.h"
 
@@ -18,6 +20,8 @@ int main(int argc, char** argv) {
   lockstep::cli::BenchOptions bench;
   lockstep::cli::add_run_command(app, run);
   lockstep::cli::add_bench_command(app, bench);
+  lockstep::cli::DoctorOptions doctor;
+  lockstep::cli::add_doctor_command(app, doctor);
   // mpirun and nccl-tests users type "-np N"; CLI11 takes only one-letter
   // short options, so it is spelled --np inside.
   std::vector<std::string> args(argv, argv + argc);
@@ -32,6 +36,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("run")) return lockstep::cli::run_job(run);
     if (app.got_subcommand("bench")) return lockstep::cli::run_bench(bench, args);
+    if (app.got_subcommand("doctor")) return lockstep::cli::run_doctor(doctor);
   } catch (const lockstep::Error& e) {
     std::fprintf(stderr, "lockstep: %s\n", e.what());
     return 2;
