@@ -10,6 +10,7 @@
 
 #include "comm/rendezvous.h"
 #include "comm/signal_dumps.h"
+#include "common/file.h"
 #include "common/clock.h"
 #include "diag/watchdog_report.h"
 #include "lockstep/error.h"
@@ -177,7 +178,7 @@ std::string GroupDiagnostics::dump(const std::string& reason) {
     for (auto& c : group)
       if (c == '/') c = '_';
     const auto path = dir / fmt::format("lockstep-flight-{}-rank{}-pid{}.json", group, rank_, ::getpid());
-    std::ofstream(path) << recorder_.to_json(fmt::format("{}/{}", rank_, size_)) << "\n";
+    write_file_atomically(path.string(), recorder_.to_json(fmt::format("{}/{}", rank_, size_)) + "\n");
     log_.warn("flight recorder ({}) of group '{}': {}; written to {}", reason, name_, recorder_.summary(), path.string());
     return path.string();
   } catch (const std::exception& e) {

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/file.h"
+
 namespace lockstep::diag {
 
 Tracer::Tracer(std::string path, int rank) : path_(std::move(path)), rank_(rank) {}
@@ -43,7 +45,7 @@ std::string Tracer::write() const {
   for (const auto& [track, tid] : tracks)
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", track}}}});
   const std::string out = file();
-  std::ofstream(out) << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  write_file_atomically(out, nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n");
   return out;
 }
 
@@ -59,7 +61,7 @@ std::size_t merge_traces(const std::vector<std::string>& inputs, const std::stri
     ++files;
   }
   if (files == 0) return 0;  // nothing traced (or no rank got far enough): no empty file
-  std::ofstream(output) << nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  write_file_atomically(output, nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() + "\n");
   return files;
 }
 

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "lockstep/error.h"
 
@@ -276,7 +277,7 @@ void DataParallelCore::State::write_stats_file() const {
       {"overlap", s.overlap()},    {"bytes_per_step", s.bytes}, {"parameters", parameters},
       {"bucket_cap_mb", options.bucket_cap_mb}, {"buckets", buckets}, {"compression", options.comm_hook ? options.comm_hook->name() : "none"},
       {"last_window", window_json}, {"stragglers", stragglers}};
-  std::ofstream(fmt::format("{}.rank{}.json", *prefix, pg->rank())) << doc.dump(1) << "\n";
+  write_file_atomically(fmt::format("{}.rank{}.json", *prefix, pg->rank()), doc.dump(1) + "\n");
 }
 
 void DataParallelCore::before_forward() {

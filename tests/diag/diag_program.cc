@@ -1,5 +1,7 @@
 // A rank for diagnostics tests; the first argument picks the scenario:
 //   skip      rank 1 skips the first of two allreduces, then idles
+//   skip-broadcast  rank 1 skips a broadcast the others issue before an
+//             allreduce (what DETAIL mode can see: the next collective differs)
 //   stuck     rank 1 idles before its first collective
 //   mismatch  rank 1 issues a broadcast where the others issue an allreduce
 //   idle      one allreduce, then idle (to be sent SIGUSR1)
@@ -34,6 +36,9 @@ int main(int argc, char** argv) {
       if (rank != 1) pg->allreduce(lockstep::view(std::span(v)))->wait();
       pg->allreduce(lockstep::view(std::span(v)))->wait();
       if (rank == 1) idle();
+    } else if (mode == "skip-broadcast") {
+      if (rank != 1) pg->broadcast(lockstep::view(std::span(w)), 0)->wait();
+      pg->allreduce(lockstep::view(std::span(v)))->wait();
     } else if (mode == "stuck") {
       if (rank == 1) idle();
       pg->allreduce(lockstep::view(std::span(v)))->wait();

@@ -94,6 +94,19 @@ TEST_P(Watchdog, DetailModeNamesAMismatchedCollectiveWithinSeconds) {
   expect_gone(run.pids);
 }
 
+TEST_P(Watchdog, DetailModeNamesTheRankThatSkippedACollectiveWithinSeconds) {
+  TempDir dir;
+  const auto run =
+      run_scenario("skip-broadcast", {{"LOCKSTEP_TIMEOUT", "60"}, {"LOCKSTEP_DEBUG", "DETAIL"}}, dir, GetParam());
+  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  EXPECT_TRUE(contains(run.result.output, "rank 1 issued allreduce #0 (float x 1000, sum) while ranks 0, 2 issued "
+                                          "broadcast #0 (float x 10, root 0)"))
+      << run.result.output;
+  EXPECT_TRUE(contains(run.result.output, "LOCKSTEP_DEBUG=DETAIL found that the ranks disagree")) << run.result.output;
+  EXPECT_LT(run.seconds, 10.0) << "must not wait for the timeout";
+  expect_gone(run.pids);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Watchdog, ::testing::Values("shm", "tcp"),
                          [](const auto& info) { return info.param; });
 
