@@ -21,7 +21,7 @@ namespace {
 using diag::Fingerprint;
 using diag::RankProgress;
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using testing::contains;
 
 TEST(RankList, CollapsesRuns) {
   EXPECT_EQ(diag::rank_list({}), "");

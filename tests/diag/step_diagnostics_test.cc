@@ -19,7 +19,7 @@ using namespace std::chrono_literals;
 using testing::Launcher;
 using testing::TempDir;
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using testing::contains;
 
 TEST(Timeline, ATracedJobYieldsOneFileWithATrackPerRank) {
   TempDir dir;

@@ -22,7 +22,7 @@ using namespace std::chrono_literals;
 using testing::Launcher;
 using testing::TempDir;
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using testing::contains;
 
 std::vector<pid_t> pids_in(const std::string& dir, int n) {
   std::vector<pid_t> pids;

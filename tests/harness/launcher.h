@@ -36,6 +36,9 @@ class Launcher {
   ProcessRanks ranks_;
 };
 
+// Whether a program's output mentions `what`.
+inline bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
 // The direct children of a process (e.g. a launcher's ranks).
 std::vector<pid_t> children_of(pid_t pid);
 

@@ -61,7 +61,7 @@ void expect_all_gone(const std::vector<pid_t>& pids, Duration within = 5s) {
   }
 }
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using testing::contains;
 
 TEST(Launcher, StartsEveryRankWithTheTorchrunEnvironment) {
   auto args = std::vector<std::string>{"--nproc-per-node", "3"};
