@@ -9,7 +9,7 @@
 #      down), the other host's ranks time out and the watchdog names the
 #      silent ranks.
 # Needs root (network namespaces); skips (exit 77) elsewhere. Every step has
-# a deadline, and the namespaces and their processes are removed on exit.
+# a deadline, and the hosts' processes are killed on exit.
 # Usage: two_hosts_test.sh path/to/lockstep
 set -uo pipefail
 cli=$(realpath "$1")
@@ -17,48 +17,77 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces (CI runs as root)"
-command -v ip > /dev/null && command -v unshare > /dev/null || skip "needs ip (iproute2) and unshare (util-linux)"
+for tool in ip unshare nsenter; do command -v $tool > /dev/null || skip "needs $tool (iproute2, util-linux)"; done
 
-ns0=lockstep-a$$ ns1=lockstep-b$$
 work=$(mktemp -d)
 export LOCKSTEP_FLIGHT_DIR=$work  # dumps of the failure scenarios go away with it
+holders=()
+# Each host is a process holding its own network and UTS namespaces: no
+# named namespaces, so nothing is mounted (this also works in a chroot).
 cleanup() {
-  for ns in $ns0 $ns1; do
-    pids=$(ip netns pids $ns 2> /dev/null)
-    [ -n "$pids" ] && kill -9 $pids 2> /dev/null
-    ip netns del $ns 2> /dev/null
+  for holder in "${holders[@]}"; do
+    kill -9 $(in_host_pids "$holder") 2> /dev/null
+    kill -9 "$holder" 2> /dev/null
   done
+  wait 2> /dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns add $ns0 2> /dev/null || skip "cannot create network namespaces here"
-ip netns add $ns1
-ip link add v0-$$ netns $ns0 type veth peer name v1-$$ netns $ns1 || fail "cannot create a veth pair"
-ip -n $ns0 addr add 10.213.0.1/24 dev v0-$$
-ip -n $ns1 addr add 10.213.0.2/24 dev v1-$$
-for ns in $ns0 $ns1; do ip -n $ns link set lo up; done
-ip -n $ns0 link set v0-$$ up
-ip -n $ns1 link set v1-$$ up
 
-# on_host NAMESPACE HOSTNAME COMMAND...: runs COMMAND on that "host".
-on_host() {
-  local ns=$1 name=$2
-  shift 2
-  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+# in_host_pids HOLDER: the processes in that host's network namespace,
+# other than the holder itself.
+in_host_pids() {
+  local target p
+  target=$(readlink /proc/$1/ns/net) || return
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" != "$1" ] && [ "$(readlink $p/ns/net 2> /dev/null)" = "$target" ] && echo "${p#/proc/}"
+  done
 }
 
-# start_node NODE_RANK NAMESPACE LOG PROGRAM...: one launcher in the background.
+new_host() {
+  unshare --net --uts sleep 600 &
+  local holder=$!
+  holders+=("$holder")
+  for _ in $(seq 50); do
+    [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break
+    sleep 0.02
+  done
+  [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && return 0
+  skip "cannot create network namespaces here"
+}
+new_host; host0=${holders[0]}
+new_host; host1=${holders[1]}
+
+# on_host HOLDER COMMAND...: runs COMMAND on that host.
+on_host() {
+  local holder=$1
+  shift
+  nsenter -t "$holder" --net --uts "$@"
+}
+
+ip link add v0-$$ type veth peer name v1-$$ || fail "cannot create a veth pair"
+ip link set v0-$$ netns $host0
+ip link set v1-$$ netns $host1
+on_host $host0 hostname host0
+on_host $host1 hostname host1
+on_host $host0 ip addr add 10.213.0.1/24 dev v0-$$
+on_host $host1 ip addr add 10.213.0.2/24 dev v1-$$
+for h in $host0 $host1; do on_host $h ip link set lo up; done
+on_host $host0 ip link set v0-$$ up
+on_host $host1 ip link set v1-$$ up
+
+# start_node NODE_RANK HOLDER LOG PROGRAM...: one launcher in the background.
 start_node() {
-  local rank=$1 ns=$2 log=$3
+  local rank=$1 holder=$2 log=$3
   shift 3
-  on_host "$ns" "host$rank" timeout 120 "$cli" run --nnodes 2 --node-rank "$rank" --master-addr 10.213.0.1 \
+  on_host "$holder" timeout 120 "$cli" run --nnodes 2 --node-rank "$rank" --master-addr 10.213.0.1 \
     --master-port 29533 --nproc-per-node 2 --grace-period 1 -- "$@" > "$log" 2>&1 &
 }
 
 echo "== 1. all-reduce across two hosts"
-start_node 0 $ns0 "$work/node0.log" "$cli" bench -b 4 -e 4M -f 32 -n 20 -w 2 -c 1
+start_node 0 $host0 "$work/node0.log" "$cli" bench -b 4 -e 4M -f 32 -n 20 -w 2 -c 1
 node0=$!
-start_node 1 $ns1 "$work/node1.log" "$cli" bench -b 4 -e 4M -f 32 -n 20 -w 2 -c 1
+start_node 1 $host1 "$work/node1.log" "$cli" bench -b 4 -e 4M -f 32 -n 20 -w 2 -c 1
 node1=$!
 wait $node0; rc0=$?
 wait $node1; rc1=$?
@@ -73,18 +102,18 @@ rows=$(echo "$table" | wc -l)
 [ "$rows" -ge 5 ] || fail "expected at least 5 sizes, got $rows"
 
 echo "== 2. a host's ranks die: the other host names them"
-start_node 0 $ns0 "$work/kill0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+start_node 0 $host0 "$work/kill0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
 node0=$!
-start_node 1 $ns1 "$work/kill1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+start_node 1 $host1 "$work/kill1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
 node1=$!
 # Wait until the ranks are all-reducing (both hosts have their two ranks).
 for _ in $(seq 100); do
-  [ "$(ip netns pids $ns1 | wc -l)" -ge 3 ] && grep -q "store" "$work/kill0.log" && break
+  [ "$(in_host_pids $host1 | wc -l)" -ge 3 ] && grep -q "store" "$work/kill0.log" && break
   sleep 0.1
 done
 sleep 2
 start=$(date +%s%N)
-kill -9 $(ip netns pids $ns1)
+kill -9 $(in_host_pids $host1)
 wait $node0; rc0=$?
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
 wait $node1 2> /dev/null
@@ -93,25 +122,25 @@ cat "$work/kill0.log"
 grep -Eq "lost rank [23]" "$work/kill0.log" || fail "node 0 did not name a rank of node 1"
 echo "node 0 stopped ${elapsed_ms} ms after node 1 was killed"
 [ $elapsed_ms -lt 15000 ] || fail "took ${elapsed_ms} ms (more than 15 s)"
-[ -z "$(ip netns pids $ns0)" ] || fail "processes left in node 0's namespace: $(ip netns pids $ns0)"
+[ -z "$(in_host_pids $host0)" ] || fail "processes left in node 0's namespace: $(in_host_pids $host0)"
 wait $node1 2> /dev/null
 
 echo "== 3. a host drops off the network: the watchdog names its ranks"
 export LOCKSTEP_TIMEOUT=4 LOCKSTEP_WATCHDOG_SETTLE=2
-start_node 0 $ns0 "$work/drop0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+start_node 0 $host0 "$work/drop0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
 node0=$!
-start_node 1 $ns1 "$work/drop1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+start_node 1 $host1 "$work/drop1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
 node1=$!
 for _ in $(seq 100); do
-  [ "$(ip netns pids $ns1 | wc -l)" -ge 3 ] && grep -q "store" "$work/drop0.log" && break
+  [ "$(in_host_pids $host1 | wc -l)" -ge 3 ] && grep -q "store" "$work/drop0.log" && break
   sleep 0.1
 done
 sleep 2
 start=$(date +%s%N)
-ip -n $ns1 link set v1-$$ down
+on_host $host1 ip link set v1-$$ down
 wait $node0; rc0=$?
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
-kill -9 $(ip netns pids $ns1) 2> /dev/null
+kill -9 $(in_host_pids $host1) 2> /dev/null
 wait $node1 2> /dev/null
 cat "$work/drop0.log"
 [ $rc0 != 0 ] || fail "node 0's launcher exited 0 after node 1 dropped off"
