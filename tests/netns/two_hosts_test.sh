@@ -84,6 +84,20 @@ start_node() {
     --master-port 29533 --nproc-per-node 2 --grace-period 1 -- "$@" > "$log" 2>&1 &
 }
 
+# start_endless_job NAME: both nodes all-reducing until stopped; sets node0
+# and node1 and returns once the ranks are at work. Logs: $work/NAME<node>.log.
+start_endless_job() {
+  start_node 0 $host0 "$work/${1}0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+  node0=$!
+  start_node 1 $host1 "$work/${1}1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
+  node1=$!
+  for _ in $(seq 100); do
+    [ "$(in_host_pids $host1 | wc -l)" -ge 3 ] && grep -q "store" "$work/${1}0.log" && break
+    sleep 0.1
+  done
+  sleep 2
+}
+
 echo "== 1. all-reduce across two hosts"
 start_node 0 $host0 "$work/node0.log" "$cli" bench -b 4 -e 4M -f 32 -n 20 -w 2 -c 1
 node0=$!
@@ -102,16 +116,7 @@ rows=$(echo "$table" | wc -l)
 [ "$rows" -ge 5 ] || fail "expected at least 5 sizes, got $rows"
 
 echo "== 2. a host's ranks die: the other host names them"
-start_node 0 $host0 "$work/kill0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
-node0=$!
-start_node 1 $host1 "$work/kill1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
-node1=$!
-# Wait until the ranks are all-reducing (both hosts have their two ranks).
-for _ in $(seq 100); do
-  [ "$(in_host_pids $host1 | wc -l)" -ge 3 ] && grep -q "store" "$work/kill0.log" && break
-  sleep 0.1
-done
-sleep 2
+start_endless_job kill
 start=$(date +%s%N)
 kill -9 $(in_host_pids $host1)
 wait $node0; rc0=$?
@@ -127,15 +132,7 @@ wait $node1 2> /dev/null
 
 echo "== 3. a host drops off the network: the watchdog names its ranks"
 export LOCKSTEP_TIMEOUT=4 LOCKSTEP_WATCHDOG_SETTLE=2
-start_node 0 $host0 "$work/drop0.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
-node0=$!
-start_node 1 $host1 "$work/drop1.log" "$cli" bench -b 64K -e 64K -n 1000000 -w 2
-node1=$!
-for _ in $(seq 100); do
-  [ "$(in_host_pids $host1 | wc -l)" -ge 3 ] && grep -q "store" "$work/drop0.log" && break
-  sleep 0.1
-done
-sleep 2
+start_endless_job drop
 start=$(date +%s%N)
 on_host $host1 ip link set v1-$$ down
 wait $node0; rc0=$?
