@@ -1,7 +1,6 @@
 // Forming groups: init_process_group (the world) and make_group (any group,
 // world or sub-group): store, rendezvous, backend choice, connection.
 #include <netdb.h>
-#include <unistd.h>
 
 #include <thread>
 
@@ -13,6 +12,7 @@
 #include "comm/rendezvous.h"
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "common/host.h"
 #include "common/socket.h"
 #include "lockstep/error.h"
 
@@ -64,9 +64,7 @@ std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::
     const std::string local = tcp->local_address();
     if (!local.empty() && local != "127.0.0.1" && local != "::1") return local;
   }
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
-  return name;
+  return host_name();
 }
 
 DiagnosticsSettings diagnostics_settings() {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/host.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -25,12 +26,10 @@ std::string host_key(int rank) { return fmt::format("rendezvous/host/{}", rank);
 }  // namespace
 
 std::string host_identity() {
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
   std::string boot_id;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot_id);
-  return fmt::format("{}/{}", name, boot_id);
+  return fmt::format("{}/{}", host_name(), boot_id);
 }
 
 std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout) {

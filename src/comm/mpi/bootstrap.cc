@@ -10,16 +10,14 @@
 // resolve across hosts; the bootstrap is then not used.
 #include "comm/mpi/bootstrap.h"
 
-#include <unistd.h>
-
 #include <array>
-#include <fstream>
 #include <iterator>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "comm/mpi/runtime.h"
+#include "common/host.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -28,23 +26,10 @@ namespace {
 constexpr std::size_t kMessageBytes = 1024;
 using Message = std::array<char, kMessageBytes>;
 
-std::string random_token() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  std::string out;
-  for (int i = 0; i < 16; ++i) out += fmt::format("{:02x}", static_cast<unsigned>(urandom.get()) & 0xff);
-  return out;
-}
-
-std::string host_name() {
-  char name[256] = {0};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 // Rank 0: starts the server and says where it is, or why it is not.
 std::string host_store(const LaunchInfo& launch, TcpStoreOptions& options, MpiBootstrap& out) {
   try {
-    if (options.token.empty()) options.token = random_token();
+    if (options.token.empty()) options.token = random_hex(16);
     const bool one_host = launch.local_world_size == launch.world_size;
     const std::uint16_t port = launch.master_port > 0 ? static_cast<std::uint16_t>(launch.master_port) : 0;
     out.server = std::make_unique<TcpStoreServer>(one_host ? "127.0.0.1" : "", port, options);

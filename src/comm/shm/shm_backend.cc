@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <new>
 #include <sstream>
 
@@ -24,17 +23,11 @@
 
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "common/host.h"
 #include "lockstep/error.h"
 
 namespace lockstep::shm {
 namespace {
-
-std::string random_nonce() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  std::string out;
-  for (int i = 0; i < 6; ++i) out += fmt::format("{:02x}", static_cast<unsigned>(urandom.get()) & 0xff);
-  return out;
-}
 
 std::string pid_namespace() {
   char buf[128] = {0};
@@ -94,7 +87,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   if (size_ == 1) return;
   sweep_stale_regions();
   Store& store = *ctx.store;
-  if (rank_ == 0) store.set("shm/nonce", random_nonce());
+  if (rank_ == 0) store.set("shm/nonce", random_hex(6));
   nonce_ = store.get("shm/nonce");
 
   own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -26,6 +25,7 @@
 
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "common/host.h"
 #include "diag/tracer.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
@@ -33,13 +33,6 @@
 
 namespace lockstep::cli {
 namespace {
-
-std::string random_hex(std::size_t bytes) {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  std::string out;
-  for (std::size_t i = 0; i < bytes; ++i) out += fmt::format("{:02x}", static_cast<unsigned>(urandom.get()) & 0xff);
-  return out;
-}
 
 int resolve_nproc(const std::string& text) {
   if (text == "auto") {
