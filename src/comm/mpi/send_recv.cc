@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "comm/mpi/mpi_backend.h"
-#include "common/format.h"
+#include "comm/p2p_header.h"
 #include "lockstep/error.h"
 
 namespace lockstep::mpi {
@@ -17,15 +17,6 @@ namespace {
 
 constexpr int kHeaderTag = 1;
 constexpr int kPayloadTag = 2;
-constexpr std::uint32_t kP2pMagic = 0x4c4b5032;  // "LKP2"
-
-struct P2pHeader {
-  std::uint32_t magic;
-  std::int32_t tag;
-  std::uint64_t bytes;
-  std::uint8_t dtype;
-  std::uint8_t reserved[7];
-};
 
 }  // namespace
 
@@ -33,7 +24,7 @@ void MpiBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
   // The header lives in scratch memory, not on the stack: after a timeout
   // MPI may still use it (see mpi_backend.h).
   auto* header = reinterpret_cast<P2pHeader*>(header_.get(sizeof(P2pHeader)));
-  *header = P2pHeader{kP2pMagic, tag, data.bytes(), static_cast<std::uint8_t>(data.dtype), {}};
+  *header = p2p_header(data, tag);
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Isend(header, sizeof *header, MPI_BYTE, dst, kHeaderTag, comm_, &request), op, "MPI_Isend");
   wait(request, op, "MPI_Isend", sizeof *header, dst);
@@ -53,19 +44,14 @@ void MpiBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
     throw MismatchError(fmt::format("{}: {} from rank {}: what rank {} sent is not a lockstep message; is another "
                                     "library using this group's communicator?",
                                     self_, op.description(), src, src));
-  const auto sent_dtype = static_cast<DType>(header.dtype);
-  const bool match = header.tag == tag && header.bytes == data.bytes() && sent_dtype == data.dtype;
+  const bool match = p2p_matches(header, data, tag);
   void* target = match ? data.data : staging_.get(header.bytes);
   if (header.bytes > 0) {
     const ByteRange range(header.bytes, max_count_);
     check(MPI_Irecv(target, range.count(), range.type(), src, kPayloadTag, comm_, &request), op, "MPI_Irecv");
     wait(request, op, "MPI_Irecv", header.bytes, src);
   }
-  if (!match)
-    throw MismatchError(fmt::format("{}: {} from rank {} expected tag {}, {} x {} ({} bytes), but rank {} sent tag {}, "
-                                    "{} bytes of {}; make the send and the recv agree",
-                                    self_, op.description(), src, tag, data.count, data.dtype, data.bytes(), src,
-                                    header.tag, header.bytes, sent_dtype));
+  if (!match) throw_p2p_mismatch(header, self_, op, src, data, tag);
 }
 
 }  // namespace lockstep::mpi

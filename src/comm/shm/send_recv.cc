@@ -6,23 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include <fmt/format.h>
-
+#include "comm/p2p_header.h"
 #include "comm/shm/shm_backend.h"
-#include "common/format.h"
-#include "lockstep/error.h"
 
 namespace lockstep::shm {
-namespace {
-
-struct Header {
-  std::uint64_t bytes;
-  std::int32_t tag;
-  std::uint8_t dtype;
-  std::uint8_t reserved[3];
-};
-
-}  // namespace
 
 void ShmBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
   const auto* in = static_cast<const std::byte*>(data.data);
@@ -34,7 +21,7 @@ void ShmBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
     std::byte* box = mailbox(rank_, dst, k);
     std::size_t offset = 0;
     if (first) {
-      const Header h{data.bytes(), tag, static_cast<std::uint8_t>(data.dtype), {}};
+      const P2pHeader h = p2p_header(data, tag);
       std::memcpy(box, &h, sizeof h);
       offset = sizeof h;
     }
@@ -56,13 +43,9 @@ void ShmBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
     const std::byte* box = mailbox(src, rank_, k);
     std::size_t offset = 0;
     if (first) {
-      Header h{};
+      P2pHeader h{};
       std::memcpy(&h, box, sizeof h);
-      if (h.tag != tag || h.bytes != data.bytes() || h.dtype != static_cast<std::uint8_t>(data.dtype))
-        throw MismatchError(fmt::format("{}: {} from rank {} expected tag {}, {} x {} ({} bytes), but rank {} sent tag "
-                                        "{}, {} bytes of {}; make the send and the recv agree",
-                                        self_, op.description(), src, tag, data.count, data.dtype, data.bytes(), src,
-                                        h.tag, h.bytes, static_cast<DType>(h.dtype)));
+      if (!p2p_matches(h, data, tag)) throw_p2p_mismatch(h, self_, op, src, data, tag);
       offset = sizeof h;
     }
     const std::size_t n = std::min(kMailboxBytes - offset, data.bytes() - done);
