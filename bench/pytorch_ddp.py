@@ -9,6 +9,7 @@ Usage: /usr/bin/python3 bench/pytorch_ddp.py --model mlp -np 2 [--steps 20] [--n
 Prints: step_ms <median of the slowest rank> samples_per_s <...>
 """
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -74,12 +75,11 @@ def run_rank(rank, args, port):
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
         opt.zero_grad()
-        out = net(x)
-        loss = F.cross_entropy(out, y) if conv else F.mse_loss(out, y)
-        if distributed and args.no_sync:
-            with net.no_sync():
-                loss.backward()
-        else:
+        # PyTorch's DDP decides at the forward whether the backward will
+        # synchronise: no_sync must cover both.
+        with net.no_sync() if distributed and args.no_sync else contextlib.nullcontext():
+            out = net(x)
+            loss = F.cross_entropy(out, y) if conv else F.mse_loss(out, y)
             loss.backward()
         opt.step()
         if step >= args.warmup:

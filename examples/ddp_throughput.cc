@@ -55,13 +55,16 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     opt.zero_grad();
-    auto out = ddp.forward(x);
-    auto loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
+    const auto forward_backward = [&] {
+      auto out = ddp.forward(x);
+      auto loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
+      loss.backward();
+    };
     if (o.no_sync) {
-      auto guard = ddp.no_sync();
-      loss.backward();
+      auto guard = ddp.no_sync();  // as in PyTorch, around the forward and the backward
+      forward_backward();
     } else {
-      loss.backward();
+      forward_backward();
     }
     opt.step();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
