@@ -147,6 +147,11 @@ class ProcessGroup {
 
   // In place: every rank's `data` becomes the reduction of all ranks' `data`.
   std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::sum);
+  // Out of place: every rank's `output` becomes the reduction of all ranks'
+  // `input`, which is left unchanged (the same memory is allowed: then it is
+  // the in-place form). With the shm backend and both buffers from
+  // allocate_shared, no copy is made.
+  std::shared_ptr<Work> allreduce(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
   // Every rank's `data` becomes root's.
   std::shared_ptr<Work> broadcast(Buffer data, int root);
   // `output` (size() * input.count elements) receives every rank's input, in rank order.

@@ -55,6 +55,9 @@ class Backend {
   virtual std::string_view name() const = 0;
 
   virtual void allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) = 0;
+  // Out of place (see ProcessGroup::allreduce). The default copies input
+  // into output and reduces output in place.
+  virtual void allreduce_into(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op);
   virtual void broadcast(const OpContext& op, Buffer data, int root) = 0;
   virtual void allgather(const OpContext& op, ConstBuffer input, Buffer output) = 0;
   virtual void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) = 0;

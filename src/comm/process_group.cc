@@ -103,6 +103,25 @@ std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, ReduceOp op) {
                                [b, data, op](const OpContext& ctx) { b->allreduce(ctx, data, op); });
 }
 
+std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, ReduceOp op) {
+  if (input.data == output.data && input.count == output.count && input.dtype == output.dtype)
+    return allreduce(output, op);
+  check_buffer(input, "allreduce input");
+  check_buffer(output, "allreduce output");
+  LOCKSTEP_CHECK_ARG(input.dtype == output.dtype && input.count == output.count,
+                     "allreduce: input ({} x {}) and output ({} x {}) must have the same dtype and length",
+                     input.dtype, input.count, output.dtype, output.count);
+  const auto* in = static_cast<const std::byte*>(input.data);
+  const auto* out = static_cast<const std::byte*>(output.data);
+  LOCKSTEP_CHECK_ARG(in + input.bytes() <= out || out + output.bytes() <= in,
+                     "allreduce: input and output overlap without being the same memory");
+  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, output.dtype, op), "{} backend cannot allreduce {} with {}",
+                     backend(), output.dtype, op);
+  Backend* b = impl_->backend.get();
+  return submit_collective(*impl_, info_of(Collective::allreduce, output, op),
+                           [b, input, output, op](const OpContext& ctx) { b->allreduce_into(ctx, input, output, op); });
+}
+
 std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
   check_buffer(data, "broadcast");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of {}", root, size());
@@ -190,6 +209,11 @@ std::string ProcessGroup::dump_flight_recorder(const std::string& reason) { retu
 
 std::shared_ptr<std::byte[]> ProcessGroup::allocate_shared(std::size_t bytes) {
   return impl_->backend->allocate_shared(bytes, Deadline::after(impl_->spec.connect_timeout));
+}
+
+void Backend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) {
+  if (input.data != output.data) std::memcpy(output.data, input.data, output.bytes());
+  allreduce(op, output, reduce_op);
 }
 
 std::shared_ptr<std::byte[]> Backend::allocate_shared(std::size_t bytes, Deadline) {

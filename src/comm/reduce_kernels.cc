@@ -190,18 +190,22 @@ void reduce_many(void* dst, const void* const* srcs, int nsrcs, std::size_t coun
         if (dst != srcs[0]) std::memmove(dst, srcs[0], count * sizeof(T));
         return;
       }
-      // When dst overlaps no source (the inline path), fold straight into
-      // it: no staging block, no copy.
+      // When dst overlaps no source (the inline path, out-of-place
+      // allreduce), fold straight into it block by block: no staging block,
+      // no copy, one pass over memory.
       bool overlaps = false;
       for (int s = 0; s < nsrcs; ++s) {
         const auto* src = static_cast<const T*>(srcs[s]);
         overlaps |= src < static_cast<T*>(dst) + count && static_cast<T*>(dst) < src + count;
       }
-      if (!overlaps && (nsrcs == 2 || count <= kBlock)) {
-        T* out = static_cast<T*>(dst);
-        combine3<T, Op>(out, static_cast<const T*>(srcs[0]), static_cast<const T*>(srcs[1]), count);
-        for (int s = 2; s < nsrcs; ++s) combine<T, Op>(out, static_cast<const T*>(srcs[s]), count, false);
-        if (average) divide_by(out, count, dtype, nsrcs);
+      if (!overlaps) {
+        for (std::size_t i = 0; i < count; i += kBlock) {
+          const std::size_t n = std::min(kBlock, count - i);
+          T* out = static_cast<T*>(dst) + i;
+          combine3<T, Op>(out, static_cast<const T*>(srcs[0]) + i, static_cast<const T*>(srcs[1]) + i, n);
+          for (int s = 2; s < nsrcs; ++s) combine<T, Op>(out, static_cast<const T*>(srcs[s]) + i, n, false);
+          if (average) divide_by(out, n, dtype, nsrcs);
+        }
         return;
       }
       // Block by block so each block of dst stays in cache while every

@@ -10,66 +10,83 @@
 namespace lockstep::shm {
 
 void ShmBackend::allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) {
-  if (size_ == 1 || data.count == 0) return;
-  if (data.bytes() <= kInlineBytes)
-    allreduce_inline(op, data, reduce_op);
-  else if (data.bytes() <= one_shot_max_)
-    allreduce_one_shot(op, data, reduce_op);
-  else if (auto shared = agree_on_shared_buffer(op, data))
-    allreduce_in_place(op, data, reduce_op, shared->id, shared->offset);
-  else
-    reduce_two_shot(op, data, reduce_op, /*gather_to=*/-1);
+  allreduce_into(op, data, data, reduce_op);
 }
 
-std::optional<SharedAllocations::Location> ShmBackend::agree_on_shared_buffer(const OpContext& op, const Buffer& data) {
+void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) {
+  const bool large = output.bytes() > kInlineBytes && output.bytes() > one_shot_max_;
+  if (size_ > 1 && large) {
+    if (auto shared = agree_on_shared_buffers(op, input, output)) {
+      allreduce_shared(op, output.count, output.dtype, reduce_op, shared->first, shared->second);
+      return;
+    }
+  }
+  if (input.data != output.data && output.count > 0) std::memcpy(output.data, input.data, output.bytes());
+  if (size_ == 1 || output.count == 0) return;
+  if (output.bytes() <= kInlineBytes)
+    allreduce_inline(op, output, reduce_op);
+  else if (output.bytes() <= one_shot_max_)
+    allreduce_one_shot(op, output, reduce_op);
+  else
+    reduce_two_shot(op, output, reduce_op, /*gather_to=*/-1);
+}
+
+std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location>> ShmBackend::agree_on_shared_buffers(
+    const OpContext& op, ConstBuffer input, ConstBuffer output) {
   // No shared allocation was ever made (the same answer on every rank):
   // skip the exchange.
   if (allocations_made_.load() == 0) return std::nullopt;
-  const auto mine = allocations_->find(data.data, data.bytes());
-  const std::int64_t descriptor[2] = {mine ? static_cast<std::int64_t>(mine->id) : -1,
-                                      mine ? static_cast<std::int64_t>(mine->offset) : -1};
+  const auto in = allocations_->find(input.data, input.bytes());
+  const auto out = allocations_->find(output.data, output.bytes());
+  const auto id = [](const auto& at) { return at ? static_cast<std::int64_t>(at->id) : -1; };
+  const auto offset = [](const auto& at) { return at ? static_cast<std::int64_t>(at->offset) : -1; };
+  const std::int64_t descriptor[4] = {id(in), offset(in), id(out), offset(out)};
   const std::uint64_t seq = post_inline(descriptor, sizeof descriptor, op);
-  bool all_same = mine.has_value();
+  bool all_same = in.has_value() && out.has_value();
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     wait_inline(q, seq, op);
     all_same = all_same && std::memcmp(inline_payload(q, seq), descriptor, sizeof descriptor) == 0;
   }
   if (!all_same) return std::nullopt;
-  return mine;
+  return std::pair{*in, *out};
 }
 
-// The two-shot rounds without the slots: arrive means "my copy holds my
-// input"; the owner of each chunk reduces it from every rank's copy in place
-// into its own; then everyone copies each owner's result. Before returning,
-// wait until every peer has finished reading this rank's copy, since the
-// caller may overwrite it at once.
-void ShmBackend::allreduce_in_place(const OpContext& op, Buffer data, ReduceOp reduce_op, std::uint64_t id,
-                                    std::size_t offset) {
-  const std::vector<std::byte*> bases = allocations_->bases(id);
-  const std::size_t elem = dtype_size(data.dtype);
+// The two-shot rounds without the slots: arrive means "my input is ready";
+// the owner of each chunk reduces it from every rank's input straight into
+// its own output; then everyone copies each owner's result into its output.
+// Before returning, wait until every peer has finished reading this rank's
+// input and output, since the caller may overwrite them at once.
+void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType dtype, ReduceOp reduce_op,
+                                  SharedAllocations::Location input, SharedAllocations::Location output) {
+  const std::vector<std::byte*> in_bases = allocations_->bases(input.id);
+  const std::vector<std::byte*> out_bases = allocations_->bases(output.id);
+  const std::size_t elem = dtype_size(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes_ / elem);
   const std::size_t round_elems = chunk_elems * static_cast<std::size_t>(size_);
   std::uint64_t last = 0;
-  for (std::size_t begin = 0; begin < data.count; begin += round_elems) {
-    const std::size_t count = std::min(round_elems, data.count - begin);
-    const Chunks chunks(count, size_);
-    const auto at = [&](int q, int c) { return bases[static_cast<std::size_t>(q)] + offset + (begin + chunks.begin(c)) * elem; };
+  for (std::size_t begin = 0; begin < count; begin += round_elems) {
+    const Chunks chunks(std::min(round_elems, count - begin), size_);
+    const auto at = [&](const std::vector<std::byte*>& bases, std::size_t offset, int q, int c) {
+      return bases[static_cast<std::size_t>(q)] + offset + (begin + chunks.begin(c)) * elem;
+    };
+    const auto in = [&](int q, int c) { return at(in_bases, input.offset, q, c); };
+    const auto out = [&](int q, int c) { return at(out_bases, output.offset, q, c); };
     const std::uint64_t g = begin_round(op);
     control(rank_).arrive.post(g + 1);
     wait_all(&ControlBlock::arrive, g + 1, op, "its input");
-    for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = at(q, rank_);
-    reduce_many(at(rank_, rank_), sources_.data(), size_, chunks.size(rank_), data.dtype, reduce_op);
+    for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = in(q, rank_);
+    reduce_many(out(rank_, rank_), sources_.data(), size_, chunks.size(rank_), dtype, reduce_op);
     control(rank_).reduced.post(g + 1);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       wait_one(q, &ControlBlock::reduced, g + 1, op, "its reduced chunk");
-      std::memcpy(at(rank_, q), at(q, q), chunks.size(q) * elem);
+      std::memcpy(out(rank_, q), out(q, q), chunks.size(q) * elem);
     }
     control(rank_).consumed.post(g + 1);
     last = g;
   }
-  wait_all(&ControlBlock::consumed, last + 1, op, "to finish reading this rank's buffer");
+  wait_all(&ControlBlock::consumed, last + 1, op, "to finish reading this rank's buffers");
 }
 
 void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op) {
@@ -90,7 +107,6 @@ void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp r
   reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
   control(rank_).consumed.post(g + 1);
 }
-
 // Rounds of size x chunk bytes. In each: copy the chunks others own into
 // this rank's slot; reduce the chunk this rank owns from everyone (its own
 // from its buffer) into its slot; then gather each owner's reduced chunk.

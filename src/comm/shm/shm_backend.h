@@ -48,6 +48,7 @@ class ShmBackend final : public Backend {
 
   std::string_view name() const override { return "shm"; }
   void allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) override;
+  void allreduce_into(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
   void broadcast(const OpContext& op, Buffer data, int root) override;
   void allgather(const OpContext& op, ConstBuffer input, Buffer output) override;
   void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
@@ -97,13 +98,16 @@ class ShmBackend final : public Backend {
   // Two-shot over `data`; when `gather_to` is a rank, only that rank gathers
   // the result and nobody's input buffer is written except the root's.
   void reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to);
-  // Two-shot over a buffer every rank has at `offset` in shared allocation
-  // `id`: peers' copies are read in place, nothing goes through the slots.
-  void allreduce_in_place(const OpContext& op, Buffer data, ReduceOp reduce_op, std::uint64_t id, std::size_t offset);
-  // Whether every rank passed its copy of the same shared allocation at the
-  // same offset (decided from every rank's answer, so all agree). Returns
-  // the location then.
-  std::optional<SharedAllocations::Location> agree_on_shared_buffer(const OpContext& op, const Buffer& data);
+  // Two-shot between buffers every rank has at the same places in shared
+  // allocations (input and output may be the same): peers' inputs and
+  // reduced chunks are read in place, nothing goes through the slots.
+  void allreduce_shared(const OpContext& op, std::size_t count, DType dtype, ReduceOp reduce_op,
+                        SharedAllocations::Location input, SharedAllocations::Location output);
+  // Whether every rank passed its copies of the same shared allocations at
+  // the same offsets, for input and output (decided from every rank's
+  // answer, so all agree). Returns the locations then.
+  std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location>> agree_on_shared_buffers(
+      const OpContext& op, ConstBuffer input, ConstBuffer output);
 
   int rank_;
   int size_;
