@@ -69,17 +69,24 @@ class GradientSource {
   virtual ~GradientSource() = default;
   // Parameter i's gradient, created (zeroed) if it has none.
   virtual void* gradient(std::size_t i) = 0;
-  // Makes parameter i's gradient a view of `slot` (gradient_as_bucket_view).
-  virtual void use_as_gradient(std::size_t i, void* slot) = 0;
+  // Points parameter i's gradient at `slot` (its values become the slot's),
+  // keeping `owner` alive as long as the gradient uses that memory. The
+  // framework's gradient object should stay the same where it can.
+  virtual void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) = 0;
+  // If parameter i's gradient lives at `slot`, gives it memory of its own
+  // with the same values: the reducer is about to reuse the slot.
+  virtual void move_out_of(std::size_t i, const void* slot) = 0;
 };
 
-// What a communication hook reduces: bucket `index`, whose `buffer` holds
-// this rank's gradients on entry and must hold the group's average when the
-// returned Work is done.
+// What a communication hook reduces: bucket `index`. `buffer` must hold
+// the group's average when the returned Work is done. `input` holds this
+// rank's gradients: for a hook whose out_of_place() is true it is other
+// memory, which the hook must leave unchanged; otherwise it is `buffer`.
 struct GradBucket {
   std::size_t index = 0;
   Buffer buffer;
   bool last = false;
+  ConstBuffer input;
 };
 
 // Replaces the plain average of each bucket, e.g. to compress it. Runs on
@@ -89,6 +96,10 @@ class CommHook {
   virtual ~CommHook() = default;
   virtual std::string name() const = 0;
   virtual std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) = 0;
+  // Whether run() reads the gradients from bucket.input and writes only
+  // bucket.buffer. If not, the reducer copies the gradients into the
+  // buffer first.
+  virtual bool out_of_place() const { return false; }
 };
 
 // allreduce(avg) of the bucket as is.
@@ -111,7 +122,13 @@ struct ReducerOptions {
   // and a parameter may be marked ready several times per backward, as
   // with re-entrant activation checkpointing).
   bool static_graph = false;
-  // Parameter gradients are views into the buckets: no copies in or out.
+  // Parameter gradients are views into the buckets: no copies in or out,
+  // one copy of the gradients in memory, but the collectives write into the
+  // gradients while backward runs. Without it the reducer keeps two sets of
+  // buckets: each backward reduces from the set the gradients live in into
+  // the other, and finalize points the gradients at the result, so no
+  // gradient memory is written except by the framework's accumulation and
+  // by finalize (see reducer.cc).
   bool gradient_as_bucket_view = false;
   // After the first synchronised iteration, re-plan buckets in the order
   // gradients actually became ready (rank 0's order, shared with all).
@@ -178,7 +195,9 @@ class Reducer {
 
   const std::vector<ParamSpec>& params() const { return params_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  // Where parameter i's gradient lives in its bucket.
+  // Where parameter i's gradient goes in its bucket for the next
+  // synchronised backward (where it already lives after a finalize, unless
+  // the framework replaced it).
   void* bucket_slot(std::size_t i) const;
   const StepStats& last_step() const { return last_step_; }
   bool buckets_rebuilt() const { return rebuilt_; }
@@ -192,6 +211,11 @@ class Reducer {
   void launch_ready_buckets();
   void launch(std::size_t b);
   void force_missing();
+  void zero_slot(std::size_t i);
+  bool double_buffered() const;
+  int output_set() const;
+  std::byte* slot_in(int set, std::size_t i) const;
+  std::shared_ptr<void> owner(int set, std::size_t i) const;
   std::size_t trailer_elements() const;
   bool solo() const;
   void finish_iteration();

@@ -4,14 +4,25 @@
 //   1. prepare_for_backward: parameters known to be unused are ready at once
 //      (their slots zeroed).
 //   2. mark_ready(i): copy the gradient into its slot (nothing to copy when
-//      gradients are bucket views); when a bucket's last parameter is ready,
+//      it already lives there); when a bucket's last parameter is ready,
 //      launch every bucket that is complete, in bucket order, so all ranks
 //      issue the same collectives in the same order.
 //   3. finalize: parameters still missing contribute zeros (an error for the
 //      next forward, unless find_unused_parameters); the remaining buckets
-//      are launched; all are waited for; averages are copied back.
+//      are launched; all are waited for; gradients are pointed at the
+//      averages.
 // In a world of one the gradients already are the average: the same
 // bookkeeping and checks run, but no data moves.
+//
+// Two sets of buckets (unless gradient_as_bucket_view): each synchronised
+// backward reduces out of place, from the "input" set into the other, and
+// finalize points every gradient at its slot in the other set, which then
+// becomes the input set. From the second step on the framework accumulates
+// straight into the input set, so no gradient is copied in or out, and yet
+// no gradient memory is written by a collective while backward runs: the
+// collectives write only into the set no gradient points at. (A gradient
+// that must keep its values while its input slot is reused, e.g. one unused
+// on every rank, is first moved into memory of its own.)
 //
 // Reporting missing gradients without hanging: the last bucket carries one
 // extra element, a flag each rank sets to 1 if it had to fill in missing
@@ -26,6 +37,7 @@
 // launched only when every parameter is ready or known unused, so both
 // trailers are final by then; no extra collective is needed.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -79,7 +91,8 @@ std::size_t StepStats::bytes() const {
 
 struct Reducer::State {
   std::string store_prefix;                          // "ddp/<instance>"
-  std::vector<std::shared_ptr<std::byte[]>> storage;  // per bucket
+  std::array<std::vector<std::shared_ptr<std::byte[]>>, 2> storage;  // [set][bucket]
+  int input_set = 0;  // the set the next synchronised backward reduces from
   std::vector<std::pair<std::size_t, std::size_t>> where;  // param -> (bucket, element offset)
 
   // The current backward.
@@ -134,17 +147,46 @@ Reducer::~Reducer() {
 
 void Reducer::allocate_buckets() {
   auto& s = *state_;
-  s.storage.clear();
   s.where.assign(params_.size(), {0, 0});
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bucket = buckets_[b];
-    const bool last = b + 1 == buckets_.size();
-    // Collective on every rank in the same order (ProcessGroup::allocate_shared).
-    s.storage.push_back(pg_->allocate_shared((bucket.count + (last ? trailer_elements() : 0)) * dtype_size(bucket.dtype)));
-    for (std::size_t k = 0; k < bucket.params.size(); ++k) s.where[bucket.params[k]] = {b, bucket.offsets[k]};
+  s.input_set = 0;
+  for (int set = 0; set < 2; ++set) {
+    s.storage[set].clear();
+    if (set == 1 && !double_buffered()) continue;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bucket = buckets_[b];
+      const bool last = b + 1 == buckets_.size();
+      // Collective on every rank in the same order (ProcessGroup::allocate_shared).
+      s.storage[set].push_back(
+          pg_->allocate_shared((bucket.count + (last ? trailer_elements() : 0)) * dtype_size(bucket.dtype)));
+    }
   }
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    for (std::size_t k = 0; k < buckets_[b].params.size(); ++k) s.where[buckets_[b].params[k]] = {b, buckets_[b].offsets[k]};
   if (options_.gradient_as_bucket_view)
-    for (std::size_t i = 0; i < params_.size(); ++i) gradients_.use_as_gradient(i, bucket_slot(i));
+    for (std::size_t i = 0; i < params_.size(); ++i) gradients_.use_as_gradient(i, bucket_slot(i), owner(0, i));
+}
+
+bool Reducer::double_buffered() const { return !options_.gradient_as_bucket_view && !solo(); }
+
+int Reducer::output_set() const { return double_buffered() ? 1 - state_->input_set : state_->input_set; }
+
+std::byte* Reducer::slot_in(int set, std::size_t i) const {
+  const auto [b, offset] = state_->where[i];
+  return state_->storage[set][b].get() + offset * dtype_size(buckets_[b].dtype);
+}
+
+// What keeps parameter i's slot in `set` alive while a gradient points at it.
+std::shared_ptr<void> Reducer::owner(int set, std::size_t i) const {
+  const auto& bucket = state_->storage[set][state_->where[i].first];
+  return std::shared_ptr<void>(bucket, bucket.get());
+}
+
+// Parameter i contributes zeros this iteration. Its gradient keeps its
+// values (with bucket views it is the slot, and becomes zero, as in PyTorch).
+void Reducer::zero_slot(std::size_t i) {
+  void* slot = bucket_slot(i);
+  if (double_buffered()) gradients_.move_out_of(i, slot);
+  std::memset(slot, 0, params_[i].count * dtype_size(params_[i].dtype));
 }
 
 std::uint64_t Reducer::iterations() const { return state_->iterations; }
@@ -157,10 +199,7 @@ std::size_t Reducer::trailer_elements() const {
   return 1 + (options_.find_unused_parameters ? params_.size() : 0);
 }
 
-void* Reducer::bucket_slot(std::size_t i) const {
-  const auto [b, offset] = state_->where[i];
-  return state_->storage[b].get() + offset * dtype_size(buckets_[b].dtype);
-}
+void* Reducer::bucket_slot(std::size_t i) const { return slot_in(state_->input_set, i); }
 
 bool Reducer::maybe_rebuild_buckets() {
   auto& s = *state_;
@@ -182,15 +221,17 @@ bool Reducer::maybe_rebuild_buckets() {
   bool same = plan.size() == buckets_.size();
   for (std::size_t b = 0; same && b < plan.size(); ++b) same = plan[b].params == buckets_[b].params;
   if (same) return false;
-  // Gradients may hold values (views live in the old buckets): carry them over.
-  std::vector<std::vector<std::byte>> saved(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  // Views live in the old buckets and may hold values: carry them over.
+  // Otherwise gradients that point into the old buckets keep them alive
+  // until they are copied into the new ones at the next backward.
+  std::vector<std::vector<std::byte>> saved(options_.gradient_as_bucket_view ? params_.size() : 0);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
     const auto* slot = static_cast<const std::byte*>(bucket_slot(i));
     saved[i].assign(slot, slot + params_[i].count * dtype_size(params_[i].dtype));
   }
   buckets_ = std::move(plan);
   allocate_buckets();
-  for (std::size_t i = 0; i < params_.size(); ++i)
+  for (std::size_t i = 0; i < saved.size(); ++i)
     if (!saved[i].empty()) std::memcpy(bucket_slot(i), saved[i].data(), saved[i].size());
   return true;
 }
@@ -230,7 +271,7 @@ void Reducer::prepare_for_backward(const std::vector<std::size_t>& unused) {
   }
   for (std::size_t i : declared) {
     if (i >= params_.size() || s.ready[i]) continue;
-    std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
+    zero_slot(i);
     s.ready[i] = true;
     --s.pending[s.where[i].first];
   }
@@ -260,7 +301,7 @@ void Reducer::mark_ready(std::size_t i) {
   void* grad = gradients_.gradient(i);
   if (grad != slot && !solo()) {
     std::memcpy(slot, grad, bytes);
-    if (options_.gradient_as_bucket_view) gradients_.use_as_gradient(i, slot);
+    if (options_.gradient_as_bucket_view) gradients_.use_as_gradient(i, slot, owner(s.input_set, i));
   }
   s.ready[i] = true;
   s.produced[i] = true;
@@ -284,7 +325,7 @@ void Reducer::launch(std::size_t b) {
       for (std::size_t i : s.missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", params_[i].name);
       pg_->store()->set(fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, pg_->rank()), names);
     }
-    std::byte* trailer = s.storage[b].get() + count * dtype_size(bucket.dtype);
+    std::byte* trailer = s.storage[s.input_set][b].get() + count * dtype_size(bucket.dtype);
     write_flag(trailer, bucket.dtype, s.missing.empty() ? 0.0 : 1.0);
     if (options_.find_unused_parameters)
       for (std::size_t i = 0; i < params_.size(); ++i)
@@ -298,7 +339,14 @@ void Reducer::launch(std::size_t b) {
     timing.started_us = timing.finished_us = timing.launched_us;
     return;
   }
-  s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{s.storage[b].get(), count, bucket.dtype}, last});
+  std::byte* input = s.storage[s.input_set][b].get();
+  std::byte* output = s.storage[output_set()][b].get();
+  if (input != output && !options_.comm_hook->out_of_place()) {
+    std::memcpy(output, input, count * dtype_size(bucket.dtype));
+    input = output;
+  }
+  s.works[b] = options_.comm_hook->run(
+      *pg_, GradBucket{b, Buffer{output, count, bucket.dtype}, last, ConstBuffer{input, count, bucket.dtype}});
   if (s.works[b]->done()) {
     // It ran to completion on this thread (a small operation on an idle
     // group): timed here, precisely. Inside backward (finalize has not
@@ -326,7 +374,7 @@ void Reducer::force_missing() {
       if (grad != bucket_slot(i) && !solo()) std::memcpy(bucket_slot(i), grad, bytes);
       s.produced[i] = true;
     } else {
-      if (!solo()) std::memset(bucket_slot(i), 0, params_[i].count * dtype_size(params_[i].dtype));
+      if (!solo()) zero_slot(i);
       const bool expected = options_.find_unused_parameters || (options_.static_graph && !s.static_learned);
       if (!expected) s.missing.push_back(i);
     }
@@ -355,15 +403,17 @@ void Reducer::finalize() {
     s.timings[b].started_us = s.works[b]->started_us();
     s.timings[b].finished_us = s.works[b]->finished_us();
   }
-  const std::byte* trailer =
-      buckets_.empty() ? nullptr : s.storage.back().get() + buckets_.back().count * dtype_size(buckets_.back().dtype);
-  if (!options_.gradient_as_bucket_view && !solo()) {
+  const int out = output_set();
+  const std::byte* trailer = buckets_.empty() ? nullptr
+                                              : s.storage[out].back().get() +
+                                                    buckets_.back().count * dtype_size(buckets_.back().dtype);
+  if (double_buffered()) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const bool used_somewhere = !options_.find_unused_parameters ||
                                   read_flag(trailer + (1 + i) * dtype_size(buckets_.back().dtype), buckets_.back().dtype) != 0;
-      if (used_somewhere)
-        std::memcpy(gradients_.gradient(i), bucket_slot(i), params_[i].count * dtype_size(params_[i].dtype));
+      if (used_somewhere) gradients_.use_as_gradient(i, slot_in(out, i), owner(out, i));
     }
+    s.input_set = out;
   }
   if (!buckets_.empty()) {
     const Bucket& last = buckets_.back();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/half.h"
@@ -24,12 +25,22 @@ class VectorGradients final : public GradientSource {
     for (std::size_t i = 0; i < params.size(); ++i) storage_[i].assign(params[i].count, 0.0f);
   }
   void* gradient(std::size_t i) override { return views_[i] ? views_[i] : storage_[i].data(); }
-  void use_as_gradient(std::size_t i, void* slot) override { views_[i] = static_cast<float*>(slot); }
+  void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) override {
+    views_[i] = static_cast<float*>(slot);
+    owners_[i] = std::move(owner);
+  }
+  void move_out_of(std::size_t i, const void* slot) override {
+    if (views_[i] != slot) return;
+    std::copy(views_[i], views_[i] + storage_[i].size(), storage_[i].begin());
+    views_[i] = nullptr;
+    owners_[i].reset();
+  }
   float* grad(std::size_t i) { return static_cast<float*>(gradient(i)); }
 
  private:
   std::vector<std::vector<float>> storage_;
   std::vector<float*> views_;
+  std::vector<std::shared_ptr<void>> owners_ = std::vector<std::shared_ptr<void>>(storage_.size());
 };
 
 std::vector<ParamSpec> model() {
@@ -194,6 +205,51 @@ TEST_P(ReducerTest, GradientsAsBucketViewsNeedNoCopies) {
     fill(grads, params, rank);
     backward(reducer, reverse_order(params.size()));
     EXPECT_EQ(grads.grad(1)[3], average(2, 1, 3));
+  });
+}
+
+TEST_P(ReducerTest, WithoutViewsNoCollectiveWritesGradientsAndNoneAreCopiedAfterTheFirstStep) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    for (int step = 0; step < 4; ++step) {
+      fill(grads, params, rank);
+      reducer.prepare_for_backward();
+      for (std::size_t i : reverse_order(params.size())) reducer.mark_ready(i);
+      // Every bucket is launched; give the collectives time to finish.
+      // They must not have touched the gradients.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (std::size_t i = 0; i < params.size(); ++i) ASSERT_EQ(grads.grad(i)[1], grad_value(rank, i, 1)) << i;
+      reducer.finalize();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        ASSERT_EQ(grads.grad(i)[1], average(2, i, 1)) << i;
+        // The average is where the next backward reads from: no copy in.
+        ASSERT_EQ(grads.gradient(i), reducer.bucket_slot(i)) << i;
+      }
+    }
+  });
+}
+
+TEST_P(ReducerTest, AGradientUnusedOnEveryRankKeepsItsValues) {
+  ThreadWorld world(2, GetParam());
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto params = model();
+    VectorGradients grads(params);
+    ReducerOptions options = small_buckets();
+    options.find_unused_parameters = true;
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    fill(grads, params, rank);
+    backward(reducer, reverse_order(params.size()));  // parameter 1 now lives in a bucket
+    std::vector<std::size_t> order = reverse_order(params.size());
+    order.erase(std::find(order.begin(), order.end(), 1u));
+    fill(grads, params, rank);
+    std::fill(grads.grad(1), grads.grad(1) + params[1].count, 7.0f);
+    backward(reducer, order, {1});
+    EXPECT_EQ(grads.grad(1)[0], 7.0f);
+    EXPECT_EQ(grads.grad(1)[params[1].count - 1], 7.0f);
+    EXPECT_EQ(grads.grad(0)[2], average(2, 0, 2));
   });
 }
 

@@ -248,6 +248,51 @@ TEST(DistributedDataParallel, TcpBackendGivesTheSameParametersAsShm) {
   for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(::torch::allclose(results[0][i], results[1][i], 1e-6, 1e-7));
 }
 
+TEST(DistributedDataParallel, GradientsOutliveTheWrapperAndTheGroup) {
+  // After a step the gradients live in the reducer's shared-memory buckets,
+  // with or without bucket views: they must stay valid once the wrapper and
+  // the group are gone. Without views the gradient tensors are the same
+  // objects from one step to the next.
+  for (bool view : {false, true}) {
+    std::vector<std::shared_ptr<NetImpl>> models;
+    for (int r = 0; r < 2; ++r) {
+      ::torch::manual_seed(5);
+      models.push_back(std::make_shared<NetImpl>());
+    }
+    const auto data = batch();
+    std::vector<std::vector<::torch::Tensor>> seen(2);
+    {
+      ThreadWorld world(2, "shm");
+      world.run([&](int rank, ProcessGroup& pg) {
+        DDPOptions options;
+        options.gradient_as_bucket_view = view;
+        auto model = models[static_cast<std::size_t>(rank)];
+        DistributedDataParallel<NetImpl> ddp(model, borrow(pg), options);
+        const auto& [x, y] = data;
+        std::vector<::torch::Tensor> tensors;
+        for (int s = 0; s < 3; ++s) {
+          for (auto& p : model->parameters())
+            if (p.grad().defined()) p.mutable_grad().zero_();
+          ::torch::mse_loss(ddp.forward(x.chunk(2)[rank]), y.chunk(2)[rank]).backward();
+          if (s == 1)
+            for (auto& p : model->parameters()) tensors.push_back(p.grad());
+        }
+        std::size_t k = 0;
+        for (auto& p : model->parameters()) {
+          if (!view) EXPECT_TRUE(p.grad().is_same(tensors[k++]));
+          seen[static_cast<std::size_t>(rank)].push_back(p.grad().clone());
+        }
+      });
+    }
+    for (std::size_t r = 0; r < 2; ++r) {
+      std::size_t i = 0;
+      for (auto& p : models[r]->parameters()) EXPECT_TRUE(::torch::equal(p.grad(), seen[r][i++])) << view;
+      for (auto& p : models[r]->parameters()) p.mutable_grad().add_(1.0f);  // still writable
+    }
+    EXPECT_TRUE(::torch::equal(seen[0][0], seen[1][0]));  // and the average of both ranks
+  }
+}
+
 TEST(DistributedDataParallel, TrainsAcrossRealProcessesLikeOneProcess) {
   // Each rank trains in its own process over shm, then checks its result
   // against a one-process run on the whole batch done by itself.
