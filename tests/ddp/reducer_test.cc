@@ -54,6 +54,15 @@ ReducerOptions small_buckets() {
   return o;
 }
 
+ReducerOptions small_buckets_allowing_unused() {
+  ReducerOptions o = small_buckets();
+  o.find_unused_parameters = true;
+  return o;
+}
+
+// The thread world owns the group; the reducer only uses it.
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
 // Rank r's gradient for parameter i, element k: the average over n ranks is
 // exact in float, so results can be compared exactly.
 float grad_value(int r, std::size_t i, std::size_t k) { return static_cast<float>((r + 1) * 4 + static_cast<int>((i + k) % 5)); }
@@ -83,7 +92,7 @@ TEST_P(ReducerTest, AveragesEveryGradientWhateverOrderRanksFinishIn) {
     world.run([&](int rank, ProcessGroup& pg) {
       const auto params = model();
       VectorGradients grads(params);
-      Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+      Reducer reducer(borrow(pg), params, grads, small_buckets());
       ASSERT_GT(reducer.buckets().size(), 1u);
       for (int step = 0; step < 3; ++step) {
         fill(grads, params, rank);
@@ -109,7 +118,7 @@ TEST_P(ReducerTest, MissingGradientIsReportedAtTheNextForwardOnEveryRankNamingIt
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    Reducer reducer(borrow(pg), params, grads, small_buckets());
     fill(grads, params, rank);
     std::vector<std::size_t> order = reverse_order(params.size());
     if (rank == 1) order.erase(std::find(order.begin(), order.end(), 3u));  // layer1.bias gets no gradient on rank 1
@@ -133,9 +142,7 @@ TEST_P(ReducerTest, UnusedParametersContributeZerosWhenAllowed) {
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    ReducerOptions options = small_buckets();
-    options.find_unused_parameters = true;
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    Reducer reducer(borrow(pg), params, grads, small_buckets_allowing_unused());
     fill(grads, params, rank);
     std::vector<std::size_t> order = reverse_order(params.size());
     std::vector<std::size_t> unused;
@@ -157,7 +164,7 @@ TEST_P(ReducerTest, NoSyncAccumulatesUntilTheNextSynchronisedBackward) {
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    Reducer reducer(borrow(pg), params, grads, small_buckets());
     fill(grads, params, rank);  // as if three micro-batches accumulated locally
     reducer.set_sync(false);
     backward(reducer, reverse_order(params.size()));
@@ -176,7 +183,7 @@ TEST_P(ReducerTest, BucketsAreRebuiltInRankZerosObservedOrderOnEveryRank) {
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    Reducer reducer(borrow(pg), params, grads, small_buckets());
     EXPECT_FALSE(reducer.maybe_rebuild_buckets());  // nothing observed yet
     fill(grads, params, rank);
     // Rank 0 sees the model order, rank 1 another one; rank 0's wins.
@@ -200,7 +207,7 @@ TEST_P(ReducerTest, GradientsAsBucketViewsNeedNoCopies) {
     VectorGradients grads(params);
     ReducerOptions options = small_buckets();
     options.gradient_as_bucket_view = true;
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    Reducer reducer(borrow(pg), params, grads, options);
     for (std::size_t i = 0; i < params.size(); ++i) EXPECT_EQ(grads.gradient(i), reducer.bucket_slot(i));
     fill(grads, params, rank);
     backward(reducer, reverse_order(params.size()));
@@ -213,7 +220,7 @@ TEST_P(ReducerTest, WithoutViewsNoCollectiveWritesGradientsAndNoneAreCopiedAfter
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    Reducer reducer(borrow(pg), params, grads, small_buckets());
     for (int step = 0; step < 4; ++step) {
       fill(grads, params, rank);
       reducer.prepare_for_backward();
@@ -237,9 +244,7 @@ TEST_P(ReducerTest, AGradientUnusedOnEveryRankKeepsItsValues) {
   world.run([&](int rank, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    ReducerOptions options = small_buckets();
-    options.find_unused_parameters = true;
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    Reducer reducer(borrow(pg), params, grads, small_buckets_allowing_unused());
     fill(grads, params, rank);
     backward(reducer, reverse_order(params.size()));  // parameter 1 now lives in a bucket
     std::vector<std::size_t> order = reverse_order(params.size());
@@ -261,7 +266,7 @@ TEST_P(ReducerTest, CompressionHooksAverageWithinHalfPrecision) {
       VectorGradients grads(params);
       ReducerOptions options = small_buckets();
       options.comm_hook = bf16 ? bf16_compress_hook() : fp16_compress_hook();
-      Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+      Reducer reducer(borrow(pg), params, grads, options);
       fill(grads, params, rank);
       backward(reducer, reverse_order(params.size()));
       const float tolerance = bf16 ? 1.0f / 64 : 1.0f / 512;  // relative, a little over half an ulp
@@ -279,7 +284,7 @@ TEST_P(ReducerTest, StaticGraphAcceptsGradientsThatArriveSeveralTimes) {
     VectorGradients grads(params);
     ReducerOptions options = small_buckets();
     options.static_graph = true;
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, options);
+    Reducer reducer(borrow(pg), params, grads, options);
     // Parameter 2 is used twice per backward (its hook fires twice), as with
     // re-entrant checkpointing; parameter 3 is never used.
     const std::vector<std::size_t> order{4, 2, 1, 2, 0};
@@ -298,7 +303,7 @@ TEST_P(ReducerTest, AGradientArrivingTwiceWithoutStaticGraphIsAnError) {
   world.run([&](int, ProcessGroup& pg) {
     const auto params = model();
     VectorGradients grads(params);
-    Reducer reducer(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), params, grads, small_buckets());
+    Reducer reducer(borrow(pg), params, grads, small_buckets());
     reducer.prepare_for_backward();
     reducer.mark_ready(2);
     try {
