@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/env.h"
+#include "common/env_vars.h"
 #include "lockstep/error.h"
 
 namespace lockstep::shm {
@@ -55,13 +56,22 @@ Region Region::create(const std::string& name, std::size_t bytes) {
     throw Error(fmt::format("shm: cannot size {} to {} bytes ({}); /dev/shm may be too small", name, bytes,
                             std::strerror(err)));
   }
+  // Reserve the pages now: on a full tmpfs the first write to an unreserved
+  // page kills the process with SIGBUS, with no word of why (the "bus error"
+  // of containers with a 64 MiB /dev/shm).
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    ::close(fd);
+    throw ConfigError(fmt::format(
+        "shm: /dev/shm has no room for {} more MiB ({}: {}). It is full or too small: free space there, give the "
+        "container more (e.g. docker run --shm-size=2g), or choose another backend with {}=tcp",
+        (bytes + (1 << 20) - 1) >> 20, name, std::strerror(err), env::kBackend));
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(errno)));
   r.data_ = static_cast<std::byte*>(p);
   r.bytes_ = bytes;
-  // First touch by the owner: the pages are allocated near this core, and a
-  // full /dev/shm fails here with SIGBUS-free clarity instead of later.
+  // First touch by the owner: the pages are allocated near this core.
   std::memset(r.data_, 0, bytes);
   return r;
 }
