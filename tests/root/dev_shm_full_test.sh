@@ -15,15 +15,19 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || skip "needs root to mount a tmpfs in a private mount namespace (CI runs as root)"
 command -v unshare > /dev/null || skip "needs unshare (util-linux)"
-unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm' 2> /dev/null ||
-  skip "cannot mount a tmpfs on /dev/shm in a private mount namespace here"
+# In the new mount namespace /dev/shm itself is made private before the
+# tmpfs goes over it, so nothing propagates back to the machine's /dev/shm.
+# (Not "--propagation private": that remounts /, which is not a mount point
+# inside a chroot.)
+private_dev_shm='mount --make-rprivate /dev/shm && mount -t tmpfs -o size="$0" tmpfs /dev/shm'
+unshare --mount --propagation unchanged sh -c "$private_dev_shm" 1m 2> /dev/null ||
+  skip "cannot mount a tmpfs over /dev/shm in a private mount namespace here"
 
 # with_dev_shm SIZE COMMAND...: runs COMMAND with a fresh /dev/shm of SIZE.
 with_dev_shm() {
   local size=$1
   shift
-  timeout -k 5 60 unshare --mount --propagation private \
-    sh -c 'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"' "$size" "$@"
+  timeout -k 5 60 unshare --mount --propagation unchanged sh -c "$private_dev_shm"' && exec "$@"' "$size" "$@"
 }
 
 bench=("$cli" bench --np 2 --backend shm --shared-buffers -b 64M -e 64M -n 2 -w 1)
