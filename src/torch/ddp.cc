@@ -44,33 +44,27 @@ class TorchGradients final : public GradientSource {
 
   void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) override {
     ::torch::Tensor& p = params_[i];
-    auto memory = ::torch::from_blob(slot, p.sizes(), [owner = std::move(owner)](void*) {},
-                                     p.options().requires_grad(false));
-    ::torch::Tensor& grad = p.mutable_grad();
-    // Keep the gradient tensor itself (code holding it sees the new values)
-    // unless it may not change storage: autograd creates first gradients
-    // with detach(), which forbids that; ours are replaced once.
+    point_at(p.mutable_grad(), ::torch::from_blob(slot, p.sizes(), [owner = std::move(owner)](void*) {},
+                                                  p.options().requires_grad(false)));
+  }
+
+  void move_out_of(std::size_t i, const void* slot) override {
+    ::torch::Tensor& grad = params_[i].mutable_grad();
+    if (grad.defined() && grad.data_ptr() == slot) point_at(grad, grad.clone(::torch::MemoryFormat::Contiguous));
+  }
+
+ private:
+  // Makes `grad` hold `memory`. Keeps the gradient tensor itself (code
+  // holding it sees the new values) unless it may not change storage:
+  // autograd creates first gradients with detach(), which forbids that;
+  // ours are replaced once.
+  static void point_at(::torch::Tensor& grad, const ::torch::Tensor& memory) {
     if (grad.defined() && grad.unsafeGetTensorImpl()->allow_tensor_metadata_change()) {
       ::torch::NoGradGuard no_grad;
       grad.set_(memory);
     } else {
       grad = memory;
     }
-  }
-
-  void move_out_of(std::size_t i, const void* slot) override {
-    ::torch::Tensor& grad = params_[i].mutable_grad();
-    if (grad.defined() && grad.data_ptr() == slot) use_as_private(grad);
-  }
-
- private:
-  static void use_as_private(::torch::Tensor& grad) {
-    ::torch::NoGradGuard no_grad;
-    auto copy = grad.clone(::torch::MemoryFormat::Contiguous);
-    if (grad.unsafeGetTensorImpl()->allow_tensor_metadata_change())
-      grad.set_(copy);
-    else
-      grad = copy;
   }
 
   std::vector<::torch::Tensor> params_;

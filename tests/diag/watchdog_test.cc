@@ -60,51 +60,50 @@ Run run_scenario(const std::string& mode, testing::EnvMap env, const TempDir& di
   return run;
 }
 
+// The job failed within `seconds` and left no rank behind.
+void expect_failed_fast(const Run& run, double seconds) {
+  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  EXPECT_LT(run.seconds, seconds) << "must not wait for the timeout";
+  expect_gone(run.pids);
+}
+
 class Watchdog : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Watchdog, NamesTheRankThatSkippedACollective) {
   TempDir dir;
   const auto run = run_scenario("skip", {{"LOCKSTEP_TIMEOUT", "3"}}, dir, GetParam());
-  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  expect_failed_fast(run, 20.0);
   EXPECT_TRUE(contains(run.result.output, "rank(s) 1 never reached #1")) << run.result.output;
   EXPECT_TRUE(contains(run.result.output, "failed first")) << run.result.output;
-  EXPECT_LT(run.seconds, 20.0);
-  expect_gone(run.pids);
 }
 
 TEST_P(Watchdog, NamesARankStuckInASleep) {
   TempDir dir;
   const auto run = run_scenario("stuck", {{"LOCKSTEP_TIMEOUT", "3"}}, dir, GetParam());
-  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  expect_failed_fast(run, 20.0);
   EXPECT_TRUE(contains(run.result.output, "rank(s) 1 never reached #0")) << run.result.output;
   EXPECT_TRUE(contains(run.result.output, "rank 1 (pid")) << run.result.output;
   EXPECT_TRUE(contains(run.result.output, "flight recorder:")) << run.result.output;
-  EXPECT_LT(run.seconds, 20.0);
-  expect_gone(run.pids);
 }
 
 TEST_P(Watchdog, DetailModeNamesAMismatchedCollectiveWithinSeconds) {
   TempDir dir;
   const auto run = run_scenario("mismatch", {{"LOCKSTEP_TIMEOUT", "60"}, {"LOCKSTEP_DEBUG", "DETAIL"}}, dir, GetParam());
-  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  expect_failed_fast(run, 10.0);  // well before the 60 s timeout
   EXPECT_TRUE(contains(run.result.output, "rank 1 issued broadcast #0 (float x 10, root 0) while ranks 0, 2 issued "
                                           "allreduce #0 (float x 1000, sum)"))
       << run.result.output;
-  EXPECT_LT(run.seconds, 10.0) << "must not wait for the timeout";
-  expect_gone(run.pids);
 }
 
 TEST_P(Watchdog, DetailModeNamesTheRankThatSkippedACollectiveWithinSeconds) {
   TempDir dir;
   const auto run =
       run_scenario("skip-broadcast", {{"LOCKSTEP_TIMEOUT", "60"}, {"LOCKSTEP_DEBUG", "DETAIL"}}, dir, GetParam());
-  EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
+  expect_failed_fast(run, 10.0);  // well before the 60 s timeout
   EXPECT_TRUE(contains(run.result.output, "rank 1 issued allreduce #0 (float x 1000, sum) while ranks 0, 2 issued "
                                           "broadcast #0 (float x 10, root 0)"))
       << run.result.output;
   EXPECT_TRUE(contains(run.result.output, "LOCKSTEP_DEBUG=DETAIL found that the ranks disagree")) << run.result.output;
-  EXPECT_LT(run.seconds, 10.0) << "must not wait for the timeout";
-  expect_gone(run.pids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Watchdog, ::testing::Values("shm", "tcp"),
