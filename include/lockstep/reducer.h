@@ -69,6 +69,10 @@ class GradientSource {
   virtual ~GradientSource() = default;
   // Parameter i's gradient, created (zeroed) if it has none.
   virtual void* gradient(std::size_t i) = 0;
+  // Whether parameter i has a gradient now. Frameworks drop them between
+  // steps (PyTorch's zero_grad(set_to_none=true), libtorch 2.x's default):
+  // the reducer must then not give one back with stale values.
+  virtual bool has_gradient(std::size_t i) const = 0;
   // Points parameter i's gradient at `slot` (its values become the slot's),
   // keeping `owner` alive as long as the gradient uses that memory. The
   // framework's gradient object should stay the same where it can.

@@ -162,8 +162,11 @@ void Reducer::allocate_buckets() {
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t k = 0; k < buckets_[b].params.size(); ++k) s.where[buckets_[b].params[k]] = {b, buckets_[b].offsets[k]};
+  // Existing gradients become views (as PyTorch's reducer does); a missing
+  // one stays missing until backward produces it (mark_ready).
   if (options_.gradient_as_bucket_view)
-    for (std::size_t i = 0; i < params_.size(); ++i) gradients_.use_as_gradient(i, bucket_slot(i), owner(0, i));
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (gradients_.has_gradient(i)) gradients_.use_as_gradient(i, bucket_slot(i), owner(0, i));
 }
 
 bool Reducer::double_buffered() const { return !options_.gradient_as_bucket_view && !solo(); }
@@ -223,11 +226,14 @@ bool Reducer::maybe_rebuild_buckets() {
   if (same) return false;
   // Views live in the old buckets and may hold values: carry them over.
   // Otherwise gradients that point into the old buckets keep them alive
-  // until they are copied into the new ones at the next backward.
+  // until they are copied into the new ones at the next backward. A
+  // gradient the framework dropped stays dropped (not revived with the old
+  // values, which backward would then accumulate onto).
   std::vector<std::vector<std::byte>> saved(options_.gradient_as_bucket_view ? params_.size() : 0);
   for (std::size_t i = 0; i < saved.size(); ++i) {
-    const auto* slot = static_cast<const std::byte*>(bucket_slot(i));
-    saved[i].assign(slot, slot + params_[i].count * dtype_size(params_[i].dtype));
+    if (!gradients_.has_gradient(i)) continue;
+    const auto* grad = static_cast<const std::byte*>(gradients_.gradient(i));
+    saved[i].assign(grad, grad + params_[i].count * dtype_size(params_[i].dtype));
   }
   buckets_ = std::move(plan);
   allocate_buckets();

@@ -42,6 +42,8 @@ class TorchGradients final : public GradientSource {
     return grad.data_ptr();
   }
 
+  bool has_gradient(std::size_t i) const override { return params_[i].grad().defined(); }
+
   void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) override {
     ::torch::Tensor& p = params_[i];
     point_at(p.mutable_grad(), ::torch::from_blob(slot, p.sizes(), [owner = std::move(owner)](void*) {},

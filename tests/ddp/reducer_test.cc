@@ -24,7 +24,19 @@ class VectorGradients final : public GradientSource {
   explicit VectorGradients(const std::vector<ParamSpec>& params) : storage_(params.size()), views_(params.size(), nullptr) {
     for (std::size_t i = 0; i < params.size(); ++i) storage_[i].assign(params[i].count, 0.0f);
   }
-  void* gradient(std::size_t i) override { return views_[i] ? views_[i] : storage_[i].data(); }
+  void* gradient(std::size_t i) override {
+    dropped_[i] = false;
+    return views_[i] ? views_[i] : storage_[i].data();
+  }
+  bool has_gradient(std::size_t i) const override { return !dropped_[i]; }
+  // As PyTorch's zero_grad(set_to_none=true): the next gradient starts from
+  // zero in memory of its own.
+  void drop(std::size_t i) {
+    views_[i] = nullptr;
+    owners_[i].reset();
+    std::fill(storage_[i].begin(), storage_[i].end(), 0.0f);
+    dropped_[i] = true;
+  }
   void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) override {
     views_[i] = static_cast<float*>(slot);
     owners_[i] = std::move(owner);
@@ -41,6 +53,7 @@ class VectorGradients final : public GradientSource {
   std::vector<std::vector<float>> storage_;
   std::vector<float*> views_;
   std::vector<std::shared_ptr<void>> owners_ = std::vector<std::shared_ptr<void>>(storage_.size());
+  std::vector<bool> dropped_ = std::vector<bool>(storage_.size(), false);
 };
 
 std::vector<ParamSpec> model() {

@@ -67,6 +67,9 @@ struct Case {
   int micro_batches = 1;                       // > 1: no_sync for all but the last
   std::function<bool(int step, int rank)> side;  // whether the side branch is used
   double rtol = 1e-5;
+  // Gradients dropped between steps (zero_grad(set_to_none=true), the
+  // default of libtorch 2.x's optimizers) instead of zeroed in place.
+  bool set_to_none = false;
 };
 
 // The global batch of step s: inputs and targets, the same on every rank.
@@ -100,7 +103,7 @@ std::vector<::torch::Tensor> reference(bool conv, int shards, const Case& c) {
   const int pieces = shards * c.micro_batches;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(conv, step);
-    opt.zero_grad();
+    model->zero_grad(c.set_to_none);
     for (int k = 0; k < pieces; ++k) {
       const int shard = k / c.micro_batches;
       auto xs = x.chunk(pieces)[k], ys = y.chunk(pieces)[k];
@@ -129,7 +132,7 @@ std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case
       auto [x, y] = batches[static_cast<std::size_t>(step)];
       auto xs = x.chunk(n)[rank], ys = y.chunk(n)[rank];
       const bool side = c.side && c.side(step, rank);
-      opt.zero_grad();
+      model->zero_grad(c.set_to_none);
       for (int m = 0; m < c.micro_batches; ++m) {
         auto xm = xs.chunk(c.micro_batches)[m], ym = ys.chunk(c.micro_batches)[m];
         if (m + 1 < c.micro_batches) {
@@ -171,6 +174,17 @@ std::vector<Case> cases() {
       {"one_giant_bucket", with([](DDPOptions& o) { o.bucket_cap_mb = o.first_bucket_mb = 1000; })},
       {"small_buckets_rebuilt", with([](DDPOptions& o) { o.bucket_cap_mb = o.first_bucket_mb = 0.002; })},
       {"gradient_as_bucket_view", with([](DDPOptions& o) { o.gradient_as_bucket_view = true; })},
+      {"gradient_as_bucket_view_set_to_none", with([](DDPOptions& o) { o.gradient_as_bucket_view = true; }), 1,
+       nullptr, 1e-5, true},
+      {"bucket_view_rebuilt_set_to_none", with([](DDPOptions& o) {
+         o.gradient_as_bucket_view = true;
+         o.bucket_cap_mb = o.first_bucket_mb = 0.002;
+       }), 1, nullptr, 1e-5, true},
+      {"default_set_to_none", {}, 1, nullptr, 1e-5, true},
+      {"unused_branch_some_steps_set_to_none", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
+       [](int step, int) { return step % 2 == 1; }, 1e-5, true},
+      {"unused_branch_some_ranks_set_to_none", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
+       [](int step, int rank) { return (step + rank) % 2 == 0; }, 1e-5, true},
       {"no_sync_4_micro_batches", {}, 4},
       {"static_graph", with([](DDPOptions& o) { o.static_graph = true; })},
       {"unused_branch_some_steps", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
