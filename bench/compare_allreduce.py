@@ -13,9 +13,10 @@ Contenders (skipped with a note when unavailable):
   lockstep tcp            ... --backend tcp
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
-  Gloo                    /usr/bin/python3 bench/gloo_allreduce.py
+  Gloo                    PYTHON bench/gloo_allreduce.py (PyTorch's torch.distributed)
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
+           [--sizes 4,4K,1M,16M,64M] [--python /usr/bin/python3]
 """
 import argparse
 import os
@@ -24,18 +25,28 @@ import statistics
 import subprocess
 import sys
 
-SIZES = ["4", "4K", "1M", "16M", "64M"]
-SMALL = {"4", "4K"}  # reported as latency (us); the rest as busbw (GB/s)
-# Iterations per size: enough for a stable mean of sub-microsecond
-# operations, few enough for 64 MiB. Gloo's small messages take
-# milliseconds, so it gets fewer.
-ITERS = {"4": 20000, "4K": 5000, "1M": 200, "16M": 30, "64M": 15}
-GLOO_ITERS = {"4": 500, "4K": 300, "1M": 100, "16M": 30, "64M": 15}
+SIZES = "4,4K,1M,16M,64M"
+SMALL_BYTES = 4096  # sizes up to this are reported as latency (us); the rest as busbw (GB/s)
+
+
+def iterations(size, gloo):
+    """Enough for a stable mean of sub-microsecond operations, few enough for
+    the largest sizes. Gloo's small messages take milliseconds: it gets fewer."""
+    n = size_bytes(size)
+    if n <= 64:
+        return 500 if gloo else 20000
+    if n <= 4096:
+        return 300 if gloo else 5000
+    return max(5, min(200 if gloo else 1000, (256 << 20) // n // 2 * 2 or 5))
 
 
 def size_bytes(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def small(size):
+    return size_bytes(size) <= SMALL_BYTES
 
 
 def parse_table(output):
@@ -74,11 +85,11 @@ def contenders(args):
     else:
         print(f"# note: {mpi_bench} or mpirun missing; Open MPI not measured", file=sys.stderr)
     gloo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_allreduce.py")
-    python = "/usr/bin/python3"
+    python = args.python
     if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True).returncode == 0:
         out.append(("Gloo", [python, gloo, "-np", str(args.np), "-w", str(args.warmup)], {}))
     else:
-        print("# note: /usr/bin/python3 cannot import torch.distributed; Gloo not measured", file=sys.stderr)
+        print(f"# note: {python} cannot import torch.distributed; Gloo not measured", file=sys.stderr)
     return out
 
 
@@ -89,19 +100,27 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", help="also write the markdown table here")
+    parser.add_argument("--sizes", default=SIZES, help="comma-separated sizes in bytes (K/M/G suffixes)")
+    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
+    parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
+                        "'lockstep tcp;Open MPI, malloc tuned'")
     args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
 
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     results = {}  # name -> size -> list of (time, busbw)
     names = []
     for run in range(args.runs):
         for name, cmd, extra in contenders(args):
+            if name in skipped:
+                continue
             if name not in names:
                 names.append(name)
-            for size in SIZES:
+            for size in sizes:
                 # One size per invocation keeps every contender's buffers
                 # fresh and its warm-up identical.
-                iters = (GLOO_ITERS if name == "Gloo" else ITERS)[size]
+                iters = iterations(size, name == "Gloo")
                 full = cmd + ["-b", size, "-e", size, "-n", str(iters)]
                 proc = subprocess.run(full, capture_output=True, text=True, env=dict(env, **extra), timeout=600)
                 rows = parse_table(proc.stdout)
@@ -119,7 +138,7 @@ def main():
         samples = results.get(name, {}).get(size)
         if not samples:
             return None
-        return statistics.median(s[0] if size in SMALL else s[1] for s in samples)
+        return statistics.median(s[0] if small(size) else s[1] for s in samples)
 
     cores = len(os.sched_getaffinity(0))
     placement = (f"{args.np} ranks pinned one per core" if args.np <= cores
@@ -127,16 +146,16 @@ def main():
     lines = [f"Median of {args.runs} interleaved runs, {placement}, float32 sum, in place; "
              "time in µs for 4 B and 4 KiB (lower is better), busbw in GB/s otherwise (higher is better).", "",
              "| size | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for size in SIZES:
+    for size in sizes:
         cells = []
         for name in names:
             v = median(name, size)
-            cells.append("n/a" if v is None else (f"{v:.2f} µs" if size in SMALL else f"{v:.2f} GB/s"))
+            cells.append("n/a" if v is None else (f"{v:.2f} µs" if small(size) else f"{v:.2f} GB/s"))
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
     lines += ["", "lockstep shm relative to each peer (>1 means lockstep is better):", "",
               "| size | " + " | ".join(n for n in names if not n.startswith("lockstep")) + " |",
               "|---|" + "---|" * len([n for n in names if not n.startswith("lockstep")])]
-    for size in SIZES:
+    for size in sizes:
         ours = median("lockstep shm", size)
         ours_shared = median("lockstep shm, shared buffers", size)
         cells = []
@@ -146,7 +165,9 @@ def main():
             peer = median(name, size)
             if ours is None or peer is None:
                 cells.append("n/a")
-            elif size in SMALL:
+            elif not peer:
+                cells.append("peer below 0.01")
+            elif small(size):
                 cells.append(f"{peer / ours:.2f}×")
             else:
                 cells.append(f"{ours / peer:.2f}× (shared: {ours_shared / peer:.2f}×)" if ours_shared else f"{ours / peer:.2f}×")

@@ -4,13 +4,15 @@
 For each model (the 25M-parameter MLP and the Fashion-MNIST convnet) runs,
 interleaved and repeated, on the same machine:
   - one process without communication (PyTorch, and lockstep's world of one),
-  - 2 ranks synchronised and 2 ranks under no_sync, for lockstep (default
-    and gradient_as_bucket_view) and for PyTorch DDP,
+  - N ranks (--ranks, default 2) synchronised and under no_sync, for
+    lockstep and for PyTorch DDP (and both with gradient_as_bucket_view when
+    --bucket-view is given),
 and reports median step times, weak-scaling efficiency (1-process step /
-2-rank step), the exposed communication (step - no_sync step), and the
+N-rank step), the exposed communication (step - no_sync step), and the
 ratio lockstep / PyTorch, as markdown for docs/performance.md.
 
 Usage: bench/compare_ddp.py [--runs 3] [--steps 20] [--build build] [--out FILE]
+           [--ranks 2] [--bucket-view] [--python /usr/bin/python3]
 """
 import argparse
 import os
@@ -33,53 +35,72 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--models", default="mlp,convnet")
+    parser.add_argument("--ranks", default="2", help="comma-separated world sizes, e.g. 1,2,4,8,16")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="also measure both with gradient_as_bucket_view")
     parser.add_argument("--build", default="build")
+    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch")
     parser.add_argument("--out")
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     lockstep = os.path.join(args.build, "lockstep")
     example = os.path.join(args.build, "examples", "ddp_throughput")
-    torch_ddp = ["/usr/bin/python3", os.path.join(here, "pytorch_ddp.py")]
+    torch_ddp = [args.python, os.path.join(here, "pytorch_ddp.py")]
+    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True).stdout.strip()
     steps = ["--steps", str(args.steps)]
+    world_sizes = [int(n) for n in args.ranks.split(",")]
+    variants = [("", [])] + ([(", bucket view", ["--bucket-view"])] if args.bucket_view else [])
 
     def ours(np, *flags):
         return [lockstep, "run", "--nproc-per-node", str(np), "--", example] + list(flags) + steps
 
-    lines = []
+    lines = [f"PyTorch {torch_version}, {len(os.sched_getaffinity(0))} cores.", ""]
     for model in args.models.split(","):
+        # The single-process baselines, then for each world size and variant:
+        # synchronised and under no_sync, for both.
         configs = {
             "PyTorch, 1 process": torch_ddp + ["--model", model, "-np", "1"] + steps,
-            "PyTorch DDP, 2 ranks": torch_ddp + ["--model", model, "-np", "2"] + steps,
-            "PyTorch DDP, 2 ranks, no_sync": torch_ddp + ["--model", model, "-np", "2", "--no-sync"] + steps,
-            "PyTorch DDP, 2 ranks, bucket view": torch_ddp + ["--model", model, "-np", "2", "--bucket-view"] + steps,
             "lockstep, 1 process": ours(1, "--model", model),
-            "lockstep DDP, 2 ranks": ours(2, "--model", model),
-            "lockstep DDP, 2 ranks, no_sync": ours(2, "--model", model, "--no-sync"),
-            "lockstep DDP, 2 ranks, bucket view": ours(2, "--model", model, "--bucket-view"),
         }
+        for np in world_sizes:
+            if np == 1:
+                continue
+            for suffix, flags in variants:
+                for sync in ("", ", no_sync"):
+                    extra = flags + (["--no-sync"] if sync else [])
+                    configs[f"PyTorch DDP, {np} ranks{suffix}{sync}"] = (
+                        torch_ddp + ["--model", model, "-np", str(np)] + extra + steps)
+                    configs[f"lockstep DDP, {np} ranks{suffix}{sync}"] = ours(np, "--model", model, *extra)
         samples = {name: [] for name in configs}
         for run in range(args.runs):
             for name, cmd in configs.items():
                 samples[name].append(step_ms(cmd))
+                print(f"# {model}, {name}: {samples[name][-1]:.1f} ms", file=sys.stderr, flush=True)
             print(f"# {model}: run {run + 1}/{args.runs} done", file=sys.stderr)
         med = {name: statistics.median(v) for name, v in samples.items()}
         lines += [f"### {model}", "",
                   f"Median of {args.runs} interleaved runs of {args.steps} steps each (the step time of a run is the "
-                  "median step of its slowest rank); batch 64 per rank, SGD, one intra-op thread per rank, ranks "
-                  "pinned one per core.", "",
-                  "| configuration | step (ms) | weak-scaling efficiency | exposed communication (ms) |",
-                  "|---|---|---|---|"]
-        for name in configs:
-            base = med["PyTorch, 1 process"] if name.startswith("PyTorch") else med["lockstep, 1 process"]
-            eff = f"{base / med[name]:.2f}" if "2 ranks" in name else ""
-            nosync = (med["PyTorch DDP, 2 ranks, no_sync"] if name.startswith("PyTorch")
-                      else med["lockstep DDP, 2 ranks, no_sync"])
-            exposed = f"{med[name] - nosync:.1f}" if "2 ranks" in name and "no_sync" not in name else ""
-            lines.append(f"| {name} | {med[name]:.1f} | {eff} | {exposed} |")
-        lines += ["", f"lockstep DDP / PyTorch DDP step time, 2 ranks: "
-                      f"{med['lockstep DDP, 2 ranks'] / med['PyTorch DDP, 2 ranks']:.2f} (default), "
-                      f"{med['lockstep DDP, 2 ranks, bucket view'] / med['PyTorch DDP, 2 ranks, bucket view']:.2f} "
-                      "(both with gradient_as_bucket_view)", ""]
+                  "median step of its slowest rank); batch 64 per rank (weak scaling), SGD, one intra-op thread "
+                  "per rank, ranks pinned one per core. Efficiency = 1-process step / N-rank step; exposed "
+                  "communication = step - no_sync step.", "",
+                  "| ranks | variant | PyTorch DDP step (ms) | lockstep step (ms) | lockstep / PyTorch "
+                  "| PyTorch efficiency | lockstep efficiency | PyTorch exposed comm (ms) | lockstep exposed comm (ms) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(f"| 1 | no DDP | {med['PyTorch, 1 process']:.1f} | {med['lockstep, 1 process']:.1f} | "
+                     f"{med['lockstep, 1 process'] / med['PyTorch, 1 process']:.2f} | 1.00 | 1.00 | | |")
+        for np in world_sizes:
+            if np == 1:
+                continue
+            for suffix, _ in variants:
+                theirs, ours_ = med[f"PyTorch DDP, {np} ranks{suffix}"], med[f"lockstep DDP, {np} ranks{suffix}"]
+                theirs_ns = med[f"PyTorch DDP, {np} ranks{suffix}, no_sync"]
+                ours_ns = med[f"lockstep DDP, {np} ranks{suffix}, no_sync"]
+                lines.append(
+                    f"| {np} | {suffix.lstrip(', ') or 'default'} | {theirs:.1f} | {ours_:.1f} | {ours_ / theirs:.2f} | "
+                    f"{med['PyTorch, 1 process'] / theirs:.2f} | {med['lockstep, 1 process'] / ours_:.2f} | "
+                    f"{theirs - theirs_ns:.1f} | {ours_ - ours_ns:.1f} |")
+        lines.append("")
     text = "\n".join(lines)
     print(text)
     if args.out:

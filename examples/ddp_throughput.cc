@@ -15,8 +15,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -92,6 +95,22 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   return 0;
 }
 
+// One core per rank, as bench/pytorch_ddp.py does for PyTorch's ranks: the
+// local rank's core among those this process may use.
+void pin_to_own_core() {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  cpu_set_t allowed;
+  if (!local_rank || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  if (cores.empty()) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores[std::atoi(local_rank) % cores.size()], &one);
+  sched_setaffinity(0, sizeof one, &one);
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Step time of lockstep DistributedDataParallel training"};
   Options o;
@@ -104,6 +123,7 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap");
   app.add_option("--hook", o.hook, "none, fp16 or bf16")->check(CLI::IsMember({"none", "fp16", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  pin_to_own_core();
   at::set_num_threads(1);  // one core per rank
   auto pg = lockstep::init_process_group();
   return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);

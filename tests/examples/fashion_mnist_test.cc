@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <filesystem>
 #include <regex>
@@ -57,6 +58,18 @@ TEST(FashionMnist, TheLossFallsOnTwoRanks) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt"));
 }
 
+// The two runs convolve batches of 64 and of 32, and the kernels libtorch
+// picks for each sum in different orders. With Debian's libtorch 1.13
+// (OpenBLAS) the parameters after 8 steps agree to 1e-5; with PyTorch 2.11's
+// (MKL and oneDNN, measured on a 16-core Xeon) they differ by up to 1.8e-4,
+// with no DDP in the difference: the same runs agree to 1e-5 on 1.13 with
+// gradients dropped between steps as 2.x does.
+#if TORCH_VERSION_MAJOR >= 2
+constexpr double kRtol = 1e-3;
+#else
+constexpr double kRtol = 1e-5;
+#endif
+
 TEST(FashionMnist, TwoRanksReachTheParametersOfOneRankOnTheSameGlobalBatches) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (make test installs it)";
   TempDir dir;
@@ -86,7 +99,7 @@ TEST(FashionMnist, TwoRanksReachTheParametersOfOneRankOnTheSameGlobalBatches) {
     torch::Tensor pa, pb;
     sub_a.read(full.substr(dot + 1), pa);
     sub_b.read(full.substr(dot + 1), pb);
-    EXPECT_TRUE(torch::allclose(pa, pb, 1e-5, 1e-6))
+    EXPECT_TRUE(torch::allclose(pa, pb, kRtol, kRtol * 0.1))
         << name << " differs by " << (pa - pb).abs().max().item<double>();
     ++compared;
   }

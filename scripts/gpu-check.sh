@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds and checks lockstep on a machine with PyTorch 2.x (and, where there
+# is one, a CUDA GPU), against the libtorch inside that PyTorch, and runs the
+# measurements reported in docs/performance.md for such a machine.
+#
+# The machine needs: a C++20 compiler, CMake, Ninja, and a python3 that
+# imports torch. What Debian would install (GoogleTest, fmt, CLI11,
+# nlohmann-json, the Fashion-MNIST data set, optionally Open MPI) comes as
+# .deb files made on any Debian 12 machine by scripts/fetch-offline-debs.sh,
+# so the machine needs no network. They are unpacked into a private prefix
+# inside the build directory, never into /.
+#
+# Usage: scripts/gpu-check.sh STEP...      steps, in the order given:
+#   build     configure and build (build dir: $BUILD, default build-torch2)
+#   test      every test except those needing network namespaces (netns, root)
+#   torchtest only the tests of the libtorch frontend and the examples
+#   gpu       the gpu-labelled tests and the GPU benchmarks
+#   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
+#   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
+#   doctor    lockstep doctor --ranks 1,2,4,8,16
+# Environment: DEBS (default .gpu-deps), BUILD, PYTHON (default python3),
+# OUT (where reports go; default $BUILD/reports), RANKS (default 1,2,4,8,16).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=${DEBS:-.gpu-deps}
+BUILD=${BUILD:-build-torch2}
+PYTHON=${PYTHON:-python3}
+RANKS=${RANKS:-1,2,4,8,16}
+OUT=${OUT:-$BUILD/reports}
+PREFIX=$PWD/$BUILD/offline-prefix
+mkdir -p "$BUILD" "$OUT"
+
+log() { echo "gpu-check: $*" >&2; }
+
+unpack_debs() {
+  [ -d "$PREFIX/usr" ] && return 0
+  [ -d "$DEBS" ] || { log "no $DEBS: run scripts/fetch-offline-debs.sh on a Debian 12 machine and copy it here"; exit 1; }
+  for f in "$DEBS"/*.deb; do dpkg -x "$f" "$PREFIX"; done
+  if ls "$DEBS"/mpi/*.deb >/dev/null 2>&1; then
+    for f in "$DEBS"/mpi/*.deb; do dpkg -x "$f" "$PREFIX"; done
+    # dpkg -x runs no maintainer scripts, so Debian's alternatives
+    # (mpirun -> mpirun.openmpi, ...) are made here.
+    for tool in mpirun mpiexec mpicc mpicxx; do
+      [ -e "$PREFIX/usr/bin/$tool.openmpi" ] && ln -sf "$tool.openmpi" "$PREFIX/usr/bin/$tool"
+    done
+  fi
+}
+
+# Environment for the unpacked packages: their libraries, Open MPI relocated
+# to the prefix, and the data set where the examples look for it.
+offline_env() {
+  export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ -x "$PREFIX/usr/bin/mpirun" ]; then
+    export OPAL_PREFIX="$PREFIX/usr" PATH="$PREFIX/usr/bin:$PATH"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+  local data=/usr/share/datasets/fashion-mnist
+  if [ ! -e "$data" ] && [ -d "$PREFIX$data" ] && [ -w /usr/share ]; then
+    mkdir -p "$(dirname "$data")" && ln -s "$PREFIX$data" "$data"
+  fi
+}
+
+step_build() {
+  unpack_debs
+  offline_env
+  local torch_prefix
+  torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  log "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)') at $torch_prefix"
+  local mpi_flags=(-DLOCKSTEP_WITH_MPI=OFF)
+  if [ -x "$PREFIX/usr/bin/mpicc" ] && "$PREFIX/usr/bin/mpicc" --showme:version >/dev/null 2>&1; then
+    mpi_flags=(-DLOCKSTEP_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc")
+  fi
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr" "${mpi_flags[@]}" > "$BUILD/configure.log" 2>&1 \
+    || { cat "$BUILD/configure.log"; exit 1; }
+  grep -E "^-- lockstep" "$BUILD/configure.log" || true
+  cmake --build "$BUILD" -j "$(nproc)"
+}
+
+step_test() {
+  offline_env
+  (cd "$BUILD" && ctest --output-on-failure -j "$(nproc)" -LE 'netns|root' 2>&1 | tee "$OUT/ctest.log" | tail -40)
+}
+
+step_torchtest() {
+  offline_env
+  (cd "$BUILD" && ctest --output-on-failure -j "$(nproc)" -R 'ddp_|fashion_mnist|step_diagnostics' 2>&1 \
+     | tee "$OUT/ctest-torch.log" | tail -40)
+}
+
+step_gpu() {
+  offline_env
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  (cd "$BUILD" && ctest --output-on-failure -L gpu 2>&1 | tee "$OUT/ctest-gpu.log" | tail -40)
+}
+
+step_allreduce() {
+  offline_env
+  # Each world size writes its table as soon as it is done. The tcp
+  # backend and the malloc-tuned Open MPI are measured at 2 ranks only.
+  local np skip
+  for np in ${ALLREDUCE_RANKS:-2 4 8 16}; do
+    [ "$np" -le "$(nproc)" ] || continue
+    skip=""
+    [ "$np" -gt 2 ] && skip="lockstep tcp;Open MPI, malloc tuned"
+    "$PYTHON" bench/compare_allreduce.py --np "$np" --runs "${RUNS:-2}" --build "$BUILD" --python "$PYTHON" \
+      --sizes "${SIZES:-4,4K,64K,1M,16M,64M,256M}" --skip "$skip" --out "$OUT/allreduce-$np.md"
+  done
+}
+
+step_ddp() {
+  offline_env
+  "$PYTHON" bench/compare_ddp.py --ranks "$RANKS" --runs "${RUNS:-2}" --steps "${STEPS:-10}" --build "$BUILD" \
+    --python "$PYTHON" --out "$OUT/ddp-scaling.md"
+}
+
+step_doctor() {
+  offline_env
+  "$BUILD/lockstep" doctor --ranks "$RANKS" --out "$OUT/doctor"
+}
+
+[ $# -gt 0 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
+for step in "$@"; do
+  case "$step" in
+    build|test|torchtest|gpu|allreduce|ddp|doctor) log "== $step"; "step_$step" ;;
+    *) log "unknown step '$step' (build, test, torchtest, gpu, allreduce, ddp, doctor)"; exit 2 ;;
+  esac
+done
