@@ -114,6 +114,7 @@ struct Reducer::State {
   std::vector<int> expected_calls;            // static_graph: from the first iteration
   bool static_learned = false;
   std::string pending_error;  // reported at the next forward
+  bool pending_mismatch = false;  // pending_error is a MismatchError, not an InvalidArgument
 };
 
 Reducer::Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params, GradientSource& gradients,
@@ -246,6 +247,7 @@ void Reducer::check_previous_iteration() {
   if (state_->pending_error.empty()) return;
   std::string message = std::move(state_->pending_error);
   state_->pending_error.clear();
+  if (state_->pending_mismatch) throw MismatchError(message);
   throw InvalidArgument(message);
 }
 
@@ -430,11 +432,24 @@ void Reducer::finalize() {
         const std::string key = fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, r);
         if (pg_->store()->check({key})) report += fmt::format("\n  rank {}: {}", r, pg_->store()->get(key));
       }
-      s.pending_error = fmt::format(
-          "rank {}/{}: in iteration {}, these parameters received no gradient (they were not used to compute the "
-          "loss):{}\nEvery parameter must take part in the loss on every rank, or construct DistributedDataParallel "
-          "with find_unused_parameters=true so that missing gradients count as zeros.",
-          pg_->rank(), pg_->size(), s.iterations, report);
+      // No rank said it missed a gradient, yet the flag came back set: what
+      // was summed there was not the flag on every rank, so the ranks'
+      // buckets (or their collectives) do not line up.
+      s.pending_mismatch = report.empty();
+      s.pending_error =
+          report.empty()
+              ? fmt::format(
+                    "rank {}/{}: in iteration {}, the ranks' gradient buckets did not line up: the last bucket's "
+                    "missing-gradient flag came back set though no rank missed a gradient, so the all-reduces "
+                    "paired different data. The ranks use different models, bucket sizes or DDP options, or one "
+                    "issued a collective the others did not; the gradients of this iteration are wrong.",
+                    pg_->rank(), pg_->size(), s.iterations)
+              : fmt::format(
+                    "rank {}/{}: in iteration {}, these parameters received no gradient (they were not used to "
+                    "compute the loss):{}\nEvery parameter must take part in the loss on every rank, or construct "
+                    "DistributedDataParallel with find_unused_parameters=true so that missing gradients count as "
+                    "zeros.",
+                    pg_->rank(), pg_->size(), s.iterations, report);
     }
   }
   finish_iteration();

@@ -72,6 +72,18 @@ class TorchGradients final : public GradientSource {
   std::vector<::torch::Tensor> params_;
 };
 
+// The options that decide which collectives a rank issues, as text.
+std::vector<std::pair<std::string, std::string>> describe_options(const DDPOptions& o) {
+  return {{"bucket_cap_mb", fmt::format("{}", o.bucket_cap_mb)},
+          {"first_bucket_mb", fmt::format("{}", o.first_bucket_mb)},
+          {"find_unused_parameters", fmt::format("{}", o.find_unused_parameters)},
+          {"static_graph", fmt::format("{}", o.static_graph)},
+          {"gradient_as_bucket_view", fmt::format("{}", o.gradient_as_bucket_view)},
+          {"broadcast_buffers", fmt::format("{}", o.broadcast_buffers)},
+          {"comm_hook", o.comm_hook ? o.comm_hook->name() : std::string("none")},
+          {"stats_window", fmt::format("{}", o.stats_window)}};
+}
+
 ReducerOptions reducer_options(const DDPOptions& o) {
   ReducerOptions r;
   r.buckets.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * 1024 * 1024);
@@ -234,6 +246,9 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   std::vector<std::pair<std::string, ::torch::Tensor>> named_params, named_buffers;
   for (const auto& item : s.module->named_parameters(/*recurse=*/true)) named_params.emplace_back(item.key(), item.value());
   for (const auto& item : s.module->named_buffers(/*recurse=*/true)) named_buffers.emplace_back(item.key(), item.value());
+  verify_same_descriptions(*s.pg, describe_options(s.options), "the DistributedDataParallel options",
+                           "Every rank must pass the same DDPOptions: ranks that bucket, hook or look for unused "
+                           "parameters differently issue different collectives.");
   verify_same_across_ranks(*s.pg, named_params, "parameters");
   verify_same_across_ranks(*s.pg, named_buffers, "buffers");
 

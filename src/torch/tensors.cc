@@ -58,11 +58,19 @@ std::string describe(const ::torch::Tensor& t) {
 
 void verify_same_across_ranks(ProcessGroup& pg, const std::vector<std::pair<std::string, ::torch::Tensor>>& named,
                               const std::string& what) {
+  std::vector<std::pair<std::string, std::string>> described;
+  for (const auto& [name, t] : named) described.emplace_back(name, describe(t));
+  verify_same_descriptions(pg, described, "the model's " + what,
+                           "Every rank must build the same model before wrapping it in DistributedDataParallel.");
+}
+
+void verify_same_descriptions(ProcessGroup& pg, const std::vector<std::pair<std::string, std::string>>& described,
+                              const std::string& what, const std::string& remedy) {
   if (pg.size() == 1) return;
-  // Each rank publishes "name\tshape dtype" lines; every rank compares all
+  // Each rank publishes "name\tdescription" lines; every rank compares all
   // lists with rank 0's, so each reports the same differences.
   std::string mine;
-  for (const auto& [name, t] : named) mine += name + "\t" + describe(t) + "\n";
+  for (const auto& [name, desc] : described) mine += name + "\t" + desc + "\n";
   const auto instance = pg.store()->add(fmt::format("ddp/verify/{}/{}", what, pg.rank()), 1);
   const auto key = [&](int r) { return fmt::format("ddp/verify/{}/{}/{}", what, instance, r); };
   pg.store()->set(key(pg.rank()), mine);
@@ -94,9 +102,8 @@ void verify_same_across_ranks(ProcessGroup& pg, const std::vector<std::pair<std:
   std::string list;
   for (std::size_t i = 0; i < differences.size() && i < 20; ++i) list += "\n  " + differences[i];
   if (differences.size() > 20) list += fmt::format("\n  ... and {} more", differences.size() - 20);
-  throw MismatchError(fmt::format("rank {}/{}: the model's {} differ across ranks ({} difference(s)):{}\nEvery rank "
-                                  "must build the same model before wrapping it in DistributedDataParallel.",
-                                  pg.rank(), pg.size(), what, differences.size(), list));
+  throw MismatchError(fmt::format("rank {}/{}: {} differ across ranks ({} difference(s)):{}\n{}", pg.rank(),
+                                  pg.size(), what, differences.size(), list, remedy));
 }
 
 }  // namespace lockstep::torch

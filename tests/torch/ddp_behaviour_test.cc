@@ -54,6 +54,32 @@ TEST(DistributedDataParallel, MismatchedModelsAreRefusedOnEveryRankNamingTheDiff
   }
 }
 
+// Different options make ranks issue different collectives (other bucket
+// boundaries, a compressed dtype): refused at construction on every rank,
+// before the first backward could pair mismatched all-reduces.
+TEST(DistributedDataParallel, MismatchedOptionsAreRefusedOnEveryRankNamingOptionValuesAndRanks) {
+  std::vector<std::shared_ptr<NetImpl>> models;
+  for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<NetImpl>(16));
+  ThreadWorld world(3);
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    DDPOptions options;
+    if (rank == 1) options.bucket_cap_mb = 0.01;
+    if (rank == 2) options.comm_hook = fp16_compress_hook();
+    DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const MismatchError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("DistributedDataParallel options differ"), std::string::npos) << what;
+      EXPECT_NE(what.find("'bucket_cap_mb' is 0.01 on rank 1 but 25 on rank 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("'comm_hook' is fp16_compress on rank 2 but none on rank 0"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(DistributedDataParallel, AParameterWithoutGradientIsAClearErrorAtTheNextForward) {
   std::vector<std::shared_ptr<NetImpl>> models;
   for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<NetImpl>(16, /*with_side=*/true));

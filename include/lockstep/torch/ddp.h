@@ -209,4 +209,10 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
 void verify_same_across_ranks(ProcessGroup& pg, const std::vector<std::pair<std::string, ::torch::Tensor>>& named,
                               const std::string& what);
 
+// The same for named descriptions (e.g. option values): throws
+// MismatchError naming `what` ("the DistributedDataParallel options"), each
+// difference with its ranks and values, and `remedy`. Collective.
+void verify_same_descriptions(ProcessGroup& pg, const std::vector<std::pair<std::string, std::string>>& described,
+                              const std::string& what, const std::string& remedy);
+
 }  // namespace lockstep::torch
