@@ -126,6 +126,91 @@ TEST_P(ProcessGroupTest, MismatchedSendAndRecvIsAMismatchError) {
   }
 }
 
+// Collectives that differ across ranks are refused by the shm and tcp
+// backends always (not only with LOCKSTEP_DEBUG=DETAIL): rank 1 skips iteration 3's
+// all-reduce, so its next one (one element longer) meets the others' and
+// every rank fails there, naming both operations, instead of reducing
+// unrelated data for the rest of the loop. At each size class: inline,
+// one-shot and pipelined two-shot. (Operations are numbered from 0.)
+TEST_P(ProcessGroupTest, ARankThatSkipsAnAllreduceIsAMismatchOnEveryRankAtOnce) {
+  for (const std::size_t base : {std::size_t{3}, std::size_t{1000}, std::size_t{300000}}) {
+    SCOPED_TRACE("count " + std::to_string(base));
+    ThreadWorld world(3, GetParam(), 3s);
+    std::vector<int> completed(3, 0);
+    auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+      for (int i = 0; i < 8; ++i) {
+        if (rank == 1 && i == 3) continue;
+        std::vector<float> data(base + static_cast<std::size_t>(i), static_cast<float>(rank + 1));
+        pg.allreduce(view(std::span(data)))->wait();
+        ASSERT_EQ(data.front(), 6.0f) << "iteration " << i;
+        ASSERT_EQ(data.back(), 6.0f) << "iteration " << i;
+        ++completed[static_cast<std::size_t>(rank)];
+      }
+    });
+    // shm: every rank reads every other's stamp, so every rank names the
+    // mismatch. tcp: a rank that receives a stamp from rank 1 at that step
+    // does; the others time out waiting for data that does not come (in a
+    // real job they lose the failed rank first, and the launcher reports the
+    // first failure, the mismatch). Nobody computes a wrong result.
+    int mismatches = 0;
+    for (int r = 0; r < 3; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(completed[static_cast<std::size_t>(r)], 3);
+      ASSERT_TRUE(errors[static_cast<std::size_t>(r)]);
+      try {
+        std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+      } catch (const MismatchError& e) {
+        ++mismatches;
+        const std::string what = e.what();
+        const std::string ours = "float x " + std::to_string(base + (r == 1 ? 4 : 3));
+        const std::string theirs = "float x " + std::to_string(base + (r == 1 ? 3 : 4));
+        EXPECT_NE(what.find("allreduce #3 (" + ours), std::string::npos) << what;
+        EXPECT_NE(what.find(theirs), std::string::npos) << what;
+      } catch (const std::exception& e) {
+        if (GetParam() == "shm") ADD_FAILURE() << "not a MismatchError: " << e.what();
+      }
+    }
+    EXPECT_GE(mismatches, GetParam() == "shm" ? 3 : 1);
+  }
+}
+
+TEST_P(ProcessGroupTest, DifferentCollectivesOrRootsAtTheSamePointAreRefused) {
+  ThreadWorld world(2, GetParam(), 3s);
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    std::vector<float> data(5000, 1.0f);
+    if (rank == 0) pg.broadcast(view(std::span(data)), 0)->wait();
+    else pg.allreduce(view(std::span(data)))->wait();
+  });
+  // The broadcast's root only hands its data out, which stays right; the
+  // rank that expected an all-reduce must not use it.
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const MismatchError& m) {
+    EXPECT_NE(std::string(m.what()).find("broadcast #0 (float x 5000, root 0)"), std::string::npos) << m.what();
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "not a MismatchError: " << other.what();
+  }
+  auto rooted = ThreadWorld(2, GetParam(), 3s).run_collecting([&](int rank, ProcessGroup& pg) {
+    std::vector<float> data(5000, 1.0f);
+    pg.reduce(view(std::span(data)), /*root=*/rank)->wait();
+  });
+  // shm names it; on tcp each root waits to receive and nothing is sent,
+  // so both ranks time out (docs/errors.md).
+  bool named = false;
+  for (auto& e : rooted) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const MismatchError& m) {
+      named = named || std::string(m.what()).find("root 1") != std::string::npos;
+    } catch (const TimeoutError& t) {
+      if (GetParam() == "shm") ADD_FAILURE() << "not a MismatchError: " << t.what();
+    }
+  }
+  if (GetParam() == "shm") EXPECT_TRUE(named) << "a reduce to different roots went unnoticed";
+}
+
 TEST_P(ProcessGroupTest, BarrierWaitsForTheSlowestRank) {
   ThreadWorld world(5, GetParam());
   std::atomic<int> arrived{0};

@@ -18,7 +18,7 @@ void ShmBackend::allgather(const OpContext& op, ConstBuffer input, Buffer output
     const std::size_t piece = std::min(layout_.slot_bytes, bytes - begin);
     const std::uint64_t g = begin_round(op);
     std::memcpy(slot(rank_, g), in + begin, piece);
-    control(rank_).arrive.post(g + 1);
+    post_arrive(g, op);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       wait_one(q, &ControlBlock::arrive, g + 1, op, "its input");

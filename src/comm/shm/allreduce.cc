@@ -45,7 +45,7 @@ std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location
   bool all_same = in.has_value() && out.has_value();
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    wait_inline(q, seq, op);
+    wait_inline(q, seq, op, /*check=*/false);  // the rounds that follow carry the check
     all_same = all_same && std::memcmp(inline_payload(q, seq), descriptor, sizeof descriptor) == 0;
   }
   if (!all_same) return std::nullopt;
@@ -73,7 +73,7 @@ void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType 
     const auto in = [&](int q, int c) { return at(in_bases, input.offset, q, c); };
     const auto out = [&](int q, int c) { return at(out_bases, output.offset, q, c); };
     const std::uint64_t g = begin_round(op);
-    control(rank_).arrive.post(g + 1);
+    post_arrive(g, op);
     wait_all(&ControlBlock::arrive, g + 1, op, "its input");
     for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = in(q, rank_);
     reduce_many(out(rank_, rank_), sources_.data(), size_, chunks.size(rank_), dtype, reduce_op);
@@ -101,7 +101,7 @@ void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp red
 void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp reduce_op) {
   const std::uint64_t g = begin_round(op);
   std::memcpy(slot(rank_, g), data.data, data.bytes());
-  control(rank_).arrive.post(g + 1);
+  post_arrive(g, op);
   wait_all(&ControlBlock::arrive, g + 1, op, "its input");
   for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);
   reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
@@ -125,7 +125,7 @@ void ShmBackend::reduce_two_shot(const OpContext& op, Buffer data, ReduceOp redu
     const std::uint64_t g = begin_round(op);
     for (int c = 0; c < size_; ++c)
       if (c != rank_) std::memcpy(in_slot(rank_, g, c), in_buffer(c), chunks.size(c) * elem);
-    control(rank_).arrive.post(g + 1);
+    post_arrive(g, op);
     wait_all(&ControlBlock::arrive, g + 1, op, "its input");
 
     for (int q = 0; q < size_; ++q)

@@ -22,7 +22,7 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     const std::size_t bytes = std::min(layout_.slot_bytes, data.bytes() - begin);
     const std::uint64_t g = begin_round(op);
     if (rank_ == root) std::memcpy(slot(rank_, g), buf + begin, bytes);
-    control(rank_).arrive.post(g + 1);
+    post_arrive(g, op);
     if (rank_ != root) {
       wait_one(root, &ControlBlock::arrive, g + 1, op, "the broadcast data");
       std::memcpy(buf + begin, slot(root, g), bytes);

@@ -28,7 +28,10 @@ inline constexpr std::size_t kMailboxBytes = 64 * 1024;
 struct alignas(64) InlineLine {
   std::atomic<std::uint64_t> seq{0};
   mutable std::atomic<std::uint32_t> sleepers{0};
-  std::uint32_t pad = 0;
+  // What the operation that posted `seq` was (op_stamp.h's inline_stamp):
+  // peers compare it with their own before using the payload. Written
+  // before `seq`; stable until every peer has posted seq + 1.
+  std::atomic<std::uint32_t> stamp{0};
   unsigned char payload[kInlineBytes];
 };
 static_assert(sizeof(InlineLine) == 64);

@@ -16,7 +16,7 @@ void ShmBackend::reduce(const OpContext& op, Buffer data, int root, ReduceOp red
   }
   const std::uint64_t g = begin_round(op);
   std::memcpy(slot(rank_, g), data.data, data.bytes());
-  control(rank_).arrive.post(g + 1);
+  post_arrive(g, op);
   if (rank_ == root) {
     wait_all(&ControlBlock::arrive, g + 1, op, "its input");
     for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);

@@ -27,7 +27,7 @@ void ShmBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer o
     const std::uint64_t g = begin_round(op);
     for (int b = 0; b < size_; ++b)
       if (b != rank_) std::memcpy(slot(rank_, g) + static_cast<std::size_t>(b) * area, in_block(b), count * elem);
-    control(rank_).arrive.post(g + 1);
+    post_arrive(g, op);
     wait_all(&ControlBlock::arrive, g + 1, op, "its input");
     for (int q = 0; q < size_; ++q)
       sources_[static_cast<std::size_t>(q)] =

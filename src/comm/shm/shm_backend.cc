@@ -187,13 +187,23 @@ std::uint64_t ShmBackend::begin_round(const OpContext& op) {
 
 void ShmBackend::wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
-  for (int q = 0; q < size_; ++q)
-    if (q != rank_) waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+    if (counter == &ControlBlock::arrive) check_arrive(q, target, op);
+  }
 }
 
 void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
   waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+  if (counter == &ControlBlock::arrive) check_arrive(q, target, op);
+}
+
+void ShmBackend::check_arrive(int q, std::uint64_t target, const OpContext& op) const {
+  // A peer up to kSlots rounds ahead may have re-stamped the line: then
+  // another wait of this operation, or the peer itself, does the check.
+  if (const auto stamp = control(q).arrive.stamp_of(target)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
 }
 
 std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, const OpContext& op) {
@@ -201,22 +211,24 @@ std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, co
   // Line seq % 2 last carried operation seq - 2; every peer has read it
   // once it has posted seq - 1.
   for (int q = 0; q < size_; ++q)
-    if (q != rank_) wait_inline(q, seq - 1, op);
+    if (q != rank_) wait_inline(q, seq - 1, op, /*check=*/false);
   InlineLine& line = control(rank_).lines[seq % 2];
   // Word copies: a library memcpy call costs more than these few bytes.
   const auto* in = static_cast<const unsigned char*>(payload);
   std::size_t i = 0;
   for (; i + 8 <= bytes; i += 8) __builtin_memcpy(line.payload + i, in + i, 8);
   for (; i < bytes; ++i) line.payload[i] = in[i];
+  line.stamp.store(inline_stamp(op.info), std::memory_order_relaxed);
   line.seq.store(seq, std::memory_order_seq_cst);
   if (line.sleepers.load(std::memory_order_seq_cst) != 0) wake_all(line.seq);
   return seq;
 }
 
-void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op) const {
+void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, bool check) const {
   if (seq == 0) return;
   InlineLine& line = control(q).lines[seq % 2];
   waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, "its part of a small operation");
+  if (check) check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), q, self_);
 }
 
 void ShmBackend::barrier(const OpContext& op) {

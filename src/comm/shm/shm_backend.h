@@ -37,6 +37,7 @@
 #include "comm/shm/layout.h"
 #include "comm/shm/region.h"
 #include "comm/shm/shared_allocations.h"
+#include "comm/op_stamp.h"
 #include "comm/shm/sync.h"
 
 namespace lockstep::shm {
@@ -85,12 +86,20 @@ class ShmBackend final : public Backend {
   std::uint64_t begin_round(const OpContext& op);
   void wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
   void wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
+  // Posts round g's arrive with this operation's stamp; waits on arrive
+  // check the peer's stamp (op_stamp.h).
+  void post_arrive(std::uint64_t g, const OpContext& op) {
+    control(rank_).arrive.post_stamped(g + 1, stamp_what(op.info), op.info.count);
+  }
+  void check_arrive(int q, std::uint64_t target, const OpContext& op) const;
 
   // An inline operation: publishes `bytes` of payload (may be 0) in this
   // rank's line and returns the operation number; peers' payloads are read
   // with inline_payload() after wait_inline().
   std::uint64_t post_inline(const void* payload, std::size_t bytes, const OpContext& op);
-  void wait_inline(int q, std::uint64_t seq, const OpContext& op) const;
+  // With `check`, compares the peer's stamp with this operation (off where
+  // the line carries something other than the operation's own data).
+  void wait_inline(int q, std::uint64_t seq, const OpContext& op, bool check = true) const;
   const unsigned char* inline_payload(int q, std::uint64_t seq) const { return control(q).lines[seq % 2].payload; }
 
   void allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op);

@@ -63,6 +63,24 @@ void Counter::post(std::uint64_t v) {
   if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value);
 }
 
+void Counter::post_stamped(std::uint64_t v, std::uint64_t what, std::uint64_t count) {
+  stamp.posted.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  stamp.what.store(what, std::memory_order_relaxed);
+  stamp.count.store(count, std::memory_order_relaxed);
+  stamp.posted.store(v, std::memory_order_release);
+  post(v);
+}
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> Counter::stamp_of(std::uint64_t v) const {
+  if (stamp.posted.load(std::memory_order_acquire) != v) return std::nullopt;
+  const std::uint64_t what = stamp.what.load(std::memory_order_relaxed);
+  const std::uint64_t count = stamp.count.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (stamp.posted.load(std::memory_order_relaxed) != v) return std::nullopt;  // rewritten meanwhile
+  return std::pair{what, count};
+}
+
 PeerWatch::PeerWatch(const std::vector<pid_t>& pids, const std::vector<std::string>& pid_namespaces, int self)
     : pidfds_(pids.size()) {
   for (std::size_t q = 0; q < pids.size(); ++q) {

@@ -16,7 +16,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/backend.h"
@@ -24,13 +26,28 @@
 
 namespace lockstep::shm {
 
+// What operation a rank was running when it posted a counter: written
+// (seqlock-style, `posted` last) before the post, read by the peers that
+// waited for it, in the same cache line, so checking costs no extra miss.
+struct OpStamp {
+  std::atomic<std::uint64_t> posted{0};  // the counter value it belongs to; 0 while being written
+  std::atomic<std::uint64_t> what{0};    // collective, dtype, op, root (op_stamp.h)
+  std::atomic<std::uint64_t> count{0};
+};
+
 struct alignas(64) Counter {
   std::atomic<std::uint64_t> value{0};
   mutable std::atomic<std::uint32_t> sleepers{0};
+  OpStamp stamp;  // set by posts that carry one (post_stamped)
 
   // Publishes a new value and wakes sleepers, if any.
   void post(std::uint64_t v);
   void add(std::uint64_t delta) { post(value.load(std::memory_order_relaxed) + delta); }
+  // Records what this rank is running, then posts.
+  void post_stamped(std::uint64_t v, std::uint64_t what, std::uint64_t count);
+  // The stamp of post `v`, if the counter still holds it (a peer may have
+  // moved on, up to the pipeline depth): {what, count}.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> stamp_of(std::uint64_t v) const;
 };
 static_assert(sizeof(Counter) == 64);
 

@@ -1,12 +1,15 @@
 // The poll(2)-driven data pump; see transfer.h.
 #include "comm/tcp/transfer.h"
 
+#include "comm/op_stamp.h"
+
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include <fmt/format.h>
@@ -70,9 +73,90 @@ void check_idle_peer(Mesh& mesh, const OpContext& op, int peer, std::vector<bool
   ignored[static_cast<std::size_t>(peer)] = true;
 }
 
+// The collective check (op_stamp.h): a stamp goes ahead of what a source
+// sends, and a sink takes the peer's stamp before any data and checks it.
+// A rank that finds a mismatch still sends its own stamps (not its data)
+// before it fails, so the peers it talks to find the mismatch too instead
+// of waiting for data that will not come.
+class StampedSource final : public ByteSource {
+ public:
+  StampedSource(const WireStamp& stamp, ByteSource* data, const std::exception_ptr& mismatch)
+      : stamp_(stamp), data_(data), mismatch_(mismatch) {}
+  std::span<const std::byte> ready() override {
+    if (sent_ < sizeof stamp_) return {reinterpret_cast<const std::byte*>(&stamp_) + sent_, sizeof stamp_ - sent_};
+    return mismatch_ ? std::span<const std::byte>{} : data_->ready();
+  }
+  void consumed(std::size_t n) override {
+    if (sent_ < sizeof stamp_) sent_ += n;
+    else data_->consumed(n);
+  }
+  bool finished() const override { return sent_ == sizeof stamp_ && (mismatch_ || data_->finished()); }
+
+ private:
+  WireStamp stamp_;
+  ByteSource* data_;
+  const std::exception_ptr& mismatch_;
+  std::size_t sent_ = 0;
+};
+
+class StampedSink final : public ByteSink {
+ public:
+  StampedSink(Mesh& mesh, const OpContext& op, int peer, ByteSink* data, std::exception_ptr& mismatch)
+      : mesh_(mesh), op_(op), peer_(peer), data_(data), mismatch_(mismatch) {}
+  std::span<std::byte> space() override {
+    if (got_ < sizeof stamp_) return {reinterpret_cast<std::byte*>(&stamp_) + got_, sizeof stamp_ - got_};
+    return data_->space();
+  }
+  void filled(std::size_t n) override {
+    if (got_ >= sizeof stamp_) return data_->filled(n);
+    got_ += n;
+    if (got_ < sizeof stamp_) return;
+    try {
+      check_wire_stamp(op_, stamp_, peer_, mesh_.self());
+    } catch (const MismatchError&) {
+      if (!mismatch_) mismatch_ = std::current_exception();
+    }
+  }
+  bool finished() const override { return mismatch_ || (got_ == sizeof stamp_ && data_->finished()); }
+
+ private:
+  Mesh& mesh_;
+  const OpContext& op_;
+  int peer_;
+  ByteSink* data_;
+  std::exception_ptr& mismatch_;
+  WireStamp stamp_{};
+  std::size_t got_ = 0;
+};
+
+void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channels);
+
 }  // namespace
 
+// Collectives get their stamps; point-to-point operations carry their own
+// header (send_recv.cc).
 void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> channels) {
+  if (op.info.collective == Collective::send || op.info.collective == Collective::recv) return move_bytes(mesh, op, channels);
+  const WireStamp stamp = wire_stamp(op.info);
+  std::exception_ptr mismatch;
+  std::vector<StampedSource> sources;
+  std::vector<StampedSink> sinks;
+  sources.reserve(channels.size());
+  sinks.reserve(channels.size());
+  std::vector<Channel> stamped;
+  for (const auto& ch : channels) {
+    Channel c{ch.peer, nullptr, nullptr};
+    if (ch.send) c.send = &sources.emplace_back(stamp, ch.send, mismatch);
+    if (ch.recv) c.recv = &sinks.emplace_back(mesh, op, ch.peer, ch.recv, mismatch);
+    stamped.push_back(c);
+  }
+  move_bytes(mesh, op, stamped);
+  if (mismatch) std::rethrow_exception(mismatch);
+}
+
+namespace {
+
+void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channels) {
   std::vector<pollfd> fds;
   std::vector<int> watched_peer;  // peer of each watch-only entry in fds, after the channel entries
   std::vector<bool> ignored(static_cast<std::size_t>(mesh.size()), false);
@@ -141,6 +225,8 @@ void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> chan
     }
   }
 }
+
+}  // namespace
 
 void exchange(Mesh& mesh, const OpContext& op, int peer, const void* send, std::size_t send_len, void* recv,
               std::size_t recv_len) {
