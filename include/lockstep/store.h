@@ -146,7 +146,16 @@ struct TcpStoreOptions {
   // without bound. A request larger than this is refused and its connection
   // closed.
   std::size_t max_value_bytes = 64u << 20;
-  std::size_t max_key_bytes = 4096;
+  std::size_t max_key_bytes = 4096;  // also the longest token
+  // Server: the bytes it holds for all requests read but not yet answered,
+  // together. A client whose request would go over it is disconnected, with
+  // the reason in the server's log; while replies not yet taken by their
+  // clients exceed it, the server answers nothing more. At least one
+  // largest request (max_value_bytes + 2 x max_key_bytes + 64).
+  std::size_t max_buffered_bytes = 256u << 20;
+  // Server: open connections, authenticated or not. Over it a new
+  // connection is refused with the reason and closed.
+  std::size_t max_clients = 16384;
   // Optional shared secret; clients must present the same token. Empty: none.
   std::string token;
   // How long a client keeps retrying to reach the server before giving up

@@ -170,8 +170,11 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {
     std::unique_ptr<TcpStoreServer> server;
+    // A loopback MASTER_ADDR means every rank is on this host: listen there
+    // only, so the store (often without a token) is not reachable from the network.
     if (launch.rank == 0 && !launch.store_hosted)
-      server = std::make_unique<TcpStoreServer>("", static_cast<std::uint16_t>(launch.master_port), store_options);
+      server = std::make_unique<TcpStoreServer>(is_loopback_host(launch.master_addr) ? launch.master_addr : "",
+                                                static_cast<std::uint16_t>(launch.master_port), store_options);
     std::shared_ptr<TcpStore> client;
     try {
       client = std::make_shared<TcpStore>(launch.master_addr, static_cast<std::uint16_t>(launch.master_port),

@@ -219,6 +219,24 @@ std::string peer_host(int fd) {
   return numeric_host(addr, len);
 }
 
+bool is_loopback_host(const std::string& host) {
+  if (host.empty()) return false;
+  std::string error;
+  auto addrs = resolve(host, 0, /*passive=*/false, &error);
+  if (!addrs) return false;
+  for (const addrinfo* ai = addrs.get(); ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) return false;
+    } else if (ai->ai_family == AF_INET6) {
+      if (!IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string format_endpoint(const std::string& host, std::uint16_t port) {
   if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
   return fmt::format("{}:{}", host.empty() ? "*" : host, port);

@@ -50,6 +50,9 @@ std::uint16_t local_port(int fd);
 // The local / remote address of a connected socket as a numeric host string.
 std::string local_host(int fd);
 std::string peer_host(int fd);
+// True if `host` resolves only to loopback addresses (127.0.0.0/8, ::1),
+// so a server for clients that connect to it needs to listen on nothing else.
+bool is_loopback_host(const std::string& host);
 // "host:port", with IPv6 hosts in brackets.
 std::string format_endpoint(const std::string& host, std::uint16_t port);
 

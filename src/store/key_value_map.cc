@@ -24,9 +24,15 @@ std::int64_t KeyValueMap::add(std::string_view key, std::int64_t delta) {
                                         "use a separate key for counters", key, it->second));
     value = *parsed;
   }
-  value += delta;
-  set(key, std::to_string(value));
-  return value;
+  // Checked: wrapping a counter around would hand out a duplicate or
+  // negative value (and signed overflow is undefined behaviour).
+  std::int64_t sum = 0;
+  if (__builtin_add_overflow(value, delta, &sum))
+    throw InvalidArgument(fmt::format("store add('{}', {}): the key holds {}, and the sum would overflow a 64-bit "
+                                      "integer; the counter is left unchanged. Reset it with set() or use a "
+                                      "new key", key, delta, value));
+  set(key, std::to_string(sum));
+  return sum;
 }
 
 std::string KeyValueMap::compare_set(std::string_view key, std::string_view expected,

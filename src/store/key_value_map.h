@@ -16,7 +16,8 @@ class KeyValueMap {
  public:
   void set(std::string_view key, std::string_view value) { map_.insert_or_assign(std::string(key), std::string(value)); }
   std::optional<std::string> get(std::string_view key) const;
-  // Throws InvalidArgument if the key holds something that is not an integer.
+  // Throws InvalidArgument if the key holds something that is not an integer,
+  // or if the sum does not fit in 64 bits (the key is left unchanged).
   std::int64_t add(std::string_view key, std::int64_t delta);
   std::string compare_set(std::string_view key, std::string_view expected, std::string_view desired);
   bool erase(std::string_view key);

@@ -18,8 +18,10 @@
 //   erase     key                          -> ok(u8 existed)
 //   num_keys                               -> ok(i64)
 //
-// A server with a token answers every request before a successful `auth`
-// with error and closes the connection. Reader/Writer are values; not shared.
+// A client's first request must be `auth`, with or without a token: before
+// it the server reads no more than one auth message's bytes, and answers any
+// other request (or a failed auth) with error and closes the connection.
+// Reader/Writer are values; not shared.
 #pragma once
 
 #include <cstdint>

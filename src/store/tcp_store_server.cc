@@ -5,8 +5,24 @@
 // keys are missing). A client's requests are handled in order; while one is
 // blocked, later bytes from it wait in its input buffer. After every pass the
 // loop re-checks the blocked requests, so a set by one client releases the
-// waiters of others. Buffers are bounded: a frame longer than the limit closes
-// the connection, and a client whose buffers are full is not read from.
+// waiters of others.
+//
+// Limits, so that no client (authenticated or not) can make the server
+// allocate without bound or take it down:
+//   - before its auth message a client may send only that message: the
+//     server reads at most one auth-sized frame from it, and a longer one
+//     announced in a frame header closes the connection at once;
+//   - a request is admitted when its header arrives only if its whole frame
+//     fits in max_buffered_bytes beside what the server already holds for
+//     others' requests; otherwise its client is disconnected. Reads never
+//     take the total past the bound;
+//   - while replies not yet taken exceed max_buffered_bytes, no further
+//     request is answered (their clients wait; replies drain as clients
+//     read). Gets that a set releases are answered at once all the same;
+//   - at most max_clients connections; a further one is refused and closed;
+//   - accept(2) failing (out of descriptors, memory, an aborted connection)
+//     is logged and retried after a growing pause, never fatal.
+// Every disconnect for a limit is logged with the peer and the reason.
 //
 // Thread-safety: the public methods may be called from any thread; the loop
 // thread owns all client state.
@@ -39,6 +55,9 @@ namespace proto = store_protocol;
 using proto::Opcode;
 using proto::Status;
 
+// A buffer that grew past this for one large request is given back once empty.
+constexpr std::size_t kKeptBufferBytes = 1u << 20;
+
 // Constant-time comparison, so the token cannot be guessed byte by byte from
 // response times.
 bool same_secret(std::string_view a, std::string_view b) {
@@ -56,9 +75,14 @@ struct BlockedRequest {
 
 struct Client {
   Socket socket;
+  std::string peer;  // address, for log lines
   std::string in;
   std::string out;
-  bool authenticated = false;
+  // Bytes of the bound this client holds: its input, or the whole of the
+  // frame whose header it has sent, whichever is larger.
+  std::size_t held = 0;
+  bool authenticated = false;  // sent a valid auth message (every client must)
+  bool waiting_for_room = false;  // has a request, deferred while replies are over the bound
   bool closing = false;  // close once `out` is flushed
   bool dead = false;
   std::optional<BlockedRequest> blocked;
@@ -78,11 +102,26 @@ struct TcpStoreServer::State {
   // Loop-thread state.
   std::list<Client> clients;
   KeyValueMap map;
+  std::size_t held_bytes = 0;   // sum of clients' `held`
+  std::size_t reply_bytes = 0;  // sum of clients' `out`
+  // accept(2) failed: the listener is left out of poll until then.
+  Clock::time_point accept_paused_until{};
+  Duration accept_pause{0};
+  bool refusing_clients = false;  // at max_clients; for logging once per episode
 
   std::size_t max_frame() const { return options.max_value_bytes + 2 * options.max_key_bytes + 64; }
+  // The longest auth payload: opcode, magic, and a token of at most max_key_bytes.
+  std::size_t max_auth_frame() const { return 1 + 4 + 4 + options.max_key_bytes; }
+  std::size_t frame_limit(const Client& c) const { return c.authenticated ? max_frame() : max_auth_frame(); }
+  // Bytes this client may read now without going over its own or the total bound.
+  std::size_t readable_bytes(const Client& c) const;
+  void hold(Client& c, std::size_t bytes);
 
   void run();
   void accept_clients();
+  void refuse(Socket s, const std::string& reason);
+  void pause_accepting(int error);
+  void forget(Client& c);
   void read_from(Client& c);
   void write_to(Client& c);
   void handle_requests(Client& c);
@@ -90,16 +129,30 @@ struct TcpStoreServer::State {
   void release_blocked(Client& c);
   int next_timeout_ms() const;
 
-  static void reply(Client& c, const proto::Writer& w) { c.out += w.frame(); }
+  void reply(Client& c, const proto::Writer& w) {
+    const std::string frame = w.frame();
+    c.out += frame;
+    reply_bytes += frame.size();
+  }
+  // Answers with an error and closes the connection once it is sent.
   void reject(Client& c, std::string_view message) {
+    log.warn("TcpStoreServer: closing the connection from {}: {}", c.peer, message);
     reply(c, proto::Writer().u8(static_cast<std::uint8_t>(Status::error)).str(message));
     c.closing = true;
+    c.in.clear();
+    hold(c, 0);
   }
 };
 
 TcpStoreServer::TcpStoreServer(const std::string& host, std::uint16_t port, TcpStoreOptions options)
     : state_(std::make_unique<State>()) {
   state_->options = std::move(options);
+  if (state_->options.max_buffered_bytes < state_->max_frame() + 4)
+    throw InvalidArgument(fmt::format("TcpStoreOptions: max_buffered_bytes ({}) must hold at least one largest "
+                                      "request ({} bytes, from max_value_bytes and max_key_bytes); raise it or "
+                                      "lower max_value_bytes", state_->options.max_buffered_bytes,
+                                      state_->max_frame() + 4));
+  if (state_->options.max_clients == 0) throw InvalidArgument("TcpStoreOptions: max_clients must be at least 1");
   state_->listener = listen_tcp(host, port);
   state_->wake = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!state_->wake.valid()) throw Error(fmt::format("TcpStoreServer: eventfd: {}", std::strerror(errno)));
@@ -123,20 +176,23 @@ void TcpStoreServer::State::run() {
     fds.clear();
     polled.clear();
     fds.push_back({wake.fd(), POLLIN, 0});
-    fds.push_back({listener.fd(), POLLIN, 0});
+    // A negative fd is skipped by poll: the listener rests after accept failed.
+    fds.push_back({Clock::now() >= accept_paused_until ? listener.fd() : -1, POLLIN, 0});
     for (auto& c : clients) {
       short events = 0;
       // Stop reading from a client whose buffers are full: it must first
       // take its replies (or its blocked request must finish).
-      if (!c.closing && c.in.size() <= max_frame() + 4 && c.out.size() <= max_frame()) events |= POLLIN;
+      if (!c.closing && readable_bytes(c) > 0 && c.out.size() <= max_frame()) events |= POLLIN;
       if (!c.out.empty()) events |= POLLOUT;
       fds.push_back({c.socket.fd(), events, 0});
       polled.push_back(&c);
     }
     const int rc = ::poll(fds.data(), fds.size(), next_timeout_ms());
     if (rc < 0 && errno != EINTR) {
-      log.error("TcpStoreServer: poll failed: {}", std::strerror(errno));
-      break;
+      // Out of memory for poll's table: wait and retry rather than stop serving.
+      log.error("TcpStoreServer: poll failed: {}; retrying", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
     }
     if (stopping) break;
     if (fds[1].revents & POLLIN) accept_clients();
@@ -144,22 +200,37 @@ void TcpStoreServer::State::run() {
       Client& c = *polled[i];
       const short ev = fds[i + 2].revents;
       if (ev & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+      // Gone while its input is full: nothing more can be read to notice it,
+      // and it can take no reply.
+      if ((ev & (POLLHUP | POLLERR)) && readable_bytes(c) == 0) c.dead = true;
       if (!c.dead) handle_requests(c);
     }
     for (auto& c : clients) {
       if (!c.dead && c.blocked) release_blocked(c);
+      if (!c.dead && c.waiting_for_room) handle_requests(c);
       if (!c.dead && !c.out.empty()) write_to(c);
       if (!c.dead && c.closing && c.out.empty()) c.dead = true;
+      if (c.dead) forget(c);
     }
     const auto before = clients.size();
     clients.remove_if([](const Client& c) { return c.dead; });
     if (clients.size() != before) client_count = clients.size();
+    if (refusing_clients && clients.size() < options.max_clients) {
+      refusing_clients = false;
+      log.warn("TcpStoreServer: accepting connections again ({} open, limit {})", clients.size(), options.max_clients);
+    }
   }
 }
 
 int TcpStoreServer::State::next_timeout_ms() const {
   int timeout = -1;
+  const auto now = Clock::now();
+  if (accept_paused_until > now)
+    timeout = Deadline::starting_at(now, std::chrono::duration_cast<Duration>(accept_paused_until - now))
+                  .poll_timeout_ms();
   for (const auto& c : clients) {
+    // A deferred request goes on as soon as the replies fit again.
+    if (c.waiting_for_room && reply_bytes <= options.max_buffered_bytes) return 0;
     if (!c.blocked) continue;
     const int t = c.blocked->deadline.poll_timeout_ms();
     if (t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
@@ -167,26 +238,98 @@ int TcpStoreServer::State::next_timeout_ms() const {
   return timeout;
 }
 
+// Accepts every pending connection. Errors are never fatal: a connection
+// that failed before it was accepted is skipped, and running out of
+// descriptors or memory pauses accepting (those connections stay queued in
+// the kernel until descriptors are free again).
 void TcpStoreServer::State::accept_clients() {
   for (;;) {
-    Socket s = accept_tcp(listener, Deadline::after(Duration(0)));
-    if (!s.valid()) return;
-    set_nonblocking(s.fd());
+    const int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // The connection failed on its way in (see accept(2), "Error handling").
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN || errno == ENOPROTOOPT ||
+          errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH || errno == ENETUNREACH || errno == EPERM)
+        continue;
+      return pause_accepting(errno);
+    }
+    Socket s(fd);
+    set_nodelay(fd);
+    if (clients.size() >= options.max_clients) {
+      refuse(std::move(s), fmt::format("the store has {} connections open, its limit (TcpStoreOptions::max_clients); "
+                                       "close unused store clients, or raise the limit",
+                                       clients.size()));
+      continue;
+    }
     Client c;
     c.socket = std::move(s);
-    c.authenticated = options.token.empty();
+    c.peer = peer_host(fd);
     clients.push_back(std::move(c));
     client_count = clients.size();
   }
+  if (accept_pause > Duration(0)) {
+    log.warn("TcpStoreServer: accepting connections again after accept(2) failed");
+    accept_pause = Duration(0);
+  }
+}
+
+// Tells a connection over the limit why, in the form a client reads as its
+// auth reply, and closes it.
+void TcpStoreServer::State::refuse(Socket s, const std::string& reason) {
+  if (!refusing_clients) log.warn("TcpStoreServer: refusing new connections: {}", reason);
+  refusing_clients = true;
+  const std::string frame = proto::Writer().u8(static_cast<std::uint8_t>(Status::error)).str(reason).frame();
+  [[maybe_unused]] auto n = ::send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+// Leaves the listener out of poll for a while: the failing accept would
+// otherwise be retried in a busy loop, since the pending connection keeps
+// the listener readable. The pause doubles up to a second while failures go on.
+void TcpStoreServer::State::pause_accepting(int error) {
+  constexpr Duration kFirstPause = std::chrono::milliseconds(10);
+  constexpr Duration kLongestPause = std::chrono::seconds(1);
+  if (accept_pause == Duration(0)) {
+    const char* hint = (error == EMFILE || error == ENFILE)
+                           ? "; the process hosting the store is out of file descriptors: raise `ulimit -n`"
+                           : "";
+    log.error("TcpStoreServer: accept failed: {}{}. Existing clients are still served; new connections wait "
+              "and are accepted once this clears", std::strerror(error), hint);
+    accept_pause = kFirstPause;
+  } else {
+    accept_pause = std::min(kLongestPause, accept_pause * 2);
+  }
+  accept_paused_until = Clock::now() + accept_pause;
+}
+
+void TcpStoreServer::State::forget(Client& c) {
+  hold(c, 0);
+  reply_bytes -= c.out.size();
+  c.out.clear();
+}
+
+std::size_t TcpStoreServer::State::readable_bytes(const Client& c) const {
+  const std::size_t own = frame_limit(c) + 4;
+  const std::size_t own_room = c.in.size() < own ? own - c.in.size() : 0;
+  // Room in the total: what is free, plus what is already reserved for this
+  // client's current frame but not yet read.
+  const std::size_t free_room = options.max_buffered_bytes - std::min(options.max_buffered_bytes, held_bytes);
+  return std::min(own_room, free_room + (c.held - std::min(c.held, c.in.size())));
+}
+
+void TcpStoreServer::State::hold(Client& c, std::size_t bytes) {
+  held_bytes = held_bytes - c.held + bytes;
+  c.held = bytes;
 }
 
 void TcpStoreServer::State::read_from(Client& c) {
   char buf[64 * 1024];
   for (;;) {
-    const ssize_t n = ::recv(c.socket.fd(), buf, sizeof buf, MSG_DONTWAIT);
+    const std::size_t room = std::min(sizeof buf, readable_bytes(c));
+    if (room == 0) return;  // parse (or wait for room) before reading more
+    const ssize_t n = ::recv(c.socket.fd(), buf, room, MSG_DONTWAIT);
     if (n > 0) {
       c.in.append(buf, static_cast<std::size_t>(n));
-      if (c.in.size() > max_frame() + 4) return;  // parse before reading more
+      hold(c, std::max(c.held, c.in.size()));
       continue;
     }
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) c.dead = true;
@@ -199,6 +342,8 @@ void TcpStoreServer::State::write_to(Client& c) {
     const ssize_t n = ::send(c.socket.fd(), c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out.erase(0, static_cast<std::size_t>(n));
+      reply_bytes -= static_cast<std::size_t>(n);
+      if (c.out.empty() && c.out.capacity() > kKeptBufferBytes) std::string().swap(c.out);
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
@@ -207,17 +352,33 @@ void TcpStoreServer::State::write_to(Client& c) {
   }
 }
 
+// Parses and answers the complete requests in the client's input, in order.
+// A header is checked as soon as it arrives, before its payload is read.
 void TcpStoreServer::State::handle_requests(Client& c) {
+  c.waiting_for_room = false;
   while (!c.closing && !c.blocked && c.in.size() >= 4) {
     proto::Reader header(std::string_view(c.in).substr(0, 4));
-    const std::uint32_t len = *header.u32();
-    if (len > max_frame()) {
-      reject(c, fmt::format("request of {} bytes is over the store's limit of {} bytes", len, max_frame()));
+    const std::size_t len = *header.u32();
+    if (!c.authenticated && len > max_auth_frame())
+      return reject(c, fmt::format("a client must first authenticate, with a message of at most {} bytes, but this "
+                                   "one announced {} bytes; is it a lockstep store client?", max_auth_frame(), len));
+    if (len > max_frame())
+      return reject(c, fmt::format("request of {} bytes is over the store's limit of {} bytes", len, max_frame()));
+    const std::size_t others = held_bytes - c.held;
+    if (others + std::max(c.in.size(), 4 + len) > options.max_buffered_bytes)
+      return reject(c, fmt::format("request of {} bytes does not fit: the store already holds {} bytes of other "
+                                   "requests in flight, and its limit is {} (TcpStoreOptions::max_buffered_bytes)",
+                                   len, others, options.max_buffered_bytes));
+    hold(c, std::max(c.in.size(), 4 + len));  // the whole frame is admitted
+    if (c.in.size() < 4 + len) return;
+    if (reply_bytes > options.max_buffered_bytes) {
+      c.waiting_for_room = true;  // answered once clients have taken more of their replies
       return;
     }
-    if (c.in.size() < 4 + static_cast<std::size_t>(len)) return;
     const std::string payload = c.in.substr(4, len);
-    c.in.erase(0, 4 + static_cast<std::size_t>(len));
+    c.in.erase(0, 4 + len);
+    if (c.in.empty() && c.in.capacity() > kKeptBufferBytes) std::string().swap(c.in);
+    hold(c, c.in.size());
     handle(c, payload);
   }
 }
@@ -240,8 +401,9 @@ void TcpStoreServer::State::handle(Client& c, std::string_view payload) {
     c.authenticated = true;
     return reply(c, ok());
   }
-  if (!c.authenticated)
+  if (!c.authenticated && !options.token.empty())
     return reject(c, "this store requires a token: set LOCKSTEP_STORE_TOKEN to the job's token");
+  if (!c.authenticated) return reject(c, "the first request must be auth; is this a lockstep store client?");
 
   switch (static_cast<Opcode>(*op)) {
     case Opcode::set: {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "common/clock.h"
@@ -113,6 +114,27 @@ TEST_P(StoreContract, AddCountsFromZeroAndReturnsTheNewValue) {
 TEST_P(StoreContract, AddOnANonIntegerIsAnInvalidArgument) {
   store_->set("word", "hello");
   EXPECT_THROW(store_->add("word", 1), InvalidArgument);
+}
+
+// Past INT64_MAX (or below INT64_MIN) an add would wrap around silently, or
+// be undefined behaviour in the server; it is refused instead, naming the
+// key, and the counter keeps its value.
+TEST_P(StoreContract, AddThatWouldOverflowIsAnInvalidArgumentNamingTheKey) {
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t min = std::numeric_limits<std::int64_t>::min();
+  store_->set("big", std::to_string(max));
+  try {
+    store_->add("big", 1);
+    FAIL() << "add past INT64_MAX was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("big'"), std::string::npos) << e.what();  // a PrefixStore's full key
+    EXPECT_NE(std::string(e.what()).find("overflow"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store_->get("big"), std::to_string(max));
+  EXPECT_EQ(store_->add("big", -1), max - 1);
+  store_->set("small", std::to_string(min));
+  EXPECT_THROW(store_->add("small", -1), InvalidArgument);
+  EXPECT_EQ(store_->add("small", 0), min);
 }
 
 TEST_P(StoreContract, AddIsAtomicAcrossConcurrentClients) {

@@ -116,6 +116,19 @@ TEST(TcpStore, PortInUseIsAConfigError) {
   }
 }
 
+// Whoever hosts the store listens on loopback only when MASTER_ADDR is a
+// loopback address; this decides it.
+TEST(TcpStore, LoopbackHostsAreToldApartFromOthers) {
+  EXPECT_TRUE(is_loopback_host("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_host("127.0.1.1"));
+  EXPECT_TRUE(is_loopback_host("::1"));
+  EXPECT_TRUE(is_loopback_host("localhost"));
+  EXPECT_FALSE(is_loopback_host(""));  // every interface
+  EXPECT_FALSE(is_loopback_host("0.0.0.0"));
+  EXPECT_FALSE(is_loopback_host("10.1.2.3"));
+  EXPECT_FALSE(is_loopback_host("no-such-host.invalid"));
+}
+
 TEST(TcpStore, LostServerIsAPeerError) {
   auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
   TcpStore client("127.0.0.1", server->port());

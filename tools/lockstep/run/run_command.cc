@@ -26,6 +26,7 @@
 #include "common/env.h"
 #include "common/env_vars.h"
 #include "common/host.h"
+#include "common/socket.h"
 #include "diag/tracer.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
@@ -192,7 +193,10 @@ int run_job(const RunOptions& o) {
   std::unique_ptr<TcpStoreServer> server;
   int port = o.master_port;
   if (o.node_rank == 0) {
-    server = std::make_unique<TcpStoreServer>(single ? "127.0.0.1" : "", static_cast<std::uint16_t>(port), store_options);
+    // Several nodes with a loopback --master-addr are all on this host (tests).
+    const std::string listen_host =
+        single ? "127.0.0.1" : (is_loopback_host(o.master_addr) ? o.master_addr : std::string());
+    server = std::make_unique<TcpStoreServer>(listen_host, static_cast<std::uint16_t>(port), store_options);
     port = server->port();
   }
   RunOptions effective = o;
