@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -264,7 +265,7 @@ void pin_to_core(int local_rank) {
 // mpirun LOCAL_RANK is not set, and every rank would pick the first core).
 int local_rank() {
   for (const char* name : {env::kLocalRank, env::kOmpiLocalRank, env::kSlurmLocalId})
-    if (auto v = env_int(name)) return static_cast<int>(*v);
+    if (auto v = env_int(name, 0, INT_MAX)) return static_cast<int>(*v);
   return 0;
 }
 
