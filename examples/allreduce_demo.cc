@@ -2,13 +2,16 @@
 // an asynchronous all-reduce averages them, and each rank checks the result
 // and reports the bandwidth it saw. Run it with:
 //   build/lockstep run --nproc-per-node 2 -- build/examples/allreduce_demo
+#include <lockstep/error.h>
 #include <lockstep/process_group.h>
 
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
-int main() {
+namespace {
+
+int demo() {
   auto pg = lockstep::init_process_group();
   const int rank = pg->rank(), size = pg->size();
   // 16 MiB of floats; rank r contributes r + 1 everywhere.
@@ -31,4 +34,17 @@ int main() {
               "%.2f GB/s algorithm bandwidth\n",
               rank, size, pg->backend().c_str(), data.size(), kIters, data[0], expected, wrong, gbps);
   return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return demo();
+  } catch (const lockstep::Error& e) {
+    // A bad launcher environment, a dead peer, a timeout: the message says
+    // what happened and what to do, so print it rather than abort.
+    std::fprintf(stderr, "allreduce_demo: %s\n", e.what());
+    return 2;
+  }
 }

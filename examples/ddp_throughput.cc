@@ -7,6 +7,7 @@
 // 9216->128->10, cross-entropy). Batch is per rank; SGD. --no-sync measures
 // the same step with gradient synchronisation off, so step - no_sync step is
 // the communication the step exposes.
+#include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
 #include <torch/torch.h>
@@ -125,6 +126,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   pin_to_own_core();
   at::set_num_threads(1);  // one core per rank
-  auto pg = lockstep::init_process_group();
-  return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);
+  try {
+    auto pg = lockstep::init_process_group();
+    return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);
+  } catch (const lockstep::Error& e) {
+    // The message says what went wrong and what to do; no abort() and core.
+    std::fprintf(stderr, "ddp_throughput: %s\n", e.what());
+    return 2;
+  }
 }

@@ -12,8 +12,10 @@ namespace fashion_mnist {
 class Dataset : public torch::data::datasets::Dataset<Dataset> {
  public:
   // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]. `limit`
-  // keeps only the first samples (0: all). Throws std::runtime_error naming
-  // the file and what to do if a file is missing or malformed.
+  // keeps only the first samples (0: all). Throws std::runtime_error, one
+  // sentence naming the file, the problem and what to do, if a file is
+  // missing, not IDX, truncated, longer than its header says, holds no
+  // samples, images other than 28x28 or labels outside 0..9.
   Dataset(const std::string& dir, bool train, std::size_t limit = 0);
 
   torch::data::Example<> get(std::size_t index) override;

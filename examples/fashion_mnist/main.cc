@@ -8,6 +8,7 @@
 // communication and data loading. At each epoch end rank 0 writes a
 // checkpoint atomically; a restarted job (lockstep run --max-restarts) or a
 // new one with the same --checkpoint resumes from it.
+#include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
 #include <lockstep/torch/ddp.h>
@@ -82,6 +83,21 @@ std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::
   return {correct, seen};
 }
 
+// Model, optimizer and epoch count from the checkpoint, if there is one.
+void load_training_state(const std::string& path, ConvNetImpl& model, torch::optim::SGD& optimizer, int& first_epoch,
+                         bool leader) {
+  lockstep::torch::load_checkpoint(path, [&](torch::serialize::InputArchive& in) {
+    model.load(in);
+    torch::serialize::InputArchive opt;
+    in.read("optimizer", opt);
+    optimizer.load(opt);
+    torch::Tensor epoch;
+    in.read("epochs_done", epoch, /*is_buffer=*/true);
+    first_epoch = static_cast<int>(epoch.item<std::int64_t>());
+    if (leader) std::printf("resuming from %s: %d epoch(s) already done\n", path.c_str(), first_epoch);
+  });
+}
+
 int train(const Options& o) {
   at::set_num_threads(1);  // one core per rank (the launcher sets OMP_NUM_THREADS=1 too)
   lockstep::GroupOptions group;
@@ -102,16 +118,15 @@ int train(const Options& o) {
   const bool restarted = restart && std::string(restart) != "0";
   int first_epoch = 0;
   if (!o.fresh || restarted) {
-    lockstep::torch::load_checkpoint(o.checkpoint, [&](torch::serialize::InputArchive& in) {
-      model->load(in);
-      torch::serialize::InputArchive opt;
-      in.read("optimizer", opt);
-      optimizer.load(opt);
-      torch::Tensor epoch;
-      in.read("epochs_done", epoch, /*is_buffer=*/true);
-      first_epoch = static_cast<int>(epoch.item<std::int64_t>());
-      if (leader) std::printf("resuming from %s: %d epoch(s) already done\n", o.checkpoint.c_str(), first_epoch);
-    });
+    try {
+      load_training_state(o.checkpoint, *model, optimizer, first_epoch, leader);
+    } catch (const lockstep::Error& e) {
+      // The library cannot know this program's flags; here --fresh is the
+      // way out, unless something other than a file (which a save cannot
+      // replace) is in the checkpoint's place.
+      if (!std::filesystem::is_regular_file(o.checkpoint)) throw;
+      throw lockstep::Error(std::string(e.what()) + " (or pass --fresh, which ignores it and overwrites it)");
+    }
   }
   lockstep::torch::DDPOptions ddp_options;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
@@ -224,6 +239,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     return train(o);
+  } catch (const lockstep::Error& e) {
+    // lockstep's errors (a bad launcher environment, an unreadable
+    // checkpoint, a dead peer) say what to do: exit 2, as `lockstep` does.
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;

@@ -19,6 +19,9 @@
 namespace lockstep {
 namespace {
 
+// LOCKSTEP_TCP_SMALL_BYTES is a message size; anything above a GiB is a typo.
+constexpr std::int64_t kMaxTcpSmallBytes = std::int64_t{1} << 30;
+
 // Keeps this process's store server running until every rank has reported
 // the end of its world group, or every other client has disconnected (they
 // failed and left), or a grace period passed; so rank 0 finishing or failing
@@ -143,8 +146,8 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.timeout = launch.timeout;
   spec.connect_timeout = launch.connect_timeout;
   spec.listen_address = options.listen_address;
-  spec.tcp_small_bytes =
-      options.tcp_small_bytes.value_or(static_cast<std::size_t>(env_int(env::kTcpSmallBytes).value_or(0)));
+  spec.tcp_small_bytes = options.tcp_small_bytes.value_or(
+      static_cast<std::size_t>(env_int(env::kTcpSmallBytes, 0, kMaxTcpSmallBytes).value_or(0)));
   spec.key = fmt::format("{}/{}", launch.run_id, options.name);
   spec.finished_key = fmt::format("{}/finished/{}", launch.run_id, options.name);
   spec.log = Logger().for_rank(launch.rank, launch.world_size);

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cstdio>
 #include <optional>
 
@@ -14,6 +15,21 @@ namespace lockstep {
 namespace {
 
 constexpr Duration kDefaultConnectTimeout = std::chrono::seconds(60);
+// The largest world lockstep accepts: far beyond any cluster, yet small
+// enough that per-rank tables and rank arithmetic can never overflow an int.
+constexpr std::int64_t kMaxWorldSize = 1 << 20;
+constexpr std::int64_t kMaxPort = 65535;
+
+// Launcher variables that count or number ranks, range-checked as 64-bit
+// values before they are narrowed to int (WORLD_SIZE=4294967297 is not 1).
+std::optional<int> env_rank(const char* name) {
+  const auto v = env_int(name, 0, kMaxWorldSize - 1);
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+}
+std::optional<int> env_world_size(const char* name) {
+  const auto v = env_int(name, 1, kMaxWorldSize);
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+}
 
 struct RankSource {
   const char* name;
@@ -29,9 +45,18 @@ constexpr RankSource kSources[] = {
     {"Slurm", env::kSlurmProcId, env::kSlurmNtasks, env::kSlurmLocalId, nullptr},
 };
 
+// A timeout of 0 would fail every collective at once; one past a week is a
+// mistake, and one near Duration's limit overflows when added to now.
+void check_timeout_option(const char* name, Duration value) {
+  if (value <= Duration(0) || value > kMaxTimeout)
+    throw InvalidArgument(fmt::format("GroupOptions::{} is {} ms; it must be from 1 ms to {} ms (a week), or unset "
+                                      "to take it from the environment",
+                                      name, value.count(), kMaxTimeout.count()));
+}
+
 void check_rank(int rank, int size, const std::string& how) {
-  if (size < 1)
-    throw ConfigError(fmt::format("world size is {} ({}); it must be at least 1", size, how));
+  if (size < 1 || size > kMaxWorldSize)
+    throw ConfigError(fmt::format("world size is {} ({}); it must be from 1 to {}", size, how, kMaxWorldSize));
   if (rank < 0 || rank >= size)
     throw ConfigError(fmt::format("rank {} is outside the world of {} ranks ({}); ranks are numbered 0..{}", rank,
                                   size, how, size - 1));
@@ -41,8 +66,8 @@ void check_rank(int rank, int size, const std::string& how) {
 // are present. Returns false if none is.
 bool from_launcher(LaunchInfo& info) {
   for (const auto& src : kSources) {
-    const auto rank = env_int(src.rank);
-    const auto size = env_int(src.size);
+    const auto rank = env_rank(src.rank);
+    const auto size = env_world_size(src.size);
     if (!rank && !size) continue;
     if (!rank || !size)
       throw ConfigError(fmt::format("{} is set but {} is not; set both (or start the program with `lockstep run`)",
@@ -50,13 +75,13 @@ bool from_launcher(LaunchInfo& info) {
     info.rank = static_cast<int>(*rank);
     info.world_size = static_cast<int>(*size);
     check_rank(info.rank, info.world_size, fmt::format("{}={}, {}={}", src.rank, *rank, src.size, *size));
-    info.local_rank = static_cast<int>(env_int(src.local_rank).value_or(info.rank));
+    info.local_rank = env_rank(src.local_rank).value_or(info.rank);
     if (src.local_size != nullptr) {
-      info.local_world_size = static_cast<int>(env_int(src.local_size).value_or(info.world_size));
+      info.local_world_size = env_world_size(src.local_size).value_or(info.world_size);
     } else {
       const auto tasks = env_string(env::kSlurmTasksPerNode);
-      const auto node = env_int(env::kSlurmNodeId);
-      info.local_world_size = tasks && node ? slurm_tasks_on_node(*tasks, static_cast<int>(*node)) : info.world_size;
+      const auto node = env_rank(env::kSlurmNodeId);
+      info.local_world_size = tasks && node ? slurm_tasks_on_node(*tasks, *node) : info.world_size;
     }
     info.source = src.name;
     return true;
@@ -92,8 +117,8 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
     info.rank = options.rank;
     info.world_size = options.world_size;
     check_rank(info.rank, info.world_size, "GroupOptions");
-    info.local_rank = static_cast<int>(env_int(env::kLocalRank).value_or(info.rank));
-    info.local_world_size = static_cast<int>(env_int(env::kLocalWorldSize).value_or(info.world_size));
+    info.local_rank = env_rank(env::kLocalRank).value_or(info.rank);
+    info.local_world_size = env_world_size(env::kLocalWorldSize).value_or(info.world_size);
     info.source = "options";
   } else if (!from_launcher(info)) {
     info.source = "none";
@@ -102,7 +127,7 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
   info.master_addr = !options.master_addr.empty() ? options.master_addr : env_string(env::kMasterAddr).value_or("");
   if (options.master_port >= 0) {
     info.master_port = options.master_port;
-  } else if (auto port = env_int(env::kMasterPort)) {
+  } else if (auto port = env_int(env::kMasterPort, 1, kMaxPort)) {
     info.master_port = static_cast<int>(*port);
   }
   if (info.master_port > 65535 || (info.master_port <= 0 && info.master_port != -1))
@@ -125,8 +150,11 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
   info.store_hosted = env_flag(env::kStoreHosted).value_or(false);
   info.token = env_string(env::kStoreToken).value_or("");
   const std::string run = env_string(env::kRunId).value_or(env_string(env::kTorchelasticRunId).value_or("job"));
-  const auto restart = env_int(env::kRestartCount).value_or(env_int(env::kTorchelasticRestartCount).value_or(0));
+  const auto restart = env_int(env::kRestartCount, 0, INT_MAX)
+                           .value_or(env_int(env::kTorchelasticRestartCount, 0, INT_MAX).value_or(0));
   info.run_id = fmt::format("{}/{}", run, restart);
+  if (options.timeout) check_timeout_option("timeout", *options.timeout);
+  if (options.connect_timeout) check_timeout_option("connect_timeout", *options.connect_timeout);
   info.timeout = options.timeout.value_or(env_seconds(env::kTimeout).value_or(Store::kDefaultTimeout));
   info.connect_timeout =
       options.connect_timeout.value_or(env_seconds(env::kConnectTimeout).value_or(kDefaultConnectTimeout));

@@ -34,13 +34,28 @@ std::optional<std::int64_t> env_int(const char* name) {
   return v;
 }
 
+std::optional<std::int64_t> env_int(const char* name, std::int64_t min, std::int64_t max) {
+  auto text = env_string(name);
+  if (!text) return std::nullopt;
+  auto v = parse_int(*text);
+  if (!v || *v < min || *v > max)
+    throw ConfigError(fmt::format("{}='{}' is {}; set it to a whole number from {} to {}, or unset it", name, *text,
+                                  v ? "out of range" : "not an integer", min, max));
+  return v;
+}
+
 std::optional<Duration> env_seconds(const char* name) {
   auto text = env_string(name);
   if (!text) return std::nullopt;
+  // Checked as a double, before the conversion to milliseconds: 1e300 would
+  // overflow it, and anything under half a millisecond would round to 0.
+  const double max_seconds = std::chrono::duration<double>(kMaxTimeout).count();
   char* end = nullptr;
   const double seconds = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0)
-    throw ConfigError(fmt::format("{}='{}' is not a positive number of seconds; e.g. {}=300", name, *text, name));
+  if (end == text->c_str() || *end != '\0' || !std::isfinite(seconds) || seconds < 0.001 || seconds > max_seconds)
+    throw ConfigError(fmt::format("{}='{}' is not a duration lockstep accepts; set it to a number of seconds from "
+                                  "0.001 to {:.0f} (a week), e.g. {}=300, or unset it",
+                                  name, *text, max_seconds, name));
   return Duration(static_cast<std::int64_t>(std::llround(seconds * 1000.0)));
 }
 

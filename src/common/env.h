@@ -1,8 +1,11 @@
-// Typed reads of environment variables. A malformed value is a ConfigError
-// that names the variable, the value and what was expected. Reads only;
-// thread-safe as long as nobody calls setenv concurrently.
+// Typed reads of environment variables. A malformed or out-of-range value is
+// a ConfigError that names the variable, the value and what is accepted.
+// Numbers are range-checked before they are converted to a narrower type, so
+// a huge value can never wrap into a small or negative one.
+// Reads only; thread-safe as long as nobody calls setenv concurrently.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,14 +14,23 @@
 
 namespace lockstep {
 
+// The longest timeout lockstep accepts, from the environment or in options:
+// a week. Longer ones are typos (or overflow into a negative duration).
+inline constexpr Duration kMaxTimeout = std::chrono::hours(24 * 7);
+
 std::optional<std::string> env_string(const char* name);
+// A whole number in [min, max].
+std::optional<std::int64_t> env_int(const char* name, std::int64_t min, std::int64_t max);
+// A whole number of any size: only for callers that check the range
+// themselves; prefer the bounded form above.
 std::optional<std::int64_t> env_int(const char* name);
-// Seconds, fractional allowed ("30", "0.5").
+// Seconds, fractional allowed ("30", "0.5"), from 1 ms to kMaxTimeout.
 std::optional<Duration> env_seconds(const char* name);
 // "1", "true", "yes", "on" / "0", "false", "no", "off".
 std::optional<bool> env_flag(const char* name);
 
-// Parses a whole string as an integer; nullopt if it is not one.
+// Parses a whole string as an integer; nullopt if it is not one (or does
+// not fit in 64 bits).
 std::optional<std::int64_t> parse_int(const std::string& text);
 
 }  // namespace lockstep

@@ -10,7 +10,8 @@ namespace lockstep {
 // gethostname(), or "" if it fails.
 std::string host_name();
 
-// `bytes` random bytes from /dev/urandom as lowercase hex (2 x bytes digits).
+// `bytes` random bytes from the kernel (getrandom) as lowercase hex (2 x bytes
+// digits). Throws Error if they cannot be read: never a predictable token.
 std::string random_hex(std::size_t bytes);
 
 }  // namespace lockstep

@@ -2,11 +2,13 @@
 #include "lockstep/torch/data.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -64,6 +66,37 @@ void sync_path(const std::string& path, int flags) {
   if (rc != 0) throw Error(fmt::format("checkpoint: cannot flush {}: {}", path, std::strerror(err)));
 }
 
+// Deletes the temporary files of saves that were killed before their
+// rename (`<name>.tmp.<pid>` whose process is gone), so they do not pile up
+// beside the checkpoint. A live process's file is left alone: two writers
+// of one path must not delete each other's work in progress.
+void remove_stale_temporaries(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string suffix = name.substr(prefix.size());
+    if (suffix.empty() || suffix.find_first_not_of("0123456789") != std::string::npos || suffix.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(suffix));
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+// The first line of a libtorch error: its message without the C++ stack
+// trace that follows.
+std::string first_line(const std::exception& e) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = torch_error ? torch_error->what_without_backtrace() : e.what();
+  text = text.substr(0, text.find('\n'));
+  return text;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const std::function<void(::torch::serialize::OutputArchive&)>& write) {
@@ -71,6 +104,7 @@ void save_checkpoint(const std::string& path, const std::function<void(::torch::
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   fs::create_directories(dir);
+  remove_stale_temporaries(target);
   const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
   try {
     ::torch::serialize::OutputArchive archive;
@@ -92,10 +126,38 @@ void save_checkpoint(const std::string& path, const std::function<void(::torch::
 }
 
 bool load_checkpoint(const std::string& path, const std::function<void(::torch::serialize::InputArchive&)>& read) {
-  if (!std::filesystem::exists(path)) return false;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(fmt::format("cannot look at checkpoint {}: {}; check the permissions of its directory", path,
+                            ec.message()));
+  if (!fs::exists(status)) return false;
+  constexpr char kStartOver[] = "delete it or move it away to start over";
+  if (!fs::is_regular_file(status))
+    throw Error(fmt::format("checkpoint {} is not a file (a directory or a device is in its place); {}, or choose "
+                            "another checkpoint path",
+                            path, kStartOver));
+  if (fs::file_size(path, ec) == 0)
+    throw Error(fmt::format("checkpoint {} is empty (a save was cut short, or something else created it); {}", path,
+                            kStartOver));
+  // libtorch's errors carry a C++ stack trace; the user needs one sentence.
   ::torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  read(archive);
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint {} cannot be read ({}): it is truncated, corrupt or not a checkpoint; {}", path,
+                            first_line(e), kStartOver));
+  }
+  try {
+    read(archive);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint {} does not hold what this program saves ({}): it was written by another "
+                            "program or model; {}",
+                            path, first_line(e), kStartOver));
+  }
   return true;
 }
 

@@ -211,7 +211,7 @@ TEST(ForkedRanksConfig, RankNotBelowWorldSize) {
 }
 
 TEST(ForkedRanksConfig, WorldSizeZero) {
-  expect_config_errors(1, [](int) { return launcher_env(0, 0, 1); }, "world size is 0");
+  expect_config_errors(1, [](int) { return launcher_env(0, 0, 1); }, "WORLD_SIZE='0' is out of range");
 }
 
 TEST(ForkedRanksConfig, UnreachableMasterAfterTheConnectTimeout) {

@@ -45,6 +45,40 @@ TEST(Env, ParsesSecondsAndRejectsGarbage) {
   EXPECT_FALSE(env_seconds("LOCKSTEP_TEST_UNSET").has_value());
 }
 
+// Each value must be refused before it is converted: 1e300 used to overflow
+// into a negative timeout, and 0.0001 to round down to 0 ms.
+TEST(Env, TimeoutsOutsideTheAcceptedRangeAreClearErrors) {
+  for (const char* value : {"1e300", "0", "0.0001", "-5", "inf", "nan", "700000"}) {
+    ScopedEnv env({{"LOCKSTEP_TIMEOUT", value}});
+    try {
+      env_seconds("LOCKSTEP_TIMEOUT");
+      ADD_FAILURE() << "LOCKSTEP_TIMEOUT=" << value << " was accepted";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("LOCKSTEP_TIMEOUT='") + value + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("from 0.001 to 604800"), std::string::npos) << what;
+    }
+  }
+  ScopedEnv env({{"LOCKSTEP_TIMEOUT", "604800"}});
+  EXPECT_EQ(env_seconds("LOCKSTEP_TIMEOUT"), Duration(604800 * 1000));
+}
+
+TEST(Env, BoundedIntegersNameTheVariableTheValueAndTheRange) {
+  ScopedEnv env({{"LOCKSTEP_TEST_INT", "4294967297"}, {"LOCKSTEP_TEST_WORD", "many"}, {"LOCKSTEP_TEST_OK", "7"}});
+  EXPECT_EQ(env_int("LOCKSTEP_TEST_OK", 1, 7), 7);
+  try {
+    env_int("LOCKSTEP_TEST_INT", 1, 100);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOCKSTEP_TEST_INT='4294967297' is out of range; set it to a whole number "
+                                         "from 1 to 100"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(env_int("LOCKSTEP_TEST_WORD", 1, 100), ConfigError);
+  EXPECT_FALSE(env_int("LOCKSTEP_TEST_UNSET", 1, 100).has_value());
+}
+
 TEST(Env, LogLevelFromEnvironment) {
   {
     ScopedEnv env({{"LOCKSTEP_LOG_LEVEL", "debug"}});
@@ -136,7 +170,48 @@ TEST(LaunchEnv, RankOutsideWorldIsAClearError) {
 TEST(LaunchEnv, ZeroWorldSizeIsAClearError) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "0"}});
-  expect_config_error({}, "world size is 0");
+  expect_config_error({}, "WORLD_SIZE='0' is out of range");
+}
+
+// Values that used to wrap when narrowed to int: 4294967297 became a world
+// of 1, and 2^32 + 29500 the port 29500.
+TEST(LaunchEnv, HugeWorldSizesRanksAndPortsAreRefusedNotTruncated) {
+  auto clean = clean_launcher_env();
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "4294967297"}});
+    expect_config_error({}, "WORLD_SIZE='4294967297' is out of range; set it to a whole number from 1 to 1048576");
+  }
+  {
+    ScopedEnv env({{"RANK", "4294967296"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}});
+    expect_config_error({}, "RANK='4294967296' is out of range");
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4294967298"}, {"MASTER_ADDR", "x"},
+                   {"MASTER_PORT", "1"}});
+    expect_config_error({}, "LOCAL_WORLD_SIZE='4294967298' is out of range");
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "4294996796"}});
+    expect_config_error({}, "MASTER_PORT='4294996796' is out of range; set it to a whole number from 1 to 65535");
+  }
+}
+
+TEST(LaunchEnv, AZeroOrOverflowingTimeoutIsAClearError) {
+  auto clean = clean_launcher_env();
+  {
+    ScopedEnv env({{"LOCKSTEP_TIMEOUT", "1e300"}});
+    expect_config_error({}, "LOCKSTEP_TIMEOUT='1e300'");
+  }
+  {
+    ScopedEnv env({{"LOCKSTEP_TIMEOUT", "0.0001"}});
+    expect_config_error({}, "LOCKSTEP_TIMEOUT='0.0001'");
+  }
+  GroupOptions zero;
+  zero.timeout = Duration(0);
+  EXPECT_THROW(resolve_launch(zero), InvalidArgument);
+  GroupOptions forever;
+  forever.connect_timeout = Duration::max();
+  EXPECT_THROW(resolve_launch(forever), InvalidArgument);
 }
 
 TEST(LaunchEnv, HalfAPairIsAClearError) {

@@ -1,14 +1,20 @@
 // The main job on a slice of the real Fashion-MNIST data, launched as users
 // launch it: the loss falls; two ranks reach the same parameters as one rank
 // on the same global batches; a new run resumes from the checkpoint; and a
-// rank killed mid-training is restarted by the launcher and resumes.
+// rank killed mid-training is restarted by the launcher and resumes. Bad
+// input (damaged or empty data files, unreadable checkpoints) is one clear
+// sentence and a non-zero exit.
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
+#include <zlib.h>
 #include <torch/version.h>
 
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -142,6 +148,156 @@ TEST(FashionMnist, AKilledRankIsRestartedAndTrainingResumes) {
   EXPECT_NE(r.output.find("restarting all ranks (restart 1 of 1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("epoch(s) already done"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("epoch 3/3:"), std::string::npos) << r.output;
+}
+
+// Bad input, on a tiny synthetic dataset written here (the real one is not
+// needed): each problem is one sentence naming the file, and a non-zero exit.
+
+void write_u32(std::string& out, std::uint32_t v) {
+  for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+// An IDX file: magic, dimensions, then `data` (plain, or gzip-compressed).
+void write_idx(const std::string& path, std::uint32_t magic, const std::vector<std::uint32_t>& dims,
+               const std::string& data, bool gzip = false) {
+  std::string bytes;
+  write_u32(bytes, magic);
+  for (auto d : dims) write_u32(bytes, d);
+  bytes += data;
+  if (!gzip) {
+    std::ofstream(path, std::ios::binary) << bytes;
+    return;
+  }
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+// `n` training and test samples of 28x28 pixels with labels 0..9.
+void write_dataset(const std::string& dir, std::uint32_t n) {
+  for (const char* prefix : {"train", "t10k"}) {
+    std::string pixels(static_cast<std::size_t>(n) * 28 * 28, '\0'), labels(n, '\0');
+    for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<char>((i * 37) % 251);
+    for (std::uint32_t i = 0; i < n; ++i) labels[i] = static_cast<char>(i % 10);
+    write_idx(dir + "/" + prefix + "-images-idx3-ubyte", 0x803, {n, 28, 28}, pixels);
+    write_idx(dir + "/" + prefix + "-labels-idx1-ubyte", 0x801, {n}, labels);
+  }
+}
+
+// One rank, run directly (a world of one), on the data in `dir`.
+testing::RankResult run_one(const std::string& dir, std::vector<std::string> more, testing::EnvMap env = {}) {
+  std::vector<std::string> args{"--data", dir, "--epochs", "1", "--batch-size", "32", "--progress", "0"};
+  args.insert(args.end(), more.begin(), more.end());
+  return testing::run_program(FASHION_MNIST, args, env, 120s);
+}
+
+// One sentence, not a libtorch stack trace or a bare std::bad_alloc.
+void expect_one_clear_sentence(const testing::RankResult& r, int exit_code, const std::string& file,
+                               const std::string& problem) {
+  EXPECT_EQ(r.signal, 0) << testing::describe(r);
+  EXPECT_EQ(r.exit_code, exit_code) << testing::describe(r);
+  EXPECT_NE(r.output.find(file + " " + problem), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bad_alloc"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("-nan"), std::string::npos) << r.output;
+}
+
+// A header that promises four billion images used to be allocated before
+// anything was read: std::bad_alloc.
+TEST(FashionMnistInput, AHeaderPromisingMoreThanTheFileHoldsIsRefused) {
+  for (const bool gzip : {false, true}) {
+    TempDir dir;
+    write_dataset(dir.path(), 64);
+    const std::string images = dir.path() + "/train-images-idx3-ubyte" + (gzip ? ".gz" : "");
+    std::filesystem::remove(dir.path() + "/train-images-idx3-ubyte");
+    write_idx(images, 0x803, {0xffffffffu, 28, 28}, std::string(5000, 'x'), gzip);
+    const auto r = run_one(dir.path(), {});
+    expect_one_clear_sentence(r, 1, images, gzip ? "is truncated" : "has 5016 bytes where its header");
+    EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
+  }
+}
+
+TEST(FashionMnistInput, GarbageIsNotAnIdxFile) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const std::string labels = dir.path() + "/t10k-labels-idx1-ubyte";
+  std::ofstream(labels, std::ios::binary) << "this is not a dataset at all";
+  expect_one_clear_sentence(run_one(dir.path(), {}), 1, labels, "is not an IDX file of labels");
+}
+
+// An empty dataset used to train on nothing and exit 0 with "loss -nan, test
+// accuracy -nan%".
+TEST(FashionMnistInput, AnEmptyDatasetIsRefused) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const std::string images = dir.path() + "/train-images-idx3-ubyte";
+  write_idx(images, 0x803, {0, 28, 28}, "");
+  write_idx(dir.path() + "/train-labels-idx1-ubyte", 0x801, {0}, "");
+  expect_one_clear_sentence(run_one(dir.path(), {}), 1, images, "holds no samples");
+}
+
+// A checkpoint that cannot be loaded used to end in a libtorch C++ stack trace.
+TEST(FashionMnistInput, AnUnreadableCheckpointIsOneSentenceNamingIt) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const std::string ckpt = dir.path() + "/ckpt";
+  // --fresh is suggested where it helps: a save can replace a file, not a directory.
+  const auto expect_refused = [&](const std::string& problem) {
+    const auto r = run_one(dir.path(), {"--checkpoint", ckpt});
+    expect_one_clear_sentence(r, 2, "checkpoint " + ckpt, problem);
+    EXPECT_EQ(r.output.find("pass --fresh") != std::string::npos, std::filesystem::is_regular_file(ckpt)) << r.output;
+  };
+  std::ofstream(ckpt, std::ios::binary) << "garbage, not a checkpoint";
+  expect_refused("cannot be read");
+  std::ofstream(ckpt, std::ios::binary).flush();
+  expect_refused("is empty");
+  std::filesystem::remove(ckpt);
+  std::filesystem::create_directory(ckpt);
+  expect_refused("is not a file");
+  std::filesystem::remove(ckpt);
+  // A real checkpoint, cut in half.
+  ASSERT_EQ(run_one(dir.path(), {"--checkpoint", ckpt}).exit_code, 0);
+  std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
+  expect_refused("cannot be read");
+  // --fresh starts over and overwrites it.
+  const auto r = run_one(dir.path(), {"--checkpoint", ckpt, "--fresh"});
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  const auto resumed = run_one(dir.path(), {"--checkpoint", ckpt});
+  EXPECT_EQ(resumed.exit_code, 0) << testing::describe(resumed);
+  EXPECT_NE(resumed.output.find("1 epoch(s) already done"), std::string::npos) << resumed.output;
+}
+
+// A save killed before its rename leaves <checkpoint>.tmp.<pid>; the next
+// save removes it, but not the file of a save still running.
+TEST(FashionMnistInput, AStaleTemporaryCheckpointIsRemovedAtTheNextSave) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const std::string ckpt = dir.path() + "/ckpt";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string stale = ckpt + ".tmp." + std::to_string(dead);
+  const std::string live = ckpt + ".tmp." + std::to_string(::getpid());
+  std::ofstream(stale) << "half a checkpoint";
+  std::ofstream(live) << "a save in progress";
+  const auto r = run_one(dir.path(), {"--checkpoint", ckpt});
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(std::filesystem::exists(ckpt));
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live));
+}
+
+// A lockstep error (here a launcher environment without MASTER_ADDR) exits 2
+// with its message.
+TEST(FashionMnistInput, ALockstepErrorExitsTwoWithItsMessage) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const auto r = run_one(dir.path(), {}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_EQ(r.signal, 0) << testing::describe(r);
+  EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+  EXPECT_NE(r.output.find("fashion_mnist: MASTER_ADDR is not set"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -34,6 +34,20 @@ Launcher::Launcher(const std::string& cli, std::vector<std::string> args, EnvMap
 
 RankResult Launcher::wait(Duration timeout) { return ranks_.wait_all(timeout)[0]; }
 
+RankResult run_program(const std::string& program, std::vector<std::string> args, EnvMap env, Duration timeout) {
+  ProcessRanks child(1, [env](int) { return env; },
+                     [program, args](int) {
+                       std::vector<std::string> argv{program};
+                       argv.insert(argv.end(), args.begin(), args.end());
+                       std::vector<char*> c;
+                       for (auto& a : argv) c.push_back(a.data());
+                       c.push_back(nullptr);
+                       ::execv(program.c_str(), c.data());
+                       throw std::runtime_error("cannot execute " + program);
+                     });
+  return child.wait_all(timeout)[0];
+}
+
 std::vector<pid_t> children_of(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
   std::vector<pid_t> out;

@@ -36,6 +36,10 @@ class Launcher {
   ProcessRanks ranks_;
 };
 
+// Runs `program ARGS...` directly, without a launcher, with extra
+// environment; its exit code and output, or killed at `timeout`.
+RankResult run_program(const std::string& program, std::vector<std::string> args, EnvMap env, Duration timeout);
+
 // Whether a program's output mentions `what`.
 inline bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 

@@ -236,5 +236,29 @@ TEST(Launcher, BadArgumentsAreClearErrors) {
   EXPECT_TRUE(contains(r.output, "program is required")) << r.output;
 }
 
+// A sweep from 64 MiB down to 4 bytes used to print no rows and exit 0. It
+// is refused before any rank starts, with -np as under a launcher.
+TEST(Bench, ASmallestSizeAboveTheLargestIsAClearError) {
+  for (const std::vector<std::string> args : {std::vector<std::string>{"bench", "--np", "1", "-b", "64M", "-e", "4"},
+                                              std::vector<std::string>{"bench", "-b", "64M", "-e", "4"}}) {
+    const auto r = testing::run_program(LOCKSTEP_CLI, args, {}, 30s);
+    EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "-b 64M (67108864 bytes) is larger than -e 4 (4 bytes)")) << r.output;
+    EXPECT_FALSE(contains(r.output, "# lockstep bench:")) << r.output;
+  }
+  const auto r = testing::run_program(LOCKSTEP_CLI, {"bench", "--np", "1", "-b", "0", "-e", "4K"}, {}, 30s);
+  EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "-b 0 would never grow")) << r.output;
+}
+
+// A lockstep error in an example's main used to escape it: terminate(),
+// SIGABRT and a core instead of the message.
+TEST(Examples, AConfigErrorIsPrintedAndExitsTwo) {
+  const auto r = testing::run_program(ALLREDUCE_DEMO, {}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}}, 30s);
+  EXPECT_EQ(r.signal, 0) << testing::describe(r);
+  EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "allreduce_demo: MASTER_ADDR is not set")) << r.output;
+}
+
 }  // namespace
 }  // namespace lockstep

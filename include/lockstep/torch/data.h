@@ -50,12 +50,15 @@ class DistributedSampler final : public ::torch::data::samplers::Sampler<> {
 
 // Writes a checkpoint so that a crash at any moment leaves either the old
 // file or the new one, never a torn one: `write` fills an archive, which
-// is saved to a temporary file beside `path`, flushed to disk, and renamed
-// over `path`; then the directory is flushed. Throws Error on I/O failure
-// (the old checkpoint stays).
+// is saved to a temporary file beside `path` (`<path>.tmp.<pid>`), flushed
+// to disk, and renamed over `path`; then the directory is flushed. Temporary
+// files of earlier saves whose process is gone (killed mid-save) are deleted
+// first. Throws Error on I/O failure (the old checkpoint stays).
 void save_checkpoint(const std::string& path, const std::function<void(::torch::serialize::OutputArchive&)>& write);
 
-// Reads a checkpoint; returns false if there is none at `path`.
+// Reads a checkpoint; returns false if there is none at `path`. Throws Error,
+// one sentence naming the file and what to do, if `path` is not a regular
+// file, is empty, truncated or corrupt, or lacks what `read` asks for.
 bool load_checkpoint(const std::string& path, const std::function<void(::torch::serialize::InputArchive&)>& read);
 
 }  // namespace lockstep::torch

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -264,7 +265,7 @@ void pin_to_core(int local_rank) {
 // mpirun LOCAL_RANK is not set, and every rank would pick the first core).
 int local_rank() {
   for (const char* name : {env::kLocalRank, env::kOmpiLocalRank, env::kSlurmLocalId})
-    if (auto v = env_int(name)) return static_cast<int>(*v);
+    if (auto v = env_int(name, 0, INT_MAX)) return static_cast<int>(*v);
   return 0;
 }
 
@@ -272,6 +273,25 @@ std::string self_exe() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
   return n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "lockstep";
+}
+
+// The size sweep runs min, min x f, ... up to max: checked before any rank
+// starts, since a sweep that cannot run would otherwise end with no rows and
+// exit 0 (min > max), or never end (min 0 or f <= 1 never reach max).
+void check_sizes(const BenchOptions& o) {
+  const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
+  if (min_bytes > max_bytes)
+    throw InvalidArgument(fmt::format("-b {} ({} bytes) is larger than -e {} ({} bytes); the smallest size must not "
+                                      "exceed the largest: swap them, or give -e at least {}",
+                                      o.min_bytes, min_bytes, o.max_bytes, max_bytes, o.min_bytes));
+  if (min_bytes == max_bytes) return;
+  if (!(o.factor > 1))
+    throw InvalidArgument(fmt::format("-f {} would never grow -b {} to -e {}; use a step factor greater than 1",
+                                      o.factor, o.min_bytes, o.max_bytes));
+  if (min_bytes == 0)
+    throw InvalidArgument(fmt::format("-b 0 would never grow to -e {}; start the sweep at 1 byte or more, or set "
+                                      "-e 0 too",
+                                      o.max_bytes));
 }
 
 int bench_as_rank(const BenchOptions& o) {
@@ -293,8 +313,8 @@ int bench_as_rank(const BenchOptions& o) {
   group.backend = o.backend;
   auto pg = init_process_group(group);
   const bool printer = pg->rank() == 0;
+  check_sizes(o);
   const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
-  if (o.factor <= 1 && min_bytes != max_bytes) throw InvalidArgument("-f must be greater than 1");
 
   nlohmann::json report = {{"backend", pg->backend()}, {"ranks", pg->size()}, {"dtype", to_string(*dtype)},
                            {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
@@ -359,8 +379,12 @@ std::size_t parse_size(const std::string& text) {
     case 'G': mult = 1ull << 30; digits.pop_back(); break;
     default: break;
   }
+  // Bounded before the multiplication, so 99999999999G cannot wrap around.
+  constexpr std::int64_t kMaxBytes = std::int64_t{1} << 40;
   const auto v = parse_int(digits);
-  if (!v || *v < 0) throw InvalidArgument(fmt::format("'{}' is not a size; use bytes with an optional K, M or G", text));
+  if (!v || *v < 0 || *v > kMaxBytes / static_cast<std::int64_t>(mult))
+    throw InvalidArgument(
+        fmt::format("'{}' is not a size; use bytes with an optional K, M or G, up to 1024G", text));
   return static_cast<std::size_t>(*v) * mult;
 }
 
@@ -385,6 +409,7 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
 }
 
 int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
+  check_sizes(o);
   const bool launched = env_string(env::kRank) || env_string(env::kOmpiRank) || env_string(env::kSlurmProcId);
   if (o.nranks > 0 && !launched) {
     RunOptions run;

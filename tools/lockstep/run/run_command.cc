@@ -41,9 +41,12 @@ int resolve_nproc(const std::string& text) {
     if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
+  // Bounded before the narrowing to int, so 4294967297 is not taken as 1.
+  constexpr std::int64_t kMaxPerNode = 1 << 16;
   const auto n = parse_int(text);
-  if (!n || *n < 1)
-    throw ConfigError(fmt::format("--nproc-per-node '{}' is not a positive number or 'auto'", text));
+  if (!n || *n < 1 || *n > kMaxPerNode)
+    throw ConfigError(fmt::format("--nproc-per-node '{}' is not a positive number up to {} or 'auto'", text,
+                                  kMaxPerNode));
   return static_cast<int>(*n);
 }
 
@@ -162,8 +165,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/rank<r>.log");
   run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
   run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
-  run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::NonNegativeNumber);
-  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str();
+  run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(CLI::Range(0.001, 604800.0));
   run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, mpi");
   run->add_option("--run-id", o.run_id, "Job identifier (default: random)");
   run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
