@@ -16,6 +16,7 @@
 #   torchtest only the tests of the libtorch frontend and the examples
 #   gpu       the gpu-labelled tests and the GPU benchmarks
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
+#   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
 #   doctor    lockstep doctor --ranks 1,2,4,8,16
 # Environment: DEBS (default .gpu-deps), BUILD, PYTHON (default python3),
@@ -109,6 +110,22 @@ step_allreduce() {
   done
 }
 
+# The shm backend's wait policy at 16 ranks: the same all-reduce sizes with
+# several spin budgets (LOCKSTEP_SHM_SPIN_US), lockstep alone.
+step_shmspin() {
+  offline_env
+  local np=${SPIN_RANKS:-16} spin
+  [ "$np" -le "$(nproc)" ] || np=$(nproc)
+  for spin in ${SPINS:-20 200 2000 20000}; do
+    for size in ${SPIN_SIZES:-4 64K 1M 16M}; do
+      local n=200
+      case $size in 4) n=20000 ;; 64K) n=2000 ;; 16M) n=20 ;; esac
+      echo "spin ${spin}us size $size: $(LOCKSTEP_SHM_SPIN_US=$spin "$BUILD/lockstep" bench --op allreduce \
+        --backend shm -np "$np" -b "$size" -e "$size" -n "$n" -w 5 -c 1 | awk '$1 ~ /^[0-9]+$/ {print $6 " us, busbw " $8 " GB/s"}')"
+    done
+  done | tee "$OUT/shm-spin-$np.txt"
+}
+
 step_ddp() {
   offline_env
   "$PYTHON" bench/compare_ddp.py --ranks "$RANKS" --runs "${RUNS:-2}" --steps "${STEPS:-10}" --build "$BUILD" \
@@ -123,7 +140,7 @@ step_doctor() {
 [ $# -gt 0 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 for step in "$@"; do
   case "$step" in
-    build|test|torchtest|gpu|allreduce|ddp|doctor) log "== $step"; "step_$step" ;;
-    *) log "unknown step '$step' (build, test, torchtest, gpu, allreduce, ddp, doctor)"; exit 2 ;;
+    build|test|torchtest|gpu|allreduce|shmspin|ddp|doctor) log "== $step"; "step_$step" ;;
+    *) log "unknown step '$step' (build, test, torchtest, gpu, allreduce, shmspin, ddp, doctor)"; exit 2 ;;
   esac
 done

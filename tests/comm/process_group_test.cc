@@ -211,6 +211,28 @@ TEST_P(ProcessGroupTest, DifferentCollectivesOrRootsAtTheSamePointAreRefused) {
   if (GetParam() == "shm") EXPECT_TRUE(named) << "a reduce to different roots went unnoticed";
 }
 
+// The shm wait's spin budget is a setting; a value out of its range is a
+// clear error when the group forms, and an accepted one works.
+TEST(ShmSettings, SpinBudgetIsRangeCheckedAndHonoured) {
+  ::setenv("LOCKSTEP_SHM_SPIN_US", "5000000", 1);
+  try {
+    ThreadWorld world(2, "shm", 10s);
+    ADD_FAILURE() << "LOCKSTEP_SHM_SPIN_US=5000000 was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LOCKSTEP_SHM_SPIN_US"), std::string::npos) << e.what();
+  }
+  ::setenv("LOCKSTEP_SHM_SPIN_US", "0", 1);
+  {
+    ThreadWorld world(2, "shm", 10s);
+    world.run([](int rank, ProcessGroup& pg) {
+      std::vector<float> data(3, static_cast<float>(rank + 1));
+      pg.allreduce(view(std::span(data)))->wait();
+      EXPECT_EQ(data[2], 3.0f);
+    });
+  }
+  ::unsetenv("LOCKSTEP_SHM_SPIN_US");
+}
+
 TEST_P(ProcessGroupTest, BarrierWaitsForTheSlowestRank) {
   ThreadWorld world(5, GetParam());
   std::atomic<int> arrived{0};

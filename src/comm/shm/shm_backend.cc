@@ -56,11 +56,17 @@ bool oversubscribed(const std::vector<std::string>& masks) {
   return std::count(all.begin(), all.end(), '1') < static_cast<long>(masks.size());
 }
 
+// Sizes up to 1 GiB: a slot is allocated per rank and pipeline stage.
 std::size_t env_bytes(const char* name, std::size_t fallback) {
-  const auto v = env_int(name);
-  if (!v) return fallback;
-  if (*v < 0) throw ConfigError(fmt::format("{}={} must not be negative", name, *v));
-  return static_cast<std::size_t>(*v);
+  const auto v = env_int(name, 0, std::int64_t{1} << 30);
+  return v ? static_cast<std::size_t>(*v) : fallback;
+}
+
+// How long a wait spins before it sleeps, when ranks have a core each:
+// up to a second (past that, a sleeping wait's 2 ms slices cost nothing).
+std::int64_t spin_nanos() {
+  const auto micros = env_int(env::kShmSpinMicros, 0, 1'000'000);
+  return micros ? *micros * 1000 : kDefaultSpinNanos;
 }
 
 std::size_t slot_size(int n, std::size_t one_shot, std::size_t chunk) {
@@ -125,7 +131,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   own_.unlink();
   watch_ = PeerWatch(pids, namespaces, rank_);
   const bool crowded = oversubscribed(masks);
-  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_);
+  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos());
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
              crowded ? "yielding (more ranks than cores)" : "spinning");

@@ -28,10 +28,6 @@
 namespace lockstep::shm {
 namespace {
 
-// How long a wait spins before giving the core away. Long enough to catch a
-// peer arriving within a few microseconds (the common case when ranks run
-// in lockstep), short enough not to starve a compute thread on the same core.
-constexpr std::int64_t kSpinNanos = 20'000;
 // How long a wait yields (when ranks share cores) before sleeping.
 constexpr std::int64_t kYieldNanos = 200'000;
 // Sleep slices: how often a sleeping wait re-checks deadline and liveness.
@@ -112,7 +108,7 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
   }
   const std::int64_t start = now_ns();
   if (policy_ == SpinPolicy::spin) {
-    while (now_ns() - start < kSpinNanos) {
+    while (now_ns() - start < spin_nanos_) {
       for (int i = 0; i < 64; ++i) {
         if (reached()) return;
         LOCKSTEP_CPU_RELAX();

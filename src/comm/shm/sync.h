@@ -70,10 +70,18 @@ enum class SpinPolicy {
   yield,  // ranks share cores: yield at once so the peer can run
 };
 
+// How long a wait spins before giving the core away (LOCKSTEP_SHM_SPIN_US
+// overrides it). Long enough to catch a peer arriving within a few
+// microseconds (the common case when ranks run in lockstep), short enough
+// not to starve a compute thread on the same core. Measured on 2 cores; at
+// 16 ranks it is the first suspect for a slow small all-reduce
+// (docs/algorithms.md).
+inline constexpr std::int64_t kDefaultSpinNanos = 20'000;
+
 class Waiter {
  public:
-  Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self)
-      : peers_(&peers), policy_(policy), self_(std::move(self)) {}
+  Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self, std::int64_t spin_nanos = kDefaultSpinNanos)
+      : peers_(&peers), policy_(policy), self_(std::move(self)), spin_nanos_(spin_nanos) {}
 
   // Waits until `counter` (owned by rank `peer`) is at least `target`.
   // `what` names the step for error messages ("inputs of round 4").
@@ -95,6 +103,7 @@ class Waiter {
   const PeerWatch* peers_;
   SpinPolicy policy_;
   std::string self_;
+  std::int64_t spin_nanos_;
 };
 
 // Wakes every thread sleeping on `word`'s futex (its low 32 bits).
