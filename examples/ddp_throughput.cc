@@ -8,6 +8,7 @@
 // the same step with gradient synchronisation off, so step - no_sync step is
 // the communication the step exposes.
 #include <lockstep/error.h>
+#include <lockstep/affinity.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
 #include <torch/torch.h>
@@ -15,8 +16,6 @@
 #include "models.h"
 
 #include <CLI/CLI.hpp>
-
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -96,22 +95,6 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   return 0;
 }
 
-// One core per rank, as bench/pytorch_ddp.py does for PyTorch's ranks: the
-// local rank's core among those this process may use.
-void pin_to_own_core() {
-  const char* local_rank = std::getenv("LOCAL_RANK");
-  cpu_set_t allowed;
-  if (!local_rank || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-  std::vector<int> cores;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-  if (cores.empty()) return;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cores[std::atoi(local_rank) % cores.size()], &one);
-  sched_setaffinity(0, sizeof one, &one);
-}
-
 int main(int argc, char** argv) {
   CLI::App app{"Step time of lockstep DistributedDataParallel training"};
   Options o;
@@ -124,7 +107,9 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap");
   app.add_option("--hook", o.hook, "none, fp16 or bf16")->check(CLI::IsMember({"none", "fp16", "bf16"}));
   CLI11_PARSE(app, argc, argv);
-  pin_to_own_core();
+  // One core per rank, as bench/pytorch_ddp.py does for PyTorch's ranks.
+  if (const char* local_rank = std::getenv("LOCAL_RANK"))
+    lockstep::pin_to_core_of_local_rank(std::atoi(local_rank));
   at::set_num_threads(1);  // one core per rank
   try {
     auto pg = lockstep::init_process_group();

@@ -9,7 +9,6 @@
 // reduce_scatter (n-1)/n, broadcast and reduce 1.
 #include "bench/bench_command.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include "common/env_vars.h"
 #include "common/format.h"
 #include "common/half.h"
+#include "lockstep/affinity.h"
 #include "lockstep/error.h"
 #include "lockstep/process_group.h"
 #include "run/run_command.h"
@@ -248,19 +248,6 @@ double memcpy_bandwidth(ProcessGroup& pg) {
   return gbps;
 }
 
-void pin_to_core(int local_rank) {
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-  std::vector<int> cores;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-  if (cores.empty()) return;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cores[static_cast<std::size_t>(local_rank) % cores.size()], &one);
-  sched_setaffinity(0, sizeof one, &one);
-}
-
 // This rank's index on its host, from whichever launcher started it (under
 // mpirun LOCAL_RANK is not set, and every rank would pick the first core).
 int local_rank() {
@@ -308,7 +295,7 @@ int bench_as_rank(const BenchOptions& o) {
       throw InvalidArgument(fmt::format("--op {}: use allreduce, broadcast, reduce, allgather, reduce_scatter or all", o.op));
     ops = {*c};
   }
-  if (o.pin) pin_to_core(local_rank());
+  if (o.pin) pin_to_core_of_local_rank(local_rank());
   GroupOptions group;
   group.backend = o.backend;
   auto pg = init_process_group(group);
