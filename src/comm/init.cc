@@ -9,6 +9,7 @@
 #include "comm/group_impl.h"
 #include "comm/launch_env.h"
 #include "comm/mpi/bootstrap.h"
+#include "comm/mpi/job_end.h"
 #include "comm/rendezvous.h"
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -126,11 +127,16 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   impl->engine = std::make_unique<detail::ProgressEngine>(
       fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout, impl->backend->inline_max_bytes(),
       [diagnostics](std::exception_ptr error, std::uint64_t seq, const OpInfo& info) {
-        return diagnostics->on_failure(error, seq, info);
+        std::exception_ptr reported = diagnostics->on_failure(error, seq, info);
+        mpi::note_failed_group(reported);  // under mpirun, the job ends when this process exits
+        return reported;
       },
       &diagnostics->recorder(), diagnostics->tracer());
   detail::ProgressEngine* engine = impl->engine.get();
-  diagnostics->start_watchdog([engine](std::exception_ptr error) { engine->abort(error); });
+  diagnostics->start_watchdog([engine](std::exception_ptr error) {
+    mpi::note_failed_group(error);
+    engine->abort(error);
+  });
   spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
   impl->spec = std::move(spec);
   return std::make_shared<ProcessGroup>(std::move(impl));
