@@ -2,6 +2,7 @@
 // world or sub-group): store, rendezvous, backend choice, connection.
 #include <netdb.h>
 
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include "comm/group_impl.h"
 #include "comm/launch_env.h"
 #include "comm/mpi/bootstrap.h"
+#include "comm/mpi/job_end.h"
 #include "comm/rendezvous.h"
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -26,12 +28,21 @@ constexpr std::int64_t kMaxTcpSmallBytes = std::int64_t{1} << 30;
 // the end of its world group, or every other client has disconnected (they
 // failed and left), or a grace period passed; so rank 0 finishing or failing
 // first does not cut the others off mid-teardown or before they read why.
+// When `ends_job` says this process will end the whole job anyway (mpirun,
+// after a failure: mpi/job_end.h), a rank stuck outside lockstep would
+// only hold the end back: the others have read the verdict by now, so the
+// wait is short.
 class StoreHost {
  public:
-  StoreHost(std::unique_ptr<TcpStoreServer> server, std::shared_ptr<Store> store, std::string finished_key, int size)
-      : server_(std::move(server)), store_(std::move(store)), finished_key_(std::move(finished_key)), size_(size) {}
+  StoreHost(std::unique_ptr<TcpStoreServer> server, std::shared_ptr<Store> store, std::string finished_key, int size,
+            std::function<bool()> ends_job = {})
+      : server_(std::move(server)),
+        store_(std::move(store)),
+        finished_key_(std::move(finished_key)),
+        size_(size),
+        ends_job_(std::move(ends_job)) {}
   ~StoreHost() {
-    const Deadline deadline = Deadline::after(kGrace);
+    const Deadline deadline = Deadline::after(ends_job_ && ends_job_() ? kGraceBeforeJobEnds : kGrace);
     try {
       while (store_->add(finished_key_, 0) < size_ && server_->num_clients() > 1 && !deadline.expired())
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -44,10 +55,12 @@ class StoreHost {
 
  private:
   static constexpr Duration kGrace = std::chrono::seconds(30);
+  static constexpr Duration kGraceBeforeJobEnds = std::chrono::seconds(2);
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Store> store_;
   std::string finished_key_;
   int size_;
+  std::function<bool()> ends_job_;
 };
 
 bool all_same(const std::vector<std::string>& v) {
@@ -126,11 +139,16 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   impl->engine = std::make_unique<detail::ProgressEngine>(
       fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout, impl->backend->inline_max_bytes(),
       [diagnostics](std::exception_ptr error, std::uint64_t seq, const OpInfo& info) {
-        return diagnostics->on_failure(error, seq, info);
+        std::exception_ptr reported = diagnostics->on_failure(error, seq, info);
+        mpi::note_failed_group(reported);  // under mpirun, the job ends when this process exits
+        return reported;
       },
       &diagnostics->recorder(), diagnostics->tracer());
   detail::ProgressEngine* engine = impl->engine.get();
-  diagnostics->start_watchdog([engine](std::exception_ptr error) { engine->abort(error); });
+  diagnostics->start_watchdog([engine](std::exception_ptr error) {
+    mpi::note_failed_group(error);
+    engine->abort(error);
+  });
   spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
   impl->spec = std::move(spec);
   return std::make_shared<ProcessGroup>(std::move(impl));
@@ -168,7 +186,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     spec.root_store = boot.client;
     if (boot.server)
       spec.keepalive = std::make_shared<StoreHost>(std::move(boot.server), boot.client, spec.finished_key,
-                                                   launch.world_size);
+                                                   launch.world_size, [] { return mpi::job_ends_with_abort(); });
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {

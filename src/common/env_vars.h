@@ -50,5 +50,6 @@ inline constexpr char kStats[] = "LOCKSTEP_STATS";
 inline constexpr char kFlightDir[] = "LOCKSTEP_FLIGHT_DIR";
 inline constexpr char kWatchdogSettle[] = "LOCKSTEP_WATCHDOG_SETTLE";
 inline constexpr char kMpiMaxCount[] = "LOCKSTEP_MPI_MAX_COUNT";
+inline constexpr char kMpiAbortOnFailure[] = "LOCKSTEP_MPI_ABORT_ON_FAILURE";
 
 }  // namespace lockstep::env

@@ -6,6 +6,7 @@
 
 #include "comm/backend.h"
 #include "comm/mpi/bootstrap.h"
+#include "comm/mpi/job_end.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -25,4 +26,11 @@ MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions)
                                 launch.rank, launch.world_size, kNoMpi));
 }
 
+namespace mpi {
+
+// Without MPI no process ends an MPI job: failures need no record.
+void note_failed_group(std::exception_ptr) {}
+bool job_ends_with_abort() { return false; }
+
+}  // namespace mpi
 }  // namespace lockstep

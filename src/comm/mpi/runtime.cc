@@ -3,12 +3,12 @@
 
 #include <sched.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "comm/mpi/job_end.h"
 #include "lockstep/error.h"
 
 namespace lockstep::mpi {
@@ -22,15 +22,6 @@ const char* thread_level_name(int level) {
     case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
     default: return "an unknown thread level";
   }
-}
-
-// Registered with std::atexit by the call that initialised MPI. Runs after
-// main returns (or exit() is called), when every group should already be
-// destroyed. A program that finalised MPI itself is left alone.
-void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
 }
 
 }  // namespace
@@ -60,9 +51,11 @@ WorldPlace ensure_initialized(const std::string& who) {
     // cannot be made safe by a lock here: FUNNELED and SINGLE forbid calls
     // from any thread but the main one, which is exactly where lockstep
     // does not run its collectives.
+    // Registered first: a bad LOCKSTEP_MPI_ABORT_ON_FAILURE then fails
+    // before MPI starts; the hook does nothing if MPI never does.
+    end_mpi_at_exit();
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       throw ConfigError(fmt::format("{}: MPI_Init_thread failed; run the program under mpirun", who));
-    std::atexit(finalize_at_exit);
     if (provided < MPI_THREAD_MULTIPLE)
       throw ConfigError(fmt::format("{}: this MPI library gives only {} but lockstep needs MPI_THREAD_MULTIPLE (its "
                                     "groups call MPI from several threads); use an MPI built with thread support "

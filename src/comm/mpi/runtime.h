@@ -5,7 +5,8 @@
 // Global state, forced by MPI: MPI is initialised at most once per process
 // and can never be initialised again after MPI_Finalize, so whether lockstep
 // started it (and must end it) is a fact about the process, not about a
-// group. It is kept in one function-local mutex and one atexit hook.
+// group. It is kept in one function-local mutex and, for the end, in
+// job_end.h's state and atexit hook.
 // Thread-safe.
 #pragma once
 
@@ -29,9 +30,10 @@ bool initialized();
 // Initialises MPI unless it already is, asking for MPI_THREAD_MULTIPLE
 // (groups call MPI from their progress threads and from callers' threads
 // at once), and returns this process's place. When lockstep initialises
-// MPI it also finalises it, once, at process exit (std::atexit), so a
-// program may destroy its groups and form new ones at any time. When the
-// program initialised MPI itself, it keeps that duty. `who` ("rank 1/4")
+// MPI it also ends it, once, at process exit (std::atexit), so a program
+// may destroy its groups and form new ones at any time: MPI_Finalize, or
+// MPI_Abort after a group failed (job_end.h). When the program initialised
+// MPI itself, it keeps that duty. `who` ("rank 1/4")
 // starts error messages. Throws ConfigError: MPI already finalised, or
 // initialised by the program with less than MPI_THREAD_MULTIPLE, or built
 // without thread support.
