@@ -44,6 +44,7 @@ inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
 inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
 inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
 inline constexpr char kShmSpinMicros[] = "LOCKSTEP_SHM_SPIN_US";
+inline constexpr char kShmTag[] = "LOCKSTEP_SHM_TAG";
 inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
 inline constexpr char kStats[] = "LOCKSTEP_STATS";

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "common/clock.h"
 #include "harness/launcher.h"
 
@@ -234,6 +236,77 @@ TEST(Launcher, BadArgumentsAreClearErrors) {
   r = run({"--nproc-per-node", "2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "program is required")) << r.output;
+}
+
+// Shared-memory segments in /dev/shm created by any of `pids` (lockstep's
+// segment names end with the creator's pid).
+std::vector<std::string> segments_of(const std::vector<pid_t>& pids) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("lockstep.", 0) != 0) continue;
+    for (pid_t pid : pids)
+      if (name.substr(name.rfind('.') + 1) == std::to_string(pid)) found.push_back(name);
+  }
+  return found;
+}
+
+// A rank killed while the others set up shared memory used to leave their
+// segments in /dev/shm: a survivor blocked in set-up is stopped by the
+// launcher before it can unlink what it created. The launcher removes its
+// job's segments, and only those (a segment of another job stays).
+TEST(Launcher, ARankKilledDuringShmSetUpLeavesNothingInDevShm) {
+  const std::string other_job = "/dev/shm/lockstep.otherjob.r0." + std::to_string(::getpid());
+  std::ofstream{other_job};
+  for (const std::string mode : {"die-in-shm-setup", "die-in-shared-alloc"}) {
+    for (int trial = 0; trial < 3; ++trial) {
+      TempDir dir;
+      Launcher launcher({"--nproc-per-node", "2", "--grace-period", "2", "--", RANK_PROGRAM, mode},
+                        {{"PID_DIR", dir.path()}, {"LOCKSTEP_BACKEND", "shm"}, {"LOCKSTEP_CONNECT_TIMEOUT", "30"}});
+      const auto pids = rank_pids(dir.path(), 2);
+      const auto r = launcher.wait(30s);
+      EXPECT_EQ(r.exit_code, 128 + SIGKILL) << mode << ": " << testing::describe(r);
+      EXPECT_TRUE(contains(r.output, "rank 1 failed first: killed by signal 9")) << mode << ": " << r.output;
+      expect_all_gone(pids);
+      EXPECT_EQ(segments_of(pids), std::vector<std::string>{}) << mode << ", trial " << trial;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(other_job)) << "the launcher removed another job's segment";
+  std::filesystem::remove(other_job);
+}
+
+// Rank 1 exits 0 after one all-reduce; rank 0 waits for it in a second one.
+// Rank 0's error must say rank 1 left (not that it crashed), and the
+// launcher must name rank 1, not the healthy rank 0, as the likely cause.
+TEST(Launcher, ARankThatExitsCleanlyTooEarlyIsNamedAsTheCause) {
+  for (const std::string backend : {"shm", "tcp"}) {
+    Launcher launcher({"--nproc-per-node", "2", "--", RANK_PROGRAM, "leave-early"}, {{"LOCKSTEP_BACKEND", backend}});
+    const auto r = launcher.wait(60s);
+    EXPECT_EQ(r.exit_code, 2) << backend << ": " << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "rank 1 leaving early")) << r.output;
+    EXPECT_TRUE(contains(r.output, "rank 1 left the group")) << backend << ": " << r.output;
+    EXPECT_FALSE(contains(r.output, "lost rank 1")) << backend << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "rank 1 exited cleanly (exit code 0) while the other ranks still ran")) << r.output;
+    EXPECT_TRUE(contains(r.output, "likely cause: rank 1")) << r.output;
+  }
+}
+
+// A launcher waiting for the other nodes (or for node 0's store) used to
+// ignore Ctrl-C and SIGTERM until --rdzv-timeout ran out.
+TEST(Launcher, SignalsStopALauncherWaitingForOtherNodes) {
+  const std::string port = std::to_string(testing::free_port());
+  for (const auto& [node_rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
+    Launcher launcher({"--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-port", port,
+                       "--rdzv-timeout", "60", "--", RANK_PROGRAM, "ok"});
+    std::this_thread::sleep_for(1s);
+    const auto start = Clock::now();
+    launcher.signal(sig);
+    const auto r = launcher.wait(30s);
+    EXPECT_LT(seconds_between(start, Clock::now()), 3.0) << "node " << node_rank;
+    EXPECT_EQ(r.exit_code, 128 + sig) << "node " << node_rank << ": " << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, fmt::format("received SIG{} while waiting for", sigabbrev_np(sig))))
+        << "node " << node_rank << ": " << r.output;
+  }
 }
 
 // A sweep from 64 MiB down to 4 bytes used to print no rows and exit 0. It

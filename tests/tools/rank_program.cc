@@ -5,7 +5,14 @@
 //   restart      rank 1 exits 5 on attempt 0; every rank succeeds later
 //   sleep        wait (to be signalled)
 //   ignore-term  ignore SIGTERM, then wait (the launcher must SIGKILL)
+//   die-in-shm-setup     rank 1 kills itself (SIGKILL) within a millisecond
+//                        of rank 0 creating its shm region, while both set up
+//   die-in-shared-alloc  the same once rank 0 has created its copy of the
+//                        first allocate_shared buffer
+//   leave-early  rank 1 leaves after one all-reduce; the others issue a
+//                second and print the error they get to stderr (exit 2)
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
+#include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -26,6 +34,48 @@ int env_int(const char* name, int fallback) {
 
 void wait_forever() {
   for (int i = 0; i < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+// Waits (up to 20 s) until rank 0 has created a shared-memory segment
+// whose name ends with ".<what>.<rank 0's pid>", then dies as abruptly as
+// it can, at a point of rank 0's set-up that is the same on every run.
+void die_once_rank0_created(const std::string& what) {
+  const char* dir = std::getenv("PID_DIR");
+  if (!dir) std::abort();
+  for (int tries = 0; tries < 20000; ++tries) {
+    pid_t rank0 = 0;
+    std::ifstream(std::string(dir) + "/rank0.pid") >> rank0;
+    const std::string suffix = "." + what + "." + std::to_string(rank0);
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (rank0 > 0 && name.rfind("lockstep.", 0) == 0 && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        ::raise(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::fprintf(stderr, "rank 0 never created its %s segment\n", what.c_str());
+  std::exit(9);
+}
+
+// All-reduces once; rank 1 then leaves (destroying its group), the others
+// issue a second all-reduce that rank 1 never joins.
+int leave_early(int rank) {
+  try {
+    auto pg = lockstep::init_process_group();
+    int value = 1;
+    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    if (rank == 1) {
+      std::printf("rank 1 leaving early\n");
+      return 0;
+    }
+    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    return 0;
+  } catch (const lockstep::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
 }
 
 }  // namespace
@@ -59,6 +109,23 @@ int main(int argc, char** argv) {
   }
   if (mode == "fail") wait_forever();
   if (mode == "always-fail" && rank == 1) return 4;
+  if (mode == "die-in-shm-setup" && rank == 1) {
+    // Set-up needs both ranks: join on another thread, die from this one.
+    std::thread([] {
+      try {
+        lockstep::init_process_group();
+      } catch (const lockstep::Error&) {
+      }
+    }).detach();
+    die_once_rank0_created("r0");
+  }
+  if (mode == "die-in-shared-alloc") {
+    auto pg = lockstep::init_process_group();
+    if (rank == 1) die_once_rank0_created("a0r0");
+    pg->allocate_shared(1 << 20);
+    return 0;
+  }
+  if (mode == "leave-early") return leave_early(rank);
   if (mode == "restart" && rank == 1 && attempt == 0) return 5;
   auto pg = lockstep::init_process_group();
   int value = pg->rank() + 1;

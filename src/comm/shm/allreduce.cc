@@ -45,7 +45,9 @@ std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location
   bool all_same = in.has_value() && out.has_value();
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    wait_inline(q, seq, op, /*check=*/false);  // the rounds that follow carry the check
+    // The rounds that follow carry the check.
+    wait_inline(q, seq, op, "its answer on whether the buffers are shared buffers, agreed before a large all-reduce",
+                /*check=*/false);
     all_same = all_same && std::memcmp(inline_payload(q, seq), descriptor, sizeof descriptor) == 0;
   }
   if (!all_same) return std::nullopt;
@@ -92,7 +94,7 @@ void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType 
 void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op) {
   const std::uint64_t seq = post_inline(data.data, data.bytes(), op);
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) wait_inline(q, seq, op);
+    if (q != rank_) wait_inline(q, seq, op, "its part of a small operation");
     sources_[static_cast<std::size_t>(q)] = inline_payload(q, seq);
   }
   reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);

@@ -12,7 +12,7 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
   if (data.bytes() <= kInlineBytes) {
     const std::uint64_t seq = post_inline(data.data, rank_ == root ? data.bytes() : 0, op);
     if (rank_ != root) {
-      wait_inline(root, seq, op);
+      wait_inline(root, seq, op, "the root's data of a small broadcast");
       std::memcpy(data.data, inline_payload(root, seq), data.bytes());
     }
     return;

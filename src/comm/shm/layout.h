@@ -40,6 +40,9 @@ struct ControlBlock {
   alignas(64) std::uint64_t magic = 0;
   std::int32_t owner_pid = 0;
   std::int32_t rank = 0;
+  // Set (release) when the owner destroys its group, after its last post:
+  // a peer still waiting for it then knows it left on purpose, not crashed.
+  std::atomic<std::uint32_t> departed{0};
   // Round counters: a rank posts round g + 1 on each when it has
   //   arrive:   put its inputs for round g in its slot,
   //   reduced:  put its reduced chunk for round g in its slot,

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -45,8 +46,14 @@ Region& Region::operator=(Region&& other) noexcept {
 
 Region Region::create(const std::string& name, std::size_t bytes) {
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST)
+    throw Error(fmt::format(
+        "shm: cannot create /dev/shm{}: a segment of that name already exists, most likely left by a crashed job "
+        "with the same id and the same pid. Remove it (rm /dev/shm{}) if no such job is running, then start again",
+        name, name));
   if (fd < 0)
-    throw Error(fmt::format("shm: cannot create {} ({}); is /dev/shm mounted and writable?", name, std::strerror(errno)));
+    throw Error(fmt::format("shm: cannot create /dev/shm{} ({}); is /dev/shm mounted and writable?", name,
+                            std::strerror(errno)));
   Region r;
   r.name_ = name;
   r.linked_ = true;
@@ -99,8 +106,27 @@ void Region::unlink() {
   linked_ = false;
 }
 
-std::string region_name(const std::string& nonce, const std::string& what) {
-  return fmt::format("/lockstep.{}.{}.{}", nonce, what, ::getpid());
+std::string region_name(const std::string& stem, const std::string& what) {
+  return fmt::format("/lockstep.{}.{}.{}", stem, what, ::getpid());
+}
+
+bool is_segment_tag(const std::string& tag) {
+  if (tag.empty() || tag.size() > kMaxSegmentTagLength) return false;
+  return std::all_of(tag.begin(), tag.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  });
+}
+
+std::size_t remove_tagged_segments(const std::string& tag) {
+  if (!is_segment_tag(tag)) return 0;
+  const std::string prefix = "lockstep." + tag + ".";
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind(prefix, 0) == 0 && ::shm_unlink(("/" + file).c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 void sweep_stale_regions() {

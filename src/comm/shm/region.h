@@ -3,8 +3,10 @@
 // the owner's core), mapped by peers, and unlinked as soon as everyone has
 // mapped them, so nothing is left in /dev/shm after a normal exit or a kill.
 // Names carry the creator's pid, so leftovers of a process killed during
-// set-up can be recognised and swept. A Region is move-only; not shared
-// between threads.
+// set-up can be recognised and swept, and under `lockstep run` the
+// launcher's tag, so the launcher removes its own job's leftovers (and only
+// those) when its ranks are gone. A Region is move-only; not shared between
+// threads.
 #pragma once
 
 #include <sys/types.h>
@@ -41,8 +43,19 @@ class Region {
   bool linked_ = false;
 };
 
-// "/lockstep.<job nonce>.<what>.<pid>"
-std::string region_name(const std::string& nonce, const std::string& what);
+// "/lockstep.<stem>.<what>.<pid>", where the stem is the group's nonce,
+// preceded by the launcher's tag under `lockstep run` ("<tag>.<nonce>").
+std::string region_name(const std::string& stem, const std::string& what);
+
+// A launcher's tag (LOCKSTEP_SHM_TAG): 1 to kMaxSegmentTagLength letters,
+// digits, '-' or '_', so that "lockstep.<tag>." never prefixes another tag's names.
+inline constexpr std::size_t kMaxSegmentTagLength = 32;
+bool is_segment_tag(const std::string& tag);
+
+// Unlinks every /dev/shm/lockstep.<tag>.* segment; returns how many. For
+// the launcher once all of its ranks have exited: whatever they left is
+// garbage (peers that mapped a segment keep their mapping).
+std::size_t remove_tagged_segments(const std::string& tag);
 
 // Unlinks /dev/shm/lockstep.* files whose creating process no longer
 // exists (left by a process killed between creating and unlinking them).

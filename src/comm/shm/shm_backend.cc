@@ -69,6 +69,20 @@ std::int64_t spin_nanos() {
   return micros ? *micros * 1000 : kDefaultSpinNanos;
 }
 
+// The part of this rank's segment names before what the segment is for:
+// the launcher's tag (LOCKSTEP_SHM_TAG), when there is one, then the group's
+// nonce. Each rank uses its own launcher's tag, so a launcher that removes
+// "lockstep.<tag>.*" removes exactly what its own ranks created.
+std::string segment_stem(const std::string& nonce) {
+  const auto tag = env_string(env::kShmTag);
+  if (!tag || tag->empty()) return nonce;
+  if (!is_segment_tag(*tag))
+    throw ConfigError(fmt::format("{}='{}' must be 1 to {} letters, digits, '-' or '_'; it is set by `lockstep run`, "
+                                  "unset it when starting ranks otherwise",
+                                  env::kShmTag, *tag, kMaxSegmentTagLength));
+  return *tag + "." + nonce;
+}
+
 std::size_t slot_size(int n, std::size_t one_shot, std::size_t chunk) {
   const std::size_t need = std::max(one_shot, static_cast<std::size_t>(n) * chunk);
   return std::max<std::size_t>(4096, (need + 4095) / 4096 * 4096);
@@ -94,7 +108,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   sweep_stale_regions();
   Store& store = *ctx.store;
   if (rank_ == 0) store.set("shm/nonce", random_hex(6));
-  nonce_ = store.get("shm/nonce");
+  nonce_ = segment_stem(store.get("shm/nonce"));
 
   own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total);
   base_[static_cast<std::size_t>(rank_)] = own_.data();
@@ -130,6 +144,10 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   store.wait(mapped, ctx.connect_timeout);
   own_.unlink();
   watch_ = PeerWatch(pids, namespaces, rank_);
+  std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) departed[static_cast<std::size_t>(q)] = &control(q).departed;
+  watch_.watch_departures(std::move(departed));
   const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos());
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}",
@@ -166,8 +184,10 @@ std::shared_ptr<std::byte[]> ShmBackend::allocate_shared(std::size_t bytes, Dead
 }
 
 void ShmBackend::shutdown(Deadline) {
-  // Nothing to tell peers: shared memory outlives any one mapping, so a
-  // peer still reading this rank's region is unaffected by its exit.
+  // Shared memory outlives any one mapping, so a peer still reading this
+  // rank's region is unaffected by its exit; the flag only tells a peer
+  // still waiting for this rank that it left on purpose.
+  if (size_ > 1 && own_.data() != nullptr) control(rank_).departed.store(1, std::memory_order_release);
 }
 
 Counter& ShmBackend::p2p_sent(int q, int to) const {
@@ -217,7 +237,7 @@ std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, co
   // Line seq % 2 last carried operation seq - 2; every peer has read it
   // once it has posted seq - 1.
   for (int q = 0; q < size_; ++q)
-    if (q != rank_) wait_inline(q, seq - 1, op, /*check=*/false);
+    if (q != rank_) wait_inline(q, seq - 1, op, "its arrival at the previous small operation", /*check=*/false);
   InlineLine& line = control(rank_).lines[seq % 2];
   // Word copies: a library memcpy call costs more than these few bytes.
   const auto* in = static_cast<const unsigned char*>(payload);
@@ -230,10 +250,10 @@ std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, co
   return seq;
 }
 
-void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, bool check) const {
+void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, const char* what, bool check) const {
   if (seq == 0) return;
   InlineLine& line = control(q).lines[seq % 2];
-  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, "its part of a small operation");
+  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, what);
   if (check) check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), q, self_);
 }
 
@@ -241,7 +261,7 @@ void ShmBackend::barrier(const OpContext& op) {
   if (size_ == 1) return;
   const std::uint64_t seq = post_inline(nullptr, 0, op);
   for (int q = 0; q < size_; ++q)
-    if (q != rank_) wait_inline(q, seq, op);
+    if (q != rank_) wait_inline(q, seq, op, "its arrival at the barrier");
 }
 
 }  // namespace lockstep::shm

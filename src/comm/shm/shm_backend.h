@@ -99,7 +99,8 @@ class ShmBackend final : public Backend {
   std::uint64_t post_inline(const void* payload, std::size_t bytes, const OpContext& op);
   // With `check`, compares the peer's stamp with this operation (off where
   // the line carries something other than the operation's own data).
-  void wait_inline(int q, std::uint64_t seq, const OpContext& op, bool check = true) const;
+  // `what` names the wait in errors ("its part of a small operation").
+  void wait_inline(int q, std::uint64_t seq, const OpContext& op, const char* what, bool check = true) const;
   const unsigned char* inline_payload(int q, std::uint64_t seq) const { return control(q).lines[seq % 2].payload; }
 
   void allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op);
@@ -122,7 +123,7 @@ class ShmBackend final : public Backend {
   int size_;
   std::string self_;
   std::shared_ptr<Store> store_;
-  std::string nonce_;
+  std::string nonce_;  // segment names' stem: the launcher's tag (if any) and the group's nonce
   Logger log_;
   std::size_t one_shot_max_;
   std::size_t chunk_bytes_;

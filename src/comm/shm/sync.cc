@@ -95,6 +95,12 @@ bool PeerWatch::alive(int peer) const {
   return ::poll(&p, 1, 0) == 0;  // a pidfd turns readable when its process exits
 }
 
+bool PeerWatch::departed(int peer) const {
+  if (peer < 0 || static_cast<std::size_t>(peer) >= departed_.size()) return false;
+  const auto* flag = departed_[static_cast<std::size_t>(peer)];
+  return flag != nullptr && flag->load(std::memory_order_acquire) != 0;
+}
+
 void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
                        std::uint64_t target, int peer, const OpContext& op, const char* what) const {
   const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
@@ -129,9 +135,21 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
                                      self_, op.description(), static_cast<double>(op.timeout.count()) / 1000.0, peer,
                                      what, peer),
                          peer);
+    // A peer that left posted everything it ever will before saying so:
+    // look once more, then it is a departure, told apart from a crash.
+    if (peers_->departed(peer)) {
+      if (reached()) return;
+      throw PeerError(fmt::format("{}: {}: rank {} left the group while this rank waited for it ({}): it destroyed "
+                                  "its process group (a clean exit, not a crash) having issued fewer collectives than "
+                                  "this rank, or after a failure of its own. Every rank must issue the same "
+                                  "collectives (e.g. the same number of steps); check rank {}'s output",
+                                  self_, op.description(), peer, what, peer),
+                      peer);
+    }
     if (!peers_->alive(peer))
-      throw PeerError(fmt::format("{}: {}: lost rank {}: its process exited while this rank waited for it ({}); it "
-                                  "crashed or was killed. Check rank {}'s output for the cause",
+      throw PeerError(fmt::format("{}: {}: lost rank {}: its process exited while this rank waited for it ({}) "
+                                  "without leaving the group; it crashed, was killed or exited without destroying "
+                                  "its process group. Check rank {}'s output for the cause",
                                   self_, op.description(), peer, what, peer),
                       peer);
     sleepers.fetch_add(1, std::memory_order_seq_cst);

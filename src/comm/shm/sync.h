@@ -60,9 +60,17 @@ class PeerWatch {
   // pids[q] and pid namespace ids per rank; this process's own entry is ignored.
   PeerWatch(const std::vector<pid_t>& pids, const std::vector<std::string>& pid_namespaces, int self);
   bool alive(int peer) const;
+  // departed_flags[q]: rank q's flag in its shared region (ControlBlock),
+  // set when it destroys its group; null for this rank.
+  void watch_departures(std::vector<const std::atomic<std::uint32_t>*> departed_flags) {
+    departed_ = std::move(departed_flags);
+  }
+  // Whether the peer said it left (acquire: its earlier posts are visible).
+  bool departed(int peer) const;
 
  private:
   std::vector<UniqueFd> pidfds_;
+  std::vector<const std::atomic<std::uint32_t>*> departed_;
 };
 
 enum class SpinPolicy {

@@ -24,9 +24,11 @@ bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err ==
 
 PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::string& how) {
   if (mesh.departed(peer))
-    return PeerError(fmt::format("{}: {}: rank {} already left the group (it destroyed its process group); the ranks "
-                                 "issued different numbers of collectives",
-                                 mesh.self(), op.description(), peer),
+    return PeerError(fmt::format("{}: {}: rank {} left the group while this rank waited for it: it destroyed its "
+                                 "process group (a clean exit, not a crash) having issued fewer collectives than this "
+                                 "rank, or after a failure of its own. Every rank must issue the same collectives "
+                                 "(e.g. the same number of steps); check rank {}'s output",
+                                 mesh.self(), op.description(), peer, peer),
                      peer);
   return PeerError(fmt::format("{}: {}: lost rank {}: {}; its process exited, crashed or was killed. Check rank {}'s "
                                "output for the cause",
@@ -99,6 +101,8 @@ class StampedSource final : public ByteSource {
   std::size_t sent_ = 0;
 };
 
+static_assert((kWireStampMagic & 0xff) != Mesh::kGoodbyeByte, "a stamp must not start like a goodbye");
+
 class StampedSink final : public ByteSink {
  public:
   StampedSink(Mesh& mesh, const OpContext& op, int peer, ByteSink* data, std::exception_ptr& mismatch)
@@ -109,6 +113,12 @@ class StampedSink final : public ByteSink {
   }
   void filled(std::size_t n) override {
     if (got_ >= sizeof stamp_) return data_->filled(n);
+    // A stamp never starts with the goodbye byte (its magic starts with
+    // 'l'): a peer that sent one in its place has left the group.
+    if (got_ == 0 && *reinterpret_cast<const unsigned char*>(&stamp_) == Mesh::kGoodbyeByte) {
+      mesh_.mark_departed(peer_);
+      throw lost_peer(mesh_, op_, peer_, "it said goodbye");
+    }
     got_ += n;
     if (got_ < sizeof stamp_) return;
     try {

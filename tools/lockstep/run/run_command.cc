@@ -10,6 +10,11 @@
 //      the store so every node stops its ranks too;
 //   4. on success every node reports done; node 0, which hosts the store,
 //      waits for all of them before it exits.
+// After each attempt it removes the shared-memory segments its ranks left
+// (a rank killed during shm set-up leaves its peers' segments linked): their
+// names carry this launcher's LOCKSTEP_SHM_TAG. Every wait for other nodes
+// reads the signalfd between short slices (interruption.h), so Ctrl-C and
+// SIGTERM work at every stage.
 #include "run/run_command.h"
 
 #include <signal.h>
@@ -30,6 +35,8 @@
 #include "diag/tracer.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
+#include "comm/shm/region.h"
+#include "run/interruption.h"
 #include "run/supervisor.h"
 
 namespace lockstep::cli {
@@ -65,14 +72,13 @@ struct Layout {
 };
 
 // Agrees with the other launchers on the world of this attempt.
-Layout rendezvous_nodes(Store& store, const RunOptions& o, int nproc, int attempt) {
+Layout rendezvous_nodes(Store& store, const RunOptions& o, int nproc, int attempt, int signal_fd) {
   if (o.nnodes == 1) return {nproc, 0};
   store.set(fmt::format("launcher/{}/nproc/{}", attempt, o.node_rank), std::to_string(nproc));
   std::vector<std::string> keys;
   for (int n = 0; n < o.nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
-  try {
-    store.wait(keys, Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000)));
-  } catch (const TimeoutError&) {
+  const Deadline deadline = Deadline::after(Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000)));
+  if (!wait_for_keys(store, keys, deadline, signal_fd, fmt::format("the other {} node(s) to join", o.nnodes - 1))) {
     std::string missing;
     for (int n = 0; n < o.nnodes; ++n)
       if (!store.check({keys[static_cast<std::size_t>(n)]})) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", n);
@@ -91,7 +97,7 @@ Layout rendezvous_nodes(Store& store, const RunOptions& o, int nproc, int attemp
 
 std::map<std::string, std::string> rank_env(const RunOptions& o, const Layout& layout, int nproc, int local_rank,
                                             int port, const std::string& run_id, const std::string& token,
-                                            int attempt) {
+                                            const std::string& shm_tag, int attempt) {
   std::map<std::string, std::string> env{
       {env::kRank, std::to_string(layout.first_rank + local_rank)},
       {env::kLocalRank, std::to_string(local_rank)},
@@ -103,6 +109,7 @@ std::map<std::string, std::string> rank_env(const RunOptions& o, const Layout& l
       {env::kStoreHosted, "1"},
       {env::kRunId, run_id},
       {env::kRestartCount, std::to_string(attempt)},
+      {env::kShmTag, shm_tag},
       {env::kTorchelasticRestartCount, std::to_string(attempt)},
   };
   if (!token.empty()) env[env::kStoreToken] = token;
@@ -118,8 +125,17 @@ void print_failure(const RankFailure& f, int node_rank, int attempt, std::size_t
     std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", others, f.reported_by.c_str());
     return;
   }
-  std::fprintf(stderr, "lockstep run: rank %d failed first: %s after %.1f s (node %d, attempt %d); stopped the other %zu rank(s) on this node\n",
-               f.rank, f.status.describe().c_str(), f.seconds, node_rank, attempt, others);
+  if (f.left_early >= 0) {
+    // The failure is most likely the consequence: name the rank that left.
+    std::fprintf(stderr, "lockstep run: rank %d exited cleanly (exit code 0) while the other ranks still ran, after %.1f s; then rank %d failed: %s after %.1f s (node %d, attempt %d); stopped the other %zu rank(s) on this node\n",
+                 f.left_early, f.left_early_seconds, f.rank, f.status.describe().c_str(), f.seconds, node_rank, attempt,
+                 others);
+    std::fprintf(stderr, "lockstep run: likely cause: rank %d left early. A rank that exits before the others has usually issued fewer collectives (e.g. fewer steps or batches), and the ranks still waiting for it fail; make every rank run the same steps\n",
+                 f.left_early);
+  } else {
+    std::fprintf(stderr, "lockstep run: rank %d failed first: %s after %.1f s (node %d, attempt %d); stopped the other %zu rank(s) on this node\n",
+                 f.rank, f.status.describe().c_str(), f.seconds, node_rank, attempt, others);
+  }
   if (!f.last_stderr.empty()) {
     std::fprintf(stderr, "lockstep run: last lines of rank %d's stderr:\n", f.rank);
     for (const auto& line : f.last_stderr) std::fprintf(stderr, "  | %s\n", line.c_str());
@@ -127,15 +143,29 @@ void print_failure(const RankFailure& f, int node_rank, int attempt, std::size_t
 }
 
 std::string failure_line(const RankFailure& f, int node_rank) {
+  if (f.left_early >= 0)
+    return fmt::format("rank {} on node {} failed: {}, after rank {} exited cleanly while the others still ran (the "
+                       "likely cause: it left early)",
+                       f.rank, node_rank, f.status.describe(), f.left_early);
   return fmt::format("rank {} on node {} failed: {}", f.rank, node_rank, f.status.describe());
 }
 
 // Node 0 hosts the store: it waits for every node to finish before exiting.
-void wait_for_nodes(Store& store, const RunOptions& o, int attempt) {
+void wait_for_nodes(Store& store, const RunOptions& o, int attempt, int signal_fd) {
   const std::string done = fmt::format("launcher/{}/done", attempt);
   const std::string failed = fmt::format("launcher/{}/failed", attempt);
-  while (store.add(done, 0) < o.nnodes && !store.check({failed}))
+  while (store.add(done, 0) < o.nnodes && !store.check({failed})) {
+    throw_if_interrupted(signal_fd, "the other nodes to finish");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Removes what this node's ranks left in /dev/shm; they have all exited.
+void remove_leftover_segments(const std::string& shm_tag) {
+  const std::size_t removed = shm::remove_tagged_segments(shm_tag);
+  if (removed > 0)
+    std::fprintf(stderr, "lockstep run: removed %zu shared-memory segment(s) left in /dev/shm by this node's ranks\n",
+                 removed);
 }
 
 // With LOCKSTEP_TRACE set, each rank wrote <prefix>.rank<r>.json: merge this
@@ -175,6 +205,12 @@ void add_run_command(CLI::App& app, RunOptions& o) {
       "torchrun. When a rank fails, the others are stopped and the launcher exits with the failed rank's code.");
 }
 
+namespace {
+
+int run_nodes(const RunOptions& o, int nproc, int signal_fd);
+
+}  // namespace
+
 int run_job(const RunOptions& o) {
   if (o.node_rank >= o.nnodes)
     throw ConfigError(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
@@ -184,6 +220,18 @@ int run_job(const RunOptions& o) {
   if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
   const int nproc = resolve_nproc(o.nproc_per_node);
   UniqueFd signals = block_signals();
+  try {
+    return run_nodes(o, nproc, signals.fd());
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "lockstep run: %s\n", e.what());
+    return 128 + e.signal();
+  }
+}
+
+namespace {
+
+// The store, then attempts until one succeeds or restarts run out.
+int run_nodes(const RunOptions& o, int nproc, int signal_fd) {
 
   // Node 0 hosts the store. A single node binds loopback only and guards
   // the store with a random token; several nodes share LOCKSTEP_STORE_TOKEN
@@ -204,18 +252,27 @@ int run_job(const RunOptions& o) {
   }
   RunOptions effective = o;
   if (single) effective.master_addr = "127.0.0.1";
+  const Deadline rendezvous_deadline = Deadline::after(store_options.connect_timeout);
+  if (o.node_rank != 0)
+    wait_for_listener(effective.master_addr, static_cast<std::uint16_t>(port), rendezvous_deadline, signal_fd);
   TcpStore store(effective.master_addr, static_cast<std::uint16_t>(port), store_options);
   std::string run_id = o.run_id;
   if (o.node_rank == 0) {
     if (run_id.empty()) run_id = random_hex(6);
     store.set("launcher/run_id", run_id);
   } else {
-    store.set_timeout(store_options.connect_timeout);
+    if (!wait_for_keys(store, {"launcher/run_id"}, rendezvous_deadline, signal_fd, "node 0 to publish the run id"))
+      throw ConfigError(fmt::format("node 0's store at {}:{} never published the run id within {:.0f} s; is another "
+                                    "program listening on that port?",
+                                    effective.master_addr, port, o.rendezvous_seconds));
     run_id = store.get("launcher/run_id");
   }
+  // Unique to this launcher (unlike the run id, which every node shares and
+  // a user may choose), so it names exactly this node's segments.
+  const std::string shm_tag = random_hex(6);
 
   for (int attempt = 0;; ++attempt) {
-    const Layout layout = rendezvous_nodes(store, effective, nproc, attempt);
+    const Layout layout = rendezvous_nodes(store, effective, nproc, attempt, signal_fd);
     if (attempt == 0)
       std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d, run %s\n", nproc,
                    o.node_rank, o.nnodes, layout.world_size, effective.master_addr.c_str(), port, run_id.c_str());
@@ -223,7 +280,7 @@ int run_job(const RunOptions& o) {
     ranks.reserve(static_cast<std::size_t>(nproc));
     for (int local = 0; local < nproc; ++local)
       ranks.emplace_back(layout.first_rank + local, o.program,
-                         rank_env(effective, layout, nproc, local, port, run_id, token, attempt));
+                         rank_env(effective, layout, nproc, local, port, run_id, token, shm_tag, attempt));
 
     SupervisorOptions sup;
     sup.prefix_output = !o.no_prefix;
@@ -238,13 +295,14 @@ int run_job(const RunOptions& o) {
       };
     }
     sup.unprefixed_rank0 = o.unprefixed_rank0;
-    const AttemptResult result = supervise(ranks, signals.fd(), sup);
+    const AttemptResult result = supervise(ranks, signal_fd, sup);
+    remove_leftover_segments(shm_tag);
     merge_rank_traces(o, layout, nproc);
 
     if (result.ok) {
       if (!single) {
         store.add(fmt::format("launcher/{}/done", attempt), 1);
-        if (o.node_rank == 0) wait_for_nodes(store, effective, attempt);
+        if (o.node_rank == 0) wait_for_nodes(store, effective, attempt, signal_fd);
       }
       return 0;
     }
@@ -262,5 +320,7 @@ int run_job(const RunOptions& o) {
     std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)\n", attempt + 1, o.max_restarts);
   }
 }
+
+}  // namespace
 
 }  // namespace lockstep::cli

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
 
@@ -154,25 +155,50 @@ class Attempt {
   }
 
   void reap() {
+    std::vector<std::size_t> exited;
     for (std::size_t i = 0; i < ranks_.size(); ++i) {
       RankProcess& r = ranks_[i];
       if (!r.running()) continue;
       int status = 0;
       if (::waitpid(r.pid(), &status, WNOHANG) != r.pid()) continue;
       r.exited(status);
-      if (!r.status().ok() && !result_.first_failure && result_.interrupted_by == 0 && !stopping_) {
-        // Drain what it already wrote, so the summary shows its last words.
-        while (r.stderr_fd() >= 0 && read_stream(i, true)) {
-        }
-        RankFailure f;
-        f.rank = r.rank();
-        f.status = r.status();
-        f.seconds = seconds_between(r.started(), r.ended());
-        f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
-        result_.first_failure = f;
-        begin_stop(SIGTERM);
-      }
+      exited.push_back(i);
     }
+    // Clean exits first: a rank that left early and the peer that failed
+    // because of it are often reaped in the same pass.
+    std::stable_partition(exited.begin(), exited.end(), [&](std::size_t i) { return ranks_[i].status().ok(); });
+    for (std::size_t i : exited) {
+      if (ranks_[i].status().ok())
+        note_clean_exit(i);
+      else
+        note_failure(i);
+    }
+  }
+
+  // The first rank to exit 0 before any failure: if another rank fails
+  // afterwards, this one most likely left early and is named as the cause.
+  void note_clean_exit(std::size_t i) {
+    if (!stopping_ && !result_.first_failure && first_clean_exit_ < 0) first_clean_exit_ = static_cast<int>(i);
+  }
+
+  void note_failure(std::size_t i) {
+    if (result_.first_failure || result_.interrupted_by != 0 || stopping_) return;
+    RankProcess& r = ranks_[i];
+    // Drain what it already wrote, so the summary shows its last words.
+    while (r.stderr_fd() >= 0 && read_stream(i, true)) {
+    }
+    RankFailure f;
+    f.rank = r.rank();
+    f.status = r.status();
+    f.seconds = seconds_between(r.started(), r.ended());
+    f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+    if (first_clean_exit_ >= 0) {
+      const RankProcess& early = ranks_[static_cast<std::size_t>(first_clean_exit_)];
+      f.left_early = early.rank();
+      f.left_early_seconds = seconds_between(early.started(), early.ended());
+    }
+    result_.first_failure = f;
+    begin_stop(SIGTERM);
   }
 
   void begin_stop(int sig) {
@@ -190,6 +216,8 @@ class Attempt {
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point stop_deadline_{};
+  int first_clean_exit_ = -1;  // index of the first rank that exited 0 before any failure
+
 };
 
 }  // namespace

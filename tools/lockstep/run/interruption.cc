@@ -1,0 +1,57 @@
+// Signals while the launcher waits; see interruption.h.
+#include "run/interruption.h"
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/socket.h"
+
+namespace lockstep::cli {
+namespace {
+
+// How often a wait looks at the signalfd: short enough that Ctrl-C feels
+// immediate, long enough that polling the store costs nothing.
+constexpr Duration kSlice = std::chrono::milliseconds(100);
+
+}  // namespace
+
+void throw_if_interrupted(int signal_fd, const std::string& waiting_for) {
+  signalfd_siginfo info{};
+  while (::read(signal_fd, &info, sizeof info) == sizeof info) {
+    const int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
+      throw Interrupted(sig, fmt::format("received SIG{} while waiting for {}; stopping", sigabbrev_np(sig),
+                                         waiting_for));
+  }
+}
+
+bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
+                   const std::string& waiting_for) {
+  for (;;) {
+    throw_if_interrupted(signal_fd, waiting_for);
+    if (store.check(keys)) return true;
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::min(kSlice, deadline.remaining()));
+  }
+}
+
+void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd) {
+  const std::string waiting_for = fmt::format("node 0's store at {}", format_endpoint(host, port));
+  for (;;) {
+    throw_if_interrupted(signal_fd, waiting_for);
+    try {
+      // A probe connection, closed at once; the store logs nothing for it.
+      connect_tcp(host, port, Deadline::earlier(deadline, Deadline::after(kSlice)));
+      return;
+    } catch (const ConfigError&) {
+      if (deadline.expired()) throw;
+    }
+  }
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,41 @@
+// Ctrl-C and SIGTERM outside supervision. The launcher blocks its signals
+// and reads them from a signalfd; while it waits for the other nodes (their
+// rendezvous, node 0's store, the end of the job) it waits in short slices
+// and reads that fd between them, so a signal stops it at once rather than
+// when --rdzv-timeout runs out. Free functions; not thread-safe (one reader
+// of the signalfd).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "lockstep/error.h"
+#include "lockstep/store.h"
+
+namespace lockstep::cli {
+
+// The launcher was told to stop by a signal while it waited.
+class Interrupted : public Error {
+ public:
+  Interrupted(int signal, const std::string& message) : Error(message), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
+// Throws Interrupted if SIGINT, SIGTERM or SIGHUP is pending on
+// `signal_fd` (others read from it are dropped). `waiting_for` completes
+// "received SIGINT while waiting for ...".
+void throw_if_interrupted(int signal_fd, const std::string& waiting_for);
+
+// Polls until every key exists (true) or the deadline passes (false).
+bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
+                   const std::string& waiting_for);
+
+// Waits until host:port accepts connections (node 0's store is up); throws
+// ConfigError naming the address at the deadline.
+void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd);
+
+}  // namespace lockstep::cli
