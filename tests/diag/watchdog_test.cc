@@ -24,24 +24,6 @@ using testing::TempDir;
 
 using testing::contains;
 
-std::vector<pid_t> pids_in(const std::string& dir, int n) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = 0;
-    std::ifstream(dir + "/rank" + std::to_string(r) + ".pid") >> pid;
-    if (pid > 0) pids.push_back(pid);
-  }
-  return pids;
-}
-
-void expect_gone(const std::vector<pid_t>& pids) {
-  for (pid_t pid : pids) {
-    const Deadline deadline = Deadline::after(5s);
-    while (!testing::gone(pid) && !deadline.expired()) std::this_thread::sleep_for(10ms);
-    EXPECT_TRUE(testing::gone(pid)) << "process " << pid << " left behind";
-  }
-}
-
 struct Run {
   testing::RankResult result;
   double seconds;
@@ -56,7 +38,7 @@ Run run_scenario(const std::string& mode, testing::EnvMap env, const TempDir& di
   Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "3", "--grace-period", "1", "--", DIAG_PROGRAM, mode}, env);
   Run run{launcher.wait(60s), 0, {}};
   run.seconds = seconds_between(start, Clock::now());
-  run.pids = pids_in(dir.path(), 3);
+  run.pids = testing::pids_in(dir.path(), 3);
   return run;
 }
 
@@ -64,7 +46,7 @@ Run run_scenario(const std::string& mode, testing::EnvMap env, const TempDir& di
 void expect_failed_fast(const Run& run, double seconds) {
   EXPECT_NE(run.result.exit_code, 0) << testing::describe(run.result);
   EXPECT_LT(run.seconds, seconds) << "must not wait for the timeout";
-  expect_gone(run.pids);
+  testing::expect_gone(run.pids);
 }
 
 class Watchdog : public ::testing::TestWithParam<std::string> {};

@@ -1,12 +1,18 @@
 // Launcher harness; see launcher.h.
 #include "harness/launcher.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
 
 namespace lockstep::testing {
 
@@ -65,6 +71,25 @@ bool gone(pid_t pid) {
   std::getline(stat, line);
   const auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+std::vector<pid_t> pids_in(const std::string& dir, int ranks) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = 0;
+    std::ifstream(dir + "/rank" + std::to_string(r) + ".pid") >> pid;
+    if (pid > 0) pids.push_back(pid);
+  }
+  return pids;
+}
+
+void expect_gone(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    const Deadline deadline = Deadline::after(std::chrono::seconds(5));
+    while (!gone(pid) && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(gone(pid)) << "process " << pid << " left running";
+    if (!gone(pid)) ::kill(pid, SIGKILL);
+  }
 }
 
 }  // namespace lockstep::testing

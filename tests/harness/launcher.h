@@ -50,4 +50,11 @@ std::vector<pid_t> children_of(pid_t pid);
 // handed to this process.
 bool gone(pid_t pid);
 
+// The pids rank programs wrote to <dir>/rank<r>.pid, r < ranks (missing
+// files are skipped).
+std::vector<pid_t> pids_in(const std::string& dir, int ranks);
+// Every pid is gone within a few seconds (a test failure otherwise); any
+// left is killed, so a failing test leaves nothing behind either.
+void expect_gone(const std::vector<pid_t>& pids);
+
 }  // namespace lockstep::testing

@@ -37,27 +37,6 @@ std::vector<std::string> split_words(const std::string& text) {
   return words;
 }
 
-std::vector<pid_t> pids_in(const std::string& dir) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kRanks; ++r) {
-    pid_t pid = 0;
-    std::ifstream(dir + "/rank" + std::to_string(r) + ".pid") >> pid;
-    if (pid > 0) pids.push_back(pid);
-  }
-  return pids;
-}
-
-// Every pid in `pids` is gone within a few seconds; any left is reported and
-// killed, so a failing run leaves nothing behind either.
-void expect_gone(const std::vector<pid_t>& pids) {
-  for (pid_t pid : pids) {
-    const Deadline deadline = Deadline::after(5s);
-    while (!testing::gone(pid) && !deadline.expired()) std::this_thread::sleep_for(10ms);
-    EXPECT_TRUE(testing::gone(pid)) << "rank process " << pid << " left running";
-    if (!testing::gone(pid)) ::kill(pid, SIGKILL);
-  }
-}
-
 class MpiJobEnd : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -89,7 +68,7 @@ TEST_P(MpiJobEnd, AFailedGroupEndsTheWholeJob) {
   EXPECT_LT(seconds, kTimeoutSeconds * 2 + 10) << "the job went on after the failure:\n" << result.output;
   EXPECT_TRUE(testing::contains(result.output, "rank(s) 1 never reached #0")) << "the report is missing:\n" << result.output;
   EXPECT_TRUE(testing::contains(result.output, "MPI_Abort")) << result.output;
-  expect_gone(pids_in(dir.path()));
+  testing::expect_gone(testing::pids_in(dir.path(), kRanks));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MpiJobEnd, ::testing::Values("mpi", "shm"));
