@@ -21,7 +21,7 @@ void ShmBackend::allgather(const OpContext& op, ConstBuffer input, Buffer output
     post_arrive(g, op);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      wait_one(q, &ControlBlock::arrive, g + 1, op, "its input");
+      wait_arrived(q, g, op, "its input");
       std::memcpy(out + static_cast<std::size_t>(q) * bytes + begin, slot(q, g), piece);
     }
     control(rank_).consumed.post(g + 1);

@@ -76,7 +76,7 @@ void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType 
     const auto out = [&](int q, int c) { return at(out_bases, output.offset, q, c); };
     const std::uint64_t g = begin_round(op);
     post_arrive(g, op);
-    wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+    wait_arrived_all(g, op, "its input");
     for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = in(q, rank_);
     reduce_many(out(rank_, rank_), sources_.data(), size_, chunks.size(rank_), dtype, reduce_op);
     control(rank_).reduced.post(g + 1);
@@ -104,7 +104,7 @@ void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp r
   const std::uint64_t g = begin_round(op);
   std::memcpy(slot(rank_, g), data.data, data.bytes());
   post_arrive(g, op);
-  wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+  wait_arrived_all(g, op, "its input");
   for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);
   reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
   control(rank_).consumed.post(g + 1);
@@ -128,7 +128,7 @@ void ShmBackend::reduce_two_shot(const OpContext& op, Buffer data, ReduceOp redu
     for (int c = 0; c < size_; ++c)
       if (c != rank_) std::memcpy(in_slot(rank_, g, c), in_buffer(c), chunks.size(c) * elem);
     post_arrive(g, op);
-    wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+    wait_arrived_all(g, op, "its input");
 
     for (int q = 0; q < size_; ++q)
       sources_[static_cast<std::size_t>(q)] = q == rank_ ? in_buffer(rank_) : in_slot(q, g, rank_);

@@ -24,7 +24,7 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     if (rank_ == root) std::memcpy(slot(rank_, g), buf + begin, bytes);
     post_arrive(g, op);
     if (rank_ != root) {
-      wait_one(root, &ControlBlock::arrive, g + 1, op, "the broadcast data");
+      wait_arrived(root, g, op, "the broadcast data");
       std::memcpy(buf + begin, slot(root, g), bytes);
     }
     control(rank_).consumed.post(g + 1);

@@ -18,7 +18,7 @@ void ShmBackend::reduce(const OpContext& op, Buffer data, int root, ReduceOp red
   std::memcpy(slot(rank_, g), data.data, data.bytes());
   post_arrive(g, op);
   if (rank_ == root) {
-    wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+    wait_arrived_all(g, op, "its input");
     for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);
     reduce_many(data.data, sources_.data(), size_, data.count, data.dtype, reduce_op);
   }

@@ -28,7 +28,7 @@ void ShmBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer o
     for (int b = 0; b < size_; ++b)
       if (b != rank_) std::memcpy(slot(rank_, g) + static_cast<std::size_t>(b) * area, in_block(b), count * elem);
     post_arrive(g, op);
-    wait_all(&ControlBlock::arrive, g + 1, op, "its input");
+    wait_arrived_all(g, op, "its input");
     for (int q = 0; q < size_; ++q)
       sources_[static_cast<std::size_t>(q)] =
           q == rank_ ? static_cast<const void*>(in_block(rank_)) : slot(q, g) + static_cast<std::size_t>(rank_) * area;

@@ -213,23 +213,25 @@ std::uint64_t ShmBackend::begin_round(const OpContext& op) {
 
 void ShmBackend::wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    waiter_.wait_at_least(control(q).*counter, target, q, op, what);
-    if (counter == &ControlBlock::arrive) check_arrive(q, target, op);
-  }
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) waiter_.wait_at_least(control(q).*counter, target, q, op, what);
 }
 
 void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
   waiter_.wait_at_least(control(q).*counter, target, q, op, what);
-  if (counter == &ControlBlock::arrive) check_arrive(q, target, op);
 }
 
-void ShmBackend::check_arrive(int q, std::uint64_t target, const OpContext& op) const {
+void ShmBackend::wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const {
+  waiter_.wait_at_least(control(q).arrive, g + 1, q, op, what);
   // A peer up to kSlots rounds ahead may have re-stamped the line: then
   // another wait of this operation, or the peer itself, does the check.
-  if (const auto stamp = control(q).arrive.stamp_of(target)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
+  if (const auto stamp = control(q).arrive.stamp_of(g + 1)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
+}
+
+void ShmBackend::wait_arrived_all(std::uint64_t g, const OpContext& op, const char* what) const {
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) wait_arrived(q, g, op, what);
 }
 
 std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, const OpContext& op) {

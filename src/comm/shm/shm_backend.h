@@ -86,12 +86,13 @@ class ShmBackend final : public Backend {
   std::uint64_t begin_round(const OpContext& op);
   void wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
   void wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op, const char* what) const;
-  // Posts round g's arrive with this operation's stamp; waits on arrive
-  // check the peer's stamp (op_stamp.h).
+  // Round g's arrive: posted with this operation's stamp; waiting for a
+  // peer's checks its stamp against this operation (op_stamp.h).
   void post_arrive(std::uint64_t g, const OpContext& op) {
     control(rank_).arrive.post_stamped(g + 1, stamp_what(op.info), op.info.count);
   }
-  void check_arrive(int q, std::uint64_t target, const OpContext& op) const;
+  void wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const;
+  void wait_arrived_all(std::uint64_t g, const OpContext& op, const char* what) const;
 
   // An inline operation: publishes `bytes` of payload (may be 0) in this
   // rank's line and returns the operation number; peers' payloads are read
