@@ -28,7 +28,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mpi_elements.h"
+
 namespace {
+
+using namespace mpi_bench;
 
 struct Options {
   std::string min_bytes = "32M";
@@ -41,17 +45,6 @@ struct Options {
   std::string redop = "sum";
 };
 
-struct ElementType {
-  const char* name;
-  MPI_Datatype type;
-  std::size_t size;
-};
-
-const ElementType kTypes[] = {
-    {"float", MPI_FLOAT, 4}, {"double", MPI_DOUBLE, 8}, {"int32", MPI_INT32_T, 4},
-    {"int64", MPI_INT64_T, 8}, {"uint8", MPI_UINT8_T, 1},
-};
-
 struct Reduction {
   const char* name;
   MPI_Op op;
@@ -59,45 +52,6 @@ struct Reduction {
 
 const Reduction kOps[] = {{"sum", MPI_SUM}, {"min", MPI_MIN}, {"max", MPI_MAX}, {"prod", MPI_PROD}};
 
-// "4", "64K", "32M", "1G" -> bytes; 0 if malformed.
-std::size_t parse_size(const std::string& text) {
-  if (text.empty()) return 0;
-  std::size_t mult = 1;
-  std::string digits = text;
-  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-    case 'K': mult = 1ull << 10; digits.pop_back(); break;
-    case 'M': mult = 1ull << 20; digits.pop_back(); break;
-    case 'G': mult = 1ull << 30; digits.pop_back(); break;
-    default: break;
-  }
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); })) return 0;
-  return std::stoull(digits) * mult;
-}
-
-// lockstep bench's known input: small integers, exact in every type.
-double pattern(int rank, std::size_t i) { return static_cast<double>((rank * 3 + i * 7) % 9) - 4; }
-double input(const ElementType& t, int rank, std::size_t i) {
-  return t.type == MPI_UINT8_T ? pattern(rank, i) + 4 : pattern(rank, i);
-}
-
-void fill(const ElementType& t, void* buf, std::size_t count, int rank) {
-  for (std::size_t i = 0; i < count; ++i) {
-    const double v = input(t, rank, i);
-    if (t.type == MPI_FLOAT) static_cast<float*>(buf)[i] = static_cast<float>(v);
-    else if (t.type == MPI_DOUBLE) static_cast<double*>(buf)[i] = v;
-    else if (t.type == MPI_INT32_T) static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
-    else if (t.type == MPI_INT64_T) static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v);
-    else static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v);
-  }
-}
-
-double value_at(const ElementType& t, const void* buf, std::size_t i) {
-  if (t.type == MPI_FLOAT) return static_cast<const float*>(buf)[i];
-  if (t.type == MPI_DOUBLE) return static_cast<const double*>(buf)[i];
-  if (t.type == MPI_INT32_T) return static_cast<const std::int32_t*>(buf)[i];
-  if (t.type == MPI_INT64_T) return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-  return static_cast<const std::uint8_t*>(buf)[i];
-}
 
 double expected(const ElementType& t, const Reduction& r, int n, std::size_t i) {
   double acc = input(t, 0, i);

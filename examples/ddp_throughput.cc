@@ -9,6 +9,7 @@
 // the communication the step exposes.
 #include <lockstep/error.h>
 #include <lockstep/affinity.h>
+#include <lockstep/powersgd.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
 #include <torch/torch.h>
@@ -36,6 +37,7 @@ struct Options {
   bool bucket_view = false;
   double bucket_cap_mb = 25;
   std::string hook = "none";
+  int powersgd_rank = 1;
 };
 
 template <typename Model>
@@ -47,6 +49,14 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
   if (o.hook == "fp16") ddp_options.comm_hook = lockstep::fp16_compress_hook();
   if (o.hook == "bf16") ddp_options.comm_hook = lockstep::bf16_compress_hook();
+  std::shared_ptr<lockstep::PowerSGDHook> powersgd;
+  if (o.hook == "powersgd" || o.hook == "batched_powersgd") {
+    lockstep::PowerSGDOptions psgd;
+    psgd.matrix_approximation_rank = o.powersgd_rank;
+    psgd.start_powersgd_iter = 2;  // compressed from the third step, inside the warm-up
+    powersgd = o.hook == "powersgd" ? lockstep::powersgd_hook(psgd) : lockstep::batched_powersgd_hook(psgd);
+    ddp_options.comm_hook = powersgd;
+  }
   lockstep::torch::DistributedDataParallel<Model> ddp(model, pg, ddp_options);
   torch::optim::SGD opt(model->parameters(), 0.01);
   const bool conv = o.model == "convnet";
@@ -91,6 +101,7 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
                 o.hook.c_str());
     std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", median, exposed,
                 o.batch * pg->size() * 1000.0 / median);
+    if (powersgd) std::printf("compression_ratio %.1f\n", powersgd->compression_stats().ratio());
   }
   return 0;
 }
@@ -105,7 +116,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
   app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap");
-  app.add_option("--hook", o.hook, "none, fp16 or bf16")->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd", "batched_powersgd"}));
+  app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks");
   CLI11_PARSE(app, argc, argv);
   // One core per rank, as bench/pytorch_ddp.py does for PyTorch's ranks.
   if (const char* local_rank = std::getenv("LOCAL_RANK"))

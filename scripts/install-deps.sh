@@ -11,6 +11,8 @@ set -euo pipefail
 packages=(
   # toolchain and build
   g++ make cmake ninja-build pkg-config
+  # the fuzz targets: clang with libFuzzer and the sanitizers' run-time
+  clang libclang-rt-14-dev
   # libraries the code uses
   libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
   # libtorch frontend; OpenBLAS so libtorch does not fall back to the reference BLAS

@@ -6,12 +6,25 @@
 // the test accuracy computed exactly across ranks (every test image counted
 // once), the throughput, and how a step splits into compute, exposed
 // communication and data loading. At each epoch end rank 0 writes a
-// checkpoint atomically; a restarted job (lockstep run --max-restarts) or a
-// new one with the same --checkpoint resumes from it.
+// checkpoint atomically (with --checkpoint-every, also every N steps); a
+// restarted job (lockstep run --max-restarts) or a new one with the same
+// --checkpoint resumes from it, on any number of ranks: an elastic job that
+// lost or gained nodes goes on from the last checkpoint with the rest of the
+// epoch's samples dealt to the new world (DistributedSampler's resume_at).
+// Each rank keeps --batch-size, so the global batch follows the world size;
+// the learning rate stays as given (see docs/launcher.md).
+// When stdout is not a terminal (a log), progress is a line every
+// --progress-every seconds instead of a redrawn bar.
+// --batchnorm adds batch normalisation after each conv, --sync-batchnorm
+// makes it use the global batch's statistics (SyncBatchNorm), --zero shards
+// the optimizer state across ranks (ZeroRedundancyOptimizer; checkpoints
+// stay the same).
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
 #include <lockstep/torch/ddp.h>
+#include <lockstep/torch/sync_batchnorm.h>
+#include <lockstep/torch/zero.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -47,6 +60,47 @@ struct Options {
   std::string save_params;   // write the final parameters here
   std::uint64_t seed = 1;
   bool progress = true;
+  bool batch_norm = false;
+  bool sync_batch_norm = false;
+  bool zero = false;
+  double progress_every = 10;  // seconds between progress lines in a log
+  int checkpoint_every = 0;    // steps between mid-epoch checkpoints (0: epoch ends only)
+};
+
+// SGD with momentum, or its sharded form (--zero). Both save and load the
+// same checkpoint format; the sharded one gathers its state on rank 0
+// first (prepare_save, collective).
+class Optimizer {
+ public:
+  Optimizer(std::vector<torch::Tensor> params, const torch::optim::SGDOptions& options,
+            std::shared_ptr<lockstep::ProcessGroup> pg, bool zero) {
+    if (zero)
+      sharded_ = std::make_unique<lockstep::torch::ZeroRedundancyOptimizer>(std::move(params), std::move(pg), options);
+    else
+      plain_ = std::make_unique<torch::optim::SGD>(std::move(params), options);
+  }
+  void zero_grad() { plain_ ? plain_->zero_grad() : sharded_->zero_grad(); }
+  void step() {
+    if (plain_)
+      plain_->step();
+    else
+      sharded_->step();
+  }
+  void prepare_save() {
+    if (sharded_) sharded_->consolidate_state_dict(0);
+  }
+  void save(torch::serialize::OutputArchive& out) { plain_ ? plain_->save(out) : sharded_->save(out); }
+  void load(torch::serialize::InputArchive& in) { plain_ ? plain_->load(in) : sharded_->load(in); }
+
+ private:
+  std::unique_ptr<torch::optim::SGD> plain_;
+  std::unique_ptr<lockstep::torch::ZeroRedundancyOptimizer> sharded_;
+};
+
+// Where training stands: what a checkpoint holds besides the model.
+struct Position {
+  int epoch = 0;                // epochs done
+  std::size_t samples_done = 0;  // samples of epoch `epoch` done, over all ranks
 };
 
 double since_ms(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -56,7 +110,14 @@ double sum_over_ranks(lockstep::ProcessGroup& pg, double v) {
   return v;
 }
 
+// A log gets one line per update; a terminal a bar redrawn in place.
 void draw_progress(int epoch, int epochs, std::size_t done, std::size_t total, double samples_per_s, double loss) {
+  if (!isatty(STDOUT_FILENO)) {
+    std::printf("epoch %d/%d: %zu/%zu samples (%.0f%%) | %.0f samples/s | loss %.4f\n", epoch, epochs, done, total,
+                total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, samples_per_s, loss);
+    std::fflush(stdout);
+    return;
+  }
   constexpr int kWidth = 30;
   const int filled = total ? static_cast<int>(kWidth * static_cast<double>(done) / static_cast<double>(total)) : kWidth;
   std::string bar(static_cast<std::size_t>(filled), '#');
@@ -83,18 +144,37 @@ std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::
   return {correct, seen};
 }
 
-// Model, optimizer and epoch count from the checkpoint, if there is one.
-void load_training_state(const std::string& path, ConvNetImpl& model, torch::optim::SGD& optimizer, int& first_epoch,
+// Model, optimizer and position from the checkpoint, if there is one.
+void load_training_state(const std::string& path, ConvNetImpl& model, Optimizer& optimizer, Position& at, int ranks,
                          bool leader) {
   lockstep::torch::load_checkpoint(path, [&](torch::serialize::InputArchive& in) {
     model.load(in);
     torch::serialize::InputArchive opt;
     in.read("optimizer", opt);
     optimizer.load(opt);
-    torch::Tensor epoch;
+    torch::Tensor epoch, samples;
     in.read("epochs_done", epoch, /*is_buffer=*/true);
-    first_epoch = static_cast<int>(epoch.item<std::int64_t>());
-    if (leader) std::printf("resuming from %s: %d epoch(s) already done\n", path.c_str(), first_epoch);
+    at.epoch = static_cast<int>(epoch.item<std::int64_t>());
+    // Checkpoints written only at epoch ends have no position inside one.
+    if (in.try_read("samples_done", samples, /*is_buffer=*/true))
+      at.samples_done = static_cast<std::size_t>(samples.item<std::int64_t>());
+    if (leader)
+      std::printf("resuming from %s: %d epoch(s) already done%s; now on %d rank(s)\n", path.c_str(), at.epoch,
+                  at.samples_done ? (", and " + std::to_string(at.samples_done) + " sample(s) of epoch " +
+                                     std::to_string(at.epoch + 1)).c_str()
+                                  : "",
+                  ranks);
+  });
+}
+
+void save_training_state(const std::string& path, ConvNetImpl& model, Optimizer& optimizer, const Position& at) {
+  lockstep::torch::save_checkpoint(path, [&](torch::serialize::OutputArchive& out) {
+    model.save(out);
+    torch::serialize::OutputArchive opt;
+    optimizer.save(opt);
+    out.write("optimizer", opt);
+    out.write("epochs_done", torch::tensor(static_cast<std::int64_t>(at.epoch)), /*is_buffer=*/true);
+    out.write("samples_done", torch::tensor(static_cast<std::int64_t>(at.samples_done)), /*is_buffer=*/true);
   });
 }
 
@@ -109,17 +189,18 @@ int train(const Options& o) {
   fashion_mnist::Dataset train_set(o.data, /*train=*/true, o.subset);
   fashion_mnist::Dataset test_set(o.data, /*train=*/false, o.test_subset);
   torch::manual_seed(static_cast<std::uint64_t>(o.seed));
-  auto model = std::make_shared<ConvNetImpl>();
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  auto model = std::make_shared<ConvNetImpl>(o.batch_norm || o.sync_batch_norm);
+  if (o.sync_batch_norm) lockstep::torch::convert_sync_batchnorm(model, pg);
+  Optimizer optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum), pg, o.zero);
 
   // Resume: every rank reads the checkpoint (same host or shared disk). A
   // first attempt with --fresh ignores it; restarts of the job always resume.
   const char* restart = std::getenv("LOCKSTEP_RESTART_COUNT");
   const bool restarted = restart && std::string(restart) != "0";
-  int first_epoch = 0;
+  Position start;
   if (!o.fresh || restarted) {
     try {
-      load_training_state(o.checkpoint, *model, optimizer, first_epoch, leader);
+      load_training_state(o.checkpoint, *model, optimizer, start, ranks, leader);
     } catch (const lockstep::Error& e) {
       // The library cannot know this program's flags; here --fresh is the
       // way out, unless something other than a file (which a save cannot
@@ -132,10 +213,8 @@ int train(const Options& o) {
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
   lockstep::torch::DistributedDataParallel<ConvNetImpl> ddp(model, pg, ddp_options);
 
-  lockstep::torch::DistributedSampler sampler(
-      {.dataset_size = *train_set.size(), .num_replicas = ranks, .rank = rank, .seed = o.seed});
-  auto loader = torch::data::make_data_loader(train_set.map(torch::data::transforms::Stack<>()), sampler,
-                                              torch::data::DataLoaderOptions(static_cast<std::size_t>(o.batch_size)));
+  if (start.samples_done >= *train_set.size()) start = {start.epoch + 1, 0};  // saved at the epoch's very end
+  const int first_epoch = start.epoch;
   std::size_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += static_cast<std::size_t>(p.numel());
   if (leader)
@@ -145,11 +224,19 @@ int train(const Options& o) {
     std::printf("nothing to do: the checkpoint has %d epoch(s), --epochs is %d\n", first_epoch, o.epochs);
 
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    // A resumed epoch deals only the samples not yet trained on, to however
+    // many ranks there are now.
+    const std::size_t resume_at = epoch == first_epoch ? start.samples_done : 0;
+    lockstep::torch::DistributedSampler sampler({.dataset_size = *train_set.size(), .num_replicas = ranks,
+                                                 .rank = rank, .seed = o.seed, .resume_at = resume_at});
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    auto loader = torch::data::make_data_loader(train_set.map(torch::data::transforms::Stack<>()), sampler,
+                                                torch::data::DataLoaderOptions(static_cast<std::size_t>(o.batch_size)));
     const auto epoch_start = Clock::now();
     double loss_sum = 0, samples = 0, data_ms = 0, exposed_ms = 0, step_ms = 0;
     int steps = 0;
     auto last_draw = Clock::now();
+    const double draw_every = isatty(STDOUT_FILENO) ? 0.5 : o.progress_every;
     auto fetch = Clock::now();
     auto loading = ddp.data_timer();  // the loader fetches inside the range-for
     for (auto& batch : *loader) {
@@ -166,11 +253,19 @@ int train(const Options& o) {
       loss_sum += loss.item<double>() * n;
       samples += n;
       ++steps;
-      if (leader && o.progress && std::chrono::duration<double>(Clock::now() - last_draw).count() > 0.5) {
+      if (leader && o.progress && std::chrono::duration<double>(Clock::now() - last_draw).count() > draw_every) {
         const double rate = samples * ranks / std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        draw_progress(epoch + 1, o.epochs, static_cast<std::size_t>(samples) * static_cast<std::size_t>(ranks),
-                      sampler.num_samples() * static_cast<std::size_t>(ranks), rate, loss_sum / samples);
+        draw_progress(epoch + 1, o.epochs, resume_at + static_cast<std::size_t>(samples) * static_cast<std::size_t>(ranks),
+                      resume_at + sampler.num_samples() * static_cast<std::size_t>(ranks), rate, loss_sum / samples);
         last_draw = Clock::now();
+      }
+      // Every rank has done `steps` full batches: that many samples of the
+      // epoch's order are behind the model now.
+      if (o.checkpoint_every > 0 && steps % o.checkpoint_every == 0) {
+        optimizer.prepare_save();  // collective with --zero: every rank reaches it at the same step
+        if (leader)
+          save_training_state(o.checkpoint, *model, optimizer,
+                              {epoch, resume_at + static_cast<std::size_t>(steps * o.batch_size * ranks)});
       }
       if (o.max_steps > 0 && steps >= o.max_steps) break;
       fetch = Clock::now();
@@ -186,23 +281,18 @@ int train(const Options& o) {
     const double mean_data = sum_over_ranks(*pg, data_ms) / all_steps;
     const auto [correct, seen] = evaluate(*model, test_set, rank, ranks);
     const double all_correct = sum_over_ranks(*pg, correct), all_seen = sum_over_ranks(*pg, seen);
+    optimizer.prepare_save();
     if (leader) {
       if (o.progress) {
-        draw_progress(epoch + 1, o.epochs, static_cast<std::size_t>(all_samples), static_cast<std::size_t>(all_samples),
-                      all_samples / seconds, train_loss);
-        std::printf("\n");
+        const auto total = resume_at + static_cast<std::size_t>(all_samples);
+        draw_progress(epoch + 1, o.epochs, total, total, all_samples / seconds, train_loss);
+        if (isatty(STDOUT_FILENO)) std::printf("\n");
       }
       std::printf("epoch %d/%d: train loss %.4f, test accuracy %.2f%% (%.0f images), %.0f samples/s over %d rank(s)\n",
                   epoch + 1, o.epochs, train_loss, 100.0 * all_correct / all_seen, all_seen, all_samples / seconds, ranks);
       std::printf("  step %.1f ms = compute %.1f ms + exposed communication %.1f ms; data loading %.1f ms per step\n",
                   mean_step, mean_step - mean_exposed, mean_exposed, mean_data);
-      lockstep::torch::save_checkpoint(o.checkpoint, [&](torch::serialize::OutputArchive& out) {
-        model->save(out);
-        torch::serialize::OutputArchive opt;
-        optimizer.save(opt);
-        out.write("optimizer", opt);
-        out.write("epochs_done", torch::tensor(static_cast<std::int64_t>(epoch + 1)), /*is_buffer=*/true);
-      });
+      save_training_state(o.checkpoint, *model, optimizer, {epoch + 1, 0});
       std::printf("  checkpoint: %s (epoch %d)\n", o.checkpoint.c_str(), epoch + 1);
       std::fflush(stdout);
     }
@@ -236,6 +326,12 @@ int main(int argc, char** argv) {
   app.add_option("--save-params", o.save_params, "Write the final parameters to this file");
   app.add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
   app.add_option("--progress", o.progress, "Draw a progress bar (1) or not (0)")->capture_default_str();
+  app.add_flag("--batchnorm", o.batch_norm, "Batch normalisation after each conv, over each rank's batch");
+  app.add_flag("--sync-batchnorm", o.sync_batch_norm,
+               "Batch normalisation after each conv, over the global batch (SyncBatchNorm; implies --batchnorm)");
+  app.add_flag("--zero", o.zero, "Shard the optimizer state across ranks (ZeroRedundancyOptimizer)");
+  app.add_option("--progress-every", o.progress_every, "Seconds between progress lines when stdout is not a terminal")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps, so a restart loses at most N steps (0: at epoch ends only)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return train(o);

@@ -10,4 +10,8 @@ namespace lockstep {
 // affinity cannot be read or set.
 void pin_to_core_of_local_rank(int local_rank);
 
+// The number of cores this process may run on (its affinity mask, as
+// taskset, cgroups' cpusets and mpirun's binding set it), at least 1.
+int usable_cores();
+
 }  // namespace lockstep

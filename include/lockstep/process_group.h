@@ -144,23 +144,57 @@ class ProcessGroup {
   const std::vector<std::string>& host_ids() const;
   // True once an operation failed and the group aborted.
   bool aborted() const;
+  // Aborts the group on every rank, for a program that finds it cannot go
+  // on while other ranks wait in collectives (a data loader failed, a test
+  // assertion fired): this rank's running operation is cancelled and its
+  // queued and later ones fail with an Error carrying `reason`; the other
+  // ranks' groups abort with the same reason within about half a second
+  // (their watchdogs read it from the store). No effect on a group that
+  // already aborted.
+  void abort(const std::string& reason);
 
+  // Reductions take a ReduceOp (`ReduceOp::sum`) or a Reduction, which also
+  // carries premul_sum's factor (`Reduction::premul_sum(0.25)`: every rank's
+  // input is multiplied by 0.25, then summed; floating types only).
+  //
   // In place: every rank's `data` becomes the reduction of all ranks' `data`.
-  std::shared_ptr<Work> allreduce(Buffer data, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> allreduce(Buffer data, Reduction op = ReduceOp::sum);
   // Out of place: every rank's `output` becomes the reduction of all ranks'
   // `input`, which is left unchanged (the same memory is allowed: then it is
   // the in-place form). With the shm backend and both buffers from
   // allocate_shared, no copy is made.
-  std::shared_ptr<Work> allreduce(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> allreduce(ConstBuffer input, Buffer output, Reduction op = ReduceOp::sum);
   // Every rank's `data` becomes root's.
   std::shared_ptr<Work> broadcast(Buffer data, int root);
   // `output` (size() * input.count elements) receives every rank's input, in rank order.
   std::shared_ptr<Work> allgather(ConstBuffer input, Buffer output);
+  // The same with per-rank counts (MPI_Allgatherv): rank r contributes
+  // counts[r] elements (its input.count), and `output` (the sum of counts)
+  // receives them in rank order. Every rank passes the same counts; ranks
+  // that disagree fail with MismatchError.
+  std::shared_ptr<Work> allgather(ConstBuffer input, Buffer output, std::vector<std::size_t> counts);
   // `input` holds size() blocks of output.count elements; rank r's `output`
   // receives the reduction of every rank's block r.
-  std::shared_ptr<Work> reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> reduce_scatter(ConstBuffer input, Buffer output, Reduction op = ReduceOp::sum);
   // Root's `data` becomes the reduction; other ranks' `data` is left unchanged.
-  std::shared_ptr<Work> reduce(Buffer data, int root, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> reduce(Buffer data, int root, Reduction op = ReduceOp::sum);
+  // Root's `output` (size() * input.count elements) receives every rank's
+  // input, in rank order. Other ranks' output is not used (pass {}).
+  std::shared_ptr<Work> gather(ConstBuffer input, Buffer output, int root);
+  // Root's `input` holds size() blocks of output.count elements; rank r's
+  // `output` receives block r. Other ranks' input is not used (pass {}).
+  std::shared_ptr<Work> scatter(ConstBuffer input, Buffer output, int root);
+  // Equal blocks (MPI_Alltoall): input and output hold size() blocks of
+  // input.count / size() elements; block q of the input goes to rank q,
+  // block q of the output comes from rank q.
+  std::shared_ptr<Work> all_to_all(ConstBuffer input, Buffer output);
+  // Per-rank counts (MPI_Alltoallv; torch's split sizes): input_counts[q]
+  // elements go to rank q and output_counts[q] come from rank q, blocks
+  // packed in rank order. Each rank passes its own counts; the ranks
+  // exchange them first, and if rank r's input_counts[q] is not rank q's
+  // output_counts[r], every rank fails with a MismatchError naming the pairs.
+  std::shared_ptr<Work> all_to_all(ConstBuffer input, std::vector<std::size_t> input_counts, Buffer output,
+                                   std::vector<std::size_t> output_counts);
   std::shared_ptr<Work> barrier();
   // Point to point. A send and its recv must agree on size, dtype and tag.
   std::shared_ptr<Work> send(ConstBuffer data, int dst, int tag = 0);

@@ -34,6 +34,9 @@ struct ParamSpec {
   std::string name;
   std::size_t count = 0;
   DType dtype = DType::f32;
+  // The parameter's shape, for hooks that treat gradients as matrices
+  // (PowerSGD); empty: a vector of `count` elements.
+  std::vector<std::int64_t> shape;
 };
 
 struct BucketPlanOptions {
@@ -54,7 +57,8 @@ struct Bucket {
 // Assigns parameters to buckets, visiting them in `order` (by default the
 // reverse of model order, since the last layers' gradients are ready first).
 // Each bucket holds one dtype; the first bucket of each dtype closes once it
-// reaches first_bucket_bytes, later ones at bucket_cap_bytes; a parameter
+// reaches first_bucket_bytes (or bucket_cap_bytes, if smaller), later ones at
+// bucket_cap_bytes; a parameter
 // larger than the limit gets a bucket of its own. Buckets are returned in
 // the order their first parameter appears in `order`. Pure function.
 std::vector<Bucket> plan_buckets(const std::vector<ParamSpec>& params, const std::vector<std::size_t>& order,
@@ -86,11 +90,19 @@ class GradientSource {
 // the group's average when the returned Work is done. `input` holds this
 // rank's gradients: for a hook whose out_of_place() is true it is other
 // memory, which the hook must leave unchanged; otherwise it is `buffer`.
+//
+// `layout` and `params` say which gradient lies where: parameter
+// layout->params[k] (an index into *params) starts at element
+// layout->offsets[k]. Elements after the last gradient belong to the
+// reducer (the last bucket's flags) and must be averaged exactly. Both
+// point into the reducer and are valid during run().
 struct GradBucket {
   std::size_t index = 0;
   Buffer buffer;
   bool last = false;
   ConstBuffer input;
+  const Bucket* layout = nullptr;
+  const std::vector<ParamSpec>* params = nullptr;
 };
 
 // Replaces the plain average of each bucket, e.g. to compress it. Runs on
@@ -192,6 +204,16 @@ class Reducer {
   // End of backward: launches what is left, waits, writes gradients back.
   void finalize();
 
+  // Uneven inputs (lockstep::torch::Join). On a rank that has run out of
+  // data: issues the collectives of one synchronised backward with zero
+  // gradients, bucket by bucket through the comm hook, as the ranks still
+  // training do, and waits for them. This rank's gradients are left alone.
+  void shadow_backward();
+  // The next synchronised backward's averages divide by `ranks` (the ranks
+  // that still train) instead of the group's size: the others contributed
+  // zeros. 0 or the group's size: the plain average.
+  void set_contributing_ranks(int ranks) { contributing_ranks_ = ranks; }
+
   // Under no_sync (sync false), backward passes only accumulate locally; the
   // next synchronised backward reduces the accumulated gradients.
   void set_sync(bool sync) { sync_ = sync; }
@@ -231,6 +253,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   bool sync_ = true;
   bool rebuilt_ = false;
+  int contributing_ranks_ = 0;
   StepStats last_step_;
   std::unique_ptr<State> state_;
 };

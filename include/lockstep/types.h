@@ -21,10 +21,28 @@ inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16, DTyp
                                        DType::i32, DType::i64, DType::u8};
 
 // Reduction operators. `avg` is `sum` divided by the group size (truncating for
-// integer types).
-enum class ReduceOp : std::uint8_t { sum, avg, min, max, prod };
+// integer types). `premul_sum` is PyTorch's PREMUL_SUM: every rank's input is
+// multiplied by a factor, then summed; it needs its factor, so it is passed
+// as a Reduction (Reduction::premul_sum), and only floating types take it.
+enum class ReduceOp : std::uint8_t { sum, avg, min, max, prod, premul_sum };
+// The operators that need nothing but their name (premul_sum needs a factor).
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min,
                                              ReduceOp::max, ReduceOp::prod};
+
+// A reduction as the collectives take it: an operator, plus the factor of
+// premul_sum. Converts from a ReduceOp, so `ReduceOp::sum` is a Reduction.
+struct Reduction {
+  ReduceOp op = ReduceOp::sum;
+  double factor = 1.0;  // premul_sum only
+
+  Reduction() = default;
+  Reduction(ReduceOp o) : op(o) {}  // NOLINT: implicit on purpose
+  static Reduction premul_sum(double factor) {
+    Reduction r(ReduceOp::premul_sum);
+    r.factor = factor;
+    return r;
+  }
+};
 
 enum class Collective : std::uint8_t {
   allreduce,
@@ -35,6 +53,10 @@ enum class Collective : std::uint8_t {
   barrier,
   send,
   recv,
+  gather,
+  scatter,
+  all_to_all,   // with equal blocks, or per-rank counts
+  allgather_v,  // allgather with per-rank counts
 };
 
 using Duration = std::chrono::milliseconds;
@@ -80,10 +102,15 @@ struct ConstBuffer {
 struct OpInfo {
   Collective collective = Collective::allreduce;
   DType dtype = DType::f32;
-  std::size_t count = 0;          // elements (for allgather: per rank input; reduce_scatter: per rank output)
+  std::size_t count = 0;          // elements (allgather, gather: per rank input; reduce_scatter, scatter: per rank
+                                  // output; all_to_all: the block, or the total for per-rank counts; allgather_v: the total)
   ReduceOp op = ReduceOp::sum;    // for reductions
   int peer = -1;                  // root, destination or source; -1 if none
   int tag = 0;                    // send/recv
+  // Per-rank-count collectives (allgather_v, all_to_all with counts): a
+  // digest of the counts every rank must agree on; 0 for the others. The
+  // collective check compares it, so ranks with different counts fail.
+  std::uint64_t counts_digest = 0;
 
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };

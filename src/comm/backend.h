@@ -8,13 +8,16 @@
 // thread, or the constructing thread before it starts).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "comm/block_counts.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "lockstep/types.h"
 
@@ -26,9 +29,23 @@ struct OpContext {
   OpInfo info;
   Deadline deadline = Deadline::never();
   Duration timeout{0};  // the duration the deadline was computed from
+  // Set when the group aborts while this operation runs (another rank
+  // failed, the watchdog decided): backends look at it where they wait and
+  // throw OperationCancelled, so the operation ends within moments instead
+  // of at its deadline. Null: never cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 
   // "allreduce #12 (float x 1000, sum)"
   std::string description() const { return describe(info, seq); }
+  bool cancelled() const { return cancel != nullptr && cancel->load(std::memory_order_relaxed); }
+};
+
+// Thrown by a backend that stopped waiting because its operation was
+// cancelled; the front end completes the operation with the group's abort
+// error instead, which says why.
+class OperationCancelled : public Error {
+ public:
+  using Error::Error;
 };
 
 // Everything a backend needs to connect.
@@ -63,6 +80,20 @@ class Backend {
   virtual void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) = 0;
   virtual void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) = 0;
   virtual void barrier(const OpContext& op) = 0;
+  // Root's `output` (size x input.count) receives every rank's input in
+  // rank order; other ranks' output is empty and untouched.
+  virtual void gather(const OpContext& op, ConstBuffer input, Buffer output, int root) = 0;
+  // Root's `input` holds size blocks of output.count; rank r's `output`
+  // receives block r. Other ranks' input is empty.
+  virtual void scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) = 0;
+  // Rank r sends counts.send_count(q) elements at counts.send_offset(q) of
+  // its input to rank q, which receives them at counts.recv_offset(r) of
+  // its output.
+  virtual void all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) = 0;
+  // Every rank's `output` (sum of counts) receives each rank r's input
+  // (counts[r] elements) in rank order.
+  virtual void allgather_v(const OpContext& op, ConstBuffer input, Buffer output,
+                           const std::vector<std::size_t>& counts) = 0;
   virtual void send(const OpContext& op, ConstBuffer data, int dst, int tag) = 0;
   virtual void recv(const OpContext& op, Buffer data, int src, int tag) = 0;
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -22,8 +23,17 @@ constexpr char kFirstFailure[] = "abort/first";
 constexpr char kRound[] = "watchdog/round";
 constexpr char kVerdict[] = "watchdog/verdict";
 constexpr Duration kWatchInterval{500};
+constexpr char kStallGeneration[] = "stall/generation";
+constexpr char kStallQuery[] = "stall/query";
+// How long a stall inspection waits for the other ranks' watchdogs (which
+// look every kWatchInterval).
+constexpr Duration kStallCollect{1500};
+constexpr std::uint64_t kMaxStallAnswers = 64;
 
 std::string progress_key(int rank) { return fmt::format("watchdog/progress/{}", rank); }
+std::string stall_progress_key(std::uint64_t generation, int rank) {
+  return fmt::format("stall/{}/progress/{}", generation, rank);
+}
 
 // The same error with `text` as its message.
 std::exception_ptr rewrap(std::exception_ptr error, const std::string& text) {
@@ -37,6 +47,43 @@ std::exception_ptr rewrap(std::exception_ptr error, const std::string& text) {
     return std::make_exception_ptr(MismatchError(text));
   } catch (...) {
     return error;
+  }
+}
+
+// The first failure as stored: its kind and peer on the first line (so the
+// ranks it aborts raise the same kind of error), then the message.
+std::string encode_failure(std::exception_ptr error, const std::string& text) {
+  char kind = 'E';
+  int peer = -1;
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerError& e) {
+    kind = 'P';
+    peer = e.peer();
+  } catch (const TimeoutError& e) {
+    kind = 'T';
+    peer = e.peer();
+  } catch (const MismatchError&) {
+    kind = 'M';
+  } catch (...) {
+  }
+  return fmt::format("{} {}\n{}", kind, peer, text);
+}
+
+std::string text_of_failure(const std::string& stored) {
+  const auto newline = stored.find('\n');
+  return newline == std::string::npos ? stored : stored.substr(newline + 1);
+}
+
+std::exception_ptr failure_from(const std::string& stored, const std::string& text) {
+  const char kind = stored.empty() ? 'E' : stored[0];
+  int peer = -1;
+  if (stored.size() > 2) peer = std::atoi(stored.c_str() + 2);
+  switch (kind) {
+    case 'P': return std::make_exception_ptr(PeerError(text, peer));
+    case 'T': return std::make_exception_ptr(TimeoutError(text, peer));
+    case 'M': return std::make_exception_ptr(MismatchError(text));
+    default: return std::make_exception_ptr(Error(text));
   }
 }
 
@@ -122,9 +169,10 @@ std::exception_ptr GroupDiagnostics::on_failure(std::exception_ptr error, std::u
       text += "\n" + collect_verdict(seq, describe(info, seq));
     } else {
       // When rank 2 dies, rank 3 notices first; rank 0 may only see rank 3
-      // leave. The first failure recorded tells everyone what happened.
-      const std::string first = store_->compare_set(kFirstFailure, "", text);
-      if (!first.empty() && first != text) text += "\n  the first failure in this group was: " + first;
+      // leave. The first failure recorded tells everyone what happened, and
+      // the other ranks' watchdogs abort their groups with it (watch()).
+      const std::string first = record_failure(error);
+      if (!first.empty()) text += "\n  the first failure in this group was: " + first;
     }
   } catch (const std::exception& e) {
     log_.debug("diagnostics could not reach the store: {}", e.what());  // report what this rank saw
@@ -132,6 +180,18 @@ std::exception_ptr GroupDiagnostics::on_failure(std::exception_ptr error, std::u
   const std::string file = dump("failure");
   if (!file.empty()) text += "\n  flight recorder: " + file;
   return rewrap(error, text);
+}
+
+std::string GroupDiagnostics::record_failure(std::exception_ptr error) {
+  reported_failure_.store(true);
+  try {
+    const std::string mine = encode_failure(error, what_of(error));
+    const std::string first = store_->compare_set(kFirstFailure, "", mine);
+    return first.empty() || first == mine ? std::string() : text_of_failure(first);
+  } catch (const std::exception& e) {
+    log_.debug("could not record the failure in the store: {}", e.what());
+    return {};
+  }
 }
 
 void GroupDiagnostics::start_watchdog(std::function<void(std::exception_ptr)> abort) {
@@ -145,6 +205,20 @@ void GroupDiagnostics::watch() {
   while (!stop_.wait_for(lock, kWatchInterval, [&] { return stopping_; })) {
     lock.unlock();
     try {
+      if (!reported_failure_.load() && store_->check({kFirstFailure})) {
+        // Another rank's operation failed (a mismatch it saw, a peer it
+        // lost): the group cannot finish its collectives, so end this rank's
+        // too, now, with that rank's words, instead of waiting out the
+        // timeout in an operation whose data will not come.
+        const std::string first = store_->get(kFirstFailure);
+        if (reported_failure_.load()) return;  // this rank failed meanwhile and said so itself
+        dump("peer failure");
+        abort_(failure_from(first, fmt::format("rank {}/{}: the group was aborted because another rank failed:\n  {}",
+                                                rank_, size_, text_of_failure(first))));
+        return;
+      }
+      answer_stall_queries();
+      inspect_stall();
       if (store_->check({kRound})) {
         store_->set(progress_key(rank_), progress());
         const Deadline deadline = Deadline::after(settings_.settle + std::chrono::seconds(5));
@@ -166,6 +240,59 @@ void GroupDiagnostics::watch() {
       return;
     }
     lock.lock();
+  }
+}
+
+void GroupDiagnostics::answer_stall_queries() {
+  if (!store_->check({kStallQuery})) return;
+  const std::uint64_t asked = std::stoull(store_->get(kStallQuery));
+  // Queries are numbered densely; two ranks that ask at once may store
+  // their numbers out of order, so answer every one not yet answered.
+  for (std::uint64_t g = std::max(answered_stall_query_ + 1, asked > kMaxStallAnswers ? asked - kMaxStallAnswers : 1);
+       g <= asked; ++g)
+    store_->set(stall_progress_key(g, rank_), progress());
+  answered_stall_query_ = std::max(answered_stall_query_, asked);
+}
+
+void GroupDiagnostics::inspect_stall() {
+  if (settings_.stall_after <= Duration(0)) return;
+  const std::int64_t now = now_us();
+  for (const auto& r : recorder_.snapshot()) {
+    if (r.state != diag::OpState::started || r.started_us == 0) continue;
+    const std::int64_t waited_us = now - r.started_us;
+    if (waited_us < std::chrono::duration_cast<std::chrono::microseconds>(settings_.stall_after).count() ||
+        r.seq == warned_stall_seq_)
+      return;
+    warned_stall_seq_ = r.seq;
+    const std::uint64_t generation = static_cast<std::uint64_t>(store_->add(kStallGeneration, 1));
+    store_->set(stall_progress_key(generation, rank_), progress());
+    store_->set(kStallQuery, std::to_string(generation));
+    std::vector<std::string> keys;
+    for (int q = 0; q < size_; ++q) keys.push_back(stall_progress_key(generation, q));
+    const Deadline deadline = Deadline::after(kStallCollect);
+    while (!store_->check(keys) && !deadline.expired()) {
+      {
+        std::unique_lock wait_lock(mutex_);
+        if (stop_.wait_for(wait_lock, std::chrono::milliseconds(100), [&] { return stopping_; })) return;
+      }
+      answer_stall_queries();  // ranks stalled in the same operation ask each other at the same time
+    }
+    std::vector<std::optional<diag::RankProgress>> all(static_cast<std::size_t>(size_));
+    bool everyone_in_it = true;
+    for (int q = 0; q < size_; ++q) {
+      const auto& key = keys[static_cast<std::size_t>(q)];
+      if (store_->check({key})) all[static_cast<std::size_t>(q)] = diag::RankProgress::decode(store_->get(key));
+      const auto& p = all[static_cast<std::size_t>(q)];
+      everyone_in_it = everyone_in_it && p && p->issued > r.seq;
+    }
+    const std::string report =
+        diag::stall_report(r.seq, describe(r.info, r.seq), rank_, static_cast<double>(waited_us) / 1e6,
+                           static_cast<double>(settings_.timeout.count()) / 1000.0, all);
+    // Every rank inside a slow operation (a large transfer on a slow link)
+    // is not a stall worth a warning; a rank missing from it is.
+    if (everyone_in_it && report.find("disagree") == std::string::npos) log_.info("{}", report);
+    else log_.warn("{}", report);
+    return;
   }
 }
 

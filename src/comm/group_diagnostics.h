@@ -17,10 +17,23 @@
 //      collective the group can no longer finish, and dumps its flight
 //      recorder.
 //
+// The stall inspector, earlier: an operation that has run for
+// `stall_after` on some rank (half the timeout, at most a minute, by
+// default) makes that rank's watchdog ask every rank's watchdog for its
+// progress through the store and log a warning naming the ranks that have
+// not reached the operation, while there is still time to look at them.
+//
+// Any other failure (a mismatch, a lost peer) is recorded in the store as
+// the group's first failure; the other ranks' watchdogs see it within half
+// a second and abort their groups with it (the operation they are in is
+// cancelled), so every rank names the failure, not only the ones whose
+// data path touched it.
+//
 // Thread-safety: on_failure runs on the thread that ran the failed
 // operation; the watchdog has its own thread; the rest is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -38,7 +51,14 @@ namespace lockstep {
 struct DiagnosticsSettings {
   bool detail = false;           // LOCKSTEP_DEBUG=DETAIL: fingerprint every collective
   std::string flight_dir;        // where flight-recorder dumps go
-  Duration settle{5000};         // how long a watchdog round waits for all ranks
+  // How long a watchdog round waits for all ranks: live watchdogs answer
+  // within kWatchInterval (0.5 s), so only a stopped or cut-off rank costs it.
+  Duration settle{1000};
+  Duration timeout{0};           // the group's collective timeout (for messages)
+  // LOCKSTEP_STALL_WARNING: an operation running this long on a rank makes
+  // its watchdog ask every rank where it is and warn, naming the ranks that
+  // have not reached it, well before the timeout fails the group. 0: off.
+  Duration stall_after{0};
 };
 
 class GroupDiagnostics {
@@ -59,6 +79,11 @@ class GroupDiagnostics {
   // the error to report.
   std::exception_ptr on_failure(std::exception_ptr error, std::uint64_t seq, const OpInfo& info);
 
+  // Records `error` as this group's first failure (unless another rank's
+  // came first), for the other ranks' watchdogs to abort with; returns the
+  // first failure's message if it was another. Never throws.
+  std::string record_failure(std::exception_ptr error);
+
   // Starts the watchdog thread; `abort` aborts this rank's group.
   void start_watchdog(std::function<void(std::exception_ptr)> abort);
   // Stops it (before whatever `abort` touches goes away). Idempotent.
@@ -69,6 +94,10 @@ class GroupDiagnostics {
 
  private:
   void watch();
+  // The stall inspector (watchdog thread): publish this rank's progress
+  // for the other ranks' inspections; inspect this rank's own long wait.
+  void answer_stall_queries();
+  void inspect_stall();
   std::string progress() const;
   std::string collect_verdict(std::uint64_t seq, const std::string& what);
 
@@ -80,6 +109,10 @@ class GroupDiagnostics {
   std::shared_ptr<diag::Tracer> tracer_;
   DiagnosticsSettings settings_;
   diag::FlightRecorder recorder_;
+
+  std::atomic<bool> reported_failure_{false};  // this rank's own failure is in the store
+  std::uint64_t answered_stall_query_ = 0;       // watchdog thread only
+  std::uint64_t warned_stall_seq_ = ~std::uint64_t{0};
 
   std::mutex mutex_;
   std::condition_variable stop_;

@@ -58,6 +58,30 @@ struct ProcessGroup::Impl {
 
 std::shared_ptr<ProcessGroup> make_group(GroupSpec spec);
 
+// With LOCKSTEP_DEBUG=DETAIL: every rank shares the fingerprint of the
+// collective it is about to run and compares; a rank that issued something
+// else fails everyone at once with both fingerprints and the ranks.
+void check_fingerprint(Backend& backend, const OpContext& op, const OpInfo& info, std::uint64_t number, int rank,
+                       int size);
+
+// Queues a collective (numbered for fingerprints, checked in DETAIL mode).
+template <typename Fn>
+std::shared_ptr<Work> submit_collective(ProcessGroup::Impl& s, const OpInfo& info, Fn fn) {
+  const std::uint64_t number = s.collectives++;
+  if (!s.diagnostics->settings().detail || s.spec.size == 1) return s.engine->submit(info, std::move(fn));
+  Backend* backend = s.backend.get();
+  const int rank = s.spec.rank, size = s.spec.size;
+  return s.engine->submit(info, [backend, info, number, rank, size, fn = std::move(fn)](const OpContext& ctx) {
+    check_fingerprint(*backend, ctx, info, number, rank, size);
+    fn(ctx);
+  });
+}
+
+inline void check_buffer(const ConstBuffer& b, const char* what) {
+  if (b.count != 0 && b.data == nullptr)
+    throw InvalidArgument(std::string(what) + ": the buffer has " + std::to_string(b.count) + " elements but no memory");
+}
+
 // "auto" -> a concrete backend for these hosts; others are checked and kept.
 std::string resolve_backend(const std::string& requested, const std::vector<std::string>& host_ids);
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx);

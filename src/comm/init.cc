@@ -17,6 +17,7 @@
 #include "common/host.h"
 #include "common/socket.h"
 #include "lockstep/error.h"
+#include "store/store_token.h"
 
 namespace lockstep {
 namespace {
@@ -83,8 +84,10 @@ std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::
   return host_name();
 }
 
-DiagnosticsSettings diagnostics_settings() {
+DiagnosticsSettings diagnostics_settings(Duration timeout) {
   DiagnosticsSettings s;
+  s.timeout = timeout;
+  s.stall_after = env_seconds(env::kStallWarning).value_or(std::min<Duration>(timeout / 2, std::chrono::seconds(60)));
   const std::string debug = env_string(env::kDebug).value_or("OFF");
   if (debug != "OFF" && debug != "INFO" && debug != "DETAIL" && debug != "off" && debug != "info" && debug != "detail")
     throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, debug));
@@ -169,7 +172,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.key = fmt::format("{}/{}", launch.run_id, options.name);
   spec.finished_key = fmt::format("{}/finished/{}", launch.run_id, options.name);
   spec.log = Logger().for_rank(launch.rank, launch.world_size);
-  spec.diagnostics = diagnostics_settings();
+  spec.diagnostics = diagnostics_settings(launch.timeout);
   spec.tracer = std::make_shared<diag::Tracer>(env_string(env::kTrace).value_or(""), launch.rank);
   if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
 
@@ -190,6 +193,13 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {
+    // A store that other hosts can reach (MASTER_ADDR not loopback, rank 0
+    // hosting it, as under torchrun) is guarded by a token even when nobody
+    // gave one: every rank derives the same one from what they all share.
+    if (store_options.token.empty() && !is_loopback_host(launch.master_addr))
+      store_options.token = shared_store_token(
+          std::nullopt, fmt::format("rank0/{}:{}/{}/{}", launch.master_addr, launch.master_port, launch.world_size,
+                                    env_string(env::kTorchelasticRunId).value_or("")));
     std::unique_ptr<TcpStoreServer> server;
     // A loopback MASTER_ADDR means every rank is on this host: listen there
     // only, so the store (often without a token) is not reachable from the network.

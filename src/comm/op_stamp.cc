@@ -1,6 +1,9 @@
 // See op_stamp.h.
 #include "comm/op_stamp.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include <fmt/format.h>
 
 #include "lockstep/error.h"
@@ -14,12 +17,21 @@ OpInfo unpack(std::uint64_t what, std::uint64_t count) {
   info.collective = static_cast<Collective>(what & 0xff);
   info.dtype = static_cast<DType>((what >> 8) & 0xff);
   info.op = static_cast<ReduceOp>((what >> 16) & 0xff);
-  info.peer = static_cast<int>(what >> 32) - 1;
+  // A peer's stamp may hold anything (a corrupted stream): any 32-bit root
+  // must decode without overflow.
+  const auto root_plus_one = static_cast<std::uint32_t>(what >> 32);
+  info.peer = root_plus_one == 0 ? -1 : static_cast<int>(std::min<std::uint32_t>(root_plus_one - 1, INT32_MAX));
   info.count = count;
   return info;
 }
 
 [[noreturn]] void refuse(const OpContext& op, const OpInfo& theirs, int peer, const std::string& self) {
+  // A digest is no count: say what differs instead of printing it as one.
+  if (op.info.counts_digest != 0 && theirs.collective == op.info.collective && theirs.dtype == op.info.dtype)
+    throw MismatchError(fmt::format(
+        "{}: {}: rank {} passed different per-rank counts for the same collective. Every rank must pass the same "
+        "counts (each rank's count, in rank order); the data of this operation would be wrong, so it is refused",
+        self, op.description(), peer));
   throw MismatchError(fmt::format(
       "{}: {} does not match what rank {} issued at the same point: {}. Every rank must issue the same "
       "collectives in the same order, with the same counts, dtypes, reductions and roots; the data of this "
@@ -39,13 +51,13 @@ std::uint64_t stamp_what(const OpInfo& info) {
 // the root (plus one; larger roots wrap, the same way on every rank).
 std::uint32_t inline_stamp(const OpInfo& info) {
   return static_cast<std::uint32_t>(info.collective) | static_cast<std::uint32_t>(info.dtype) << 4 |
-         static_cast<std::uint32_t>(info.op) << 8 | static_cast<std::uint32_t>(info.count & 0xff) << 12 |
+         static_cast<std::uint32_t>(info.op) << 8 | static_cast<std::uint32_t>(stamp_count(info) & 0xff) << 12 |
          (static_cast<std::uint32_t>(info.peer + 1) & 0xfff) << 20;
 }
 
 void check_round_stamp(const OpContext& op, std::uint64_t what, std::uint64_t count, int peer,
                        const std::string& self) {
-  if (what != stamp_what(op.info) || count != op.info.count) refuse(op, unpack(what, count), peer, self);
+  if (what != stamp_what(op.info) || count != stamp_count(op.info)) refuse(op, unpack(what, count), peer, self);
 }
 
 void check_inline_stamp(const OpContext& op, std::uint32_t stamp, int peer, const std::string& self) {
@@ -55,7 +67,7 @@ void check_inline_stamp(const OpContext& op, std::uint32_t stamp, int peer, cons
   refuse(op, unpack(what, (stamp >> 12) & 0xff), peer, self);
 }
 
-WireStamp wire_stamp(const OpInfo& info) { return WireStamp{kWireStampMagic, stamp_what(info), info.count}; }
+WireStamp wire_stamp(const OpInfo& info) { return WireStamp{kWireStampMagic, stamp_what(info), stamp_count(info)}; }
 
 void check_wire_stamp(const OpContext& op, const WireStamp& stamp, int peer, const std::string& self) {
   if (stamp.magic != kWireStampMagic)

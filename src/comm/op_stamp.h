@@ -23,6 +23,11 @@ namespace lockstep {
 // Collective, dtype, reduction and root in one word (rounds carry the full
 // count beside it).
 std::uint64_t stamp_what(const OpInfo& info);
+// The count a stamp carries: the element count, or for per-rank-count
+// collectives the digest of every rank's counts (which covers the total).
+inline std::uint64_t stamp_count(const OpInfo& info) {
+  return info.counts_digest != 0 ? info.counts_digest : info.count;
+}
 // The same and the count's low bits in 32 bits, for inline lines (whose
 // operations carry at most 48 bytes, so their counts fit exactly).
 std::uint32_t inline_stamp(const OpInfo& info);

@@ -10,6 +10,7 @@
 #include "comm/group_impl.h"
 #include "common/enforce.h"
 #include "common/format.h"
+#include "comm/premul.h"
 #include "diag/fingerprint.h"
 
 namespace lockstep {
@@ -27,6 +28,16 @@ OpInfo info_of(Collective c, const ConstBuffer& b, ReduceOp op = ReduceOp::sum, 
   info.tag = tag;
   return info;
 }
+
+// Runs a premul_sum's multiplication before `fn` reduces with sum: in
+// place when the buffer it reduces is the caller's to change, else into a
+// copy. Refuses integer types (PREMUL_SUM is defined for floating types).
+void check_reduction(const Reduction& op, DType dtype, const char* what) {
+  LOCKSTEP_CHECK_ARG(op.op != ReduceOp::premul_sum || is_floating(dtype),
+                     "{}: premul_sum takes floating types, not {}; multiply integers yourself and use sum", what, dtype);
+}
+
+}  // namespace
 
 // With LOCKSTEP_DEBUG=DETAIL: every rank shares the fingerprint of the
 // collective it is about to run and compares; a rank that issued something
@@ -49,24 +60,6 @@ void check_fingerprint(Backend& backend, const OpContext& op, const OpInfo& info
                                     rank, size, number, difference));
 }
 
-// Queues a collective (numbered for fingerprints, checked in DETAIL mode).
-template <typename Fn>
-std::shared_ptr<Work> submit_collective(ProcessGroup::Impl& s, const OpInfo& info, Fn fn) {
-  const std::uint64_t number = s.collectives++;
-  if (!s.diagnostics->settings().detail || s.spec.size == 1) return s.engine->submit(info, std::move(fn));
-  Backend* backend = s.backend.get();
-  const int rank = s.spec.rank, size = s.spec.size;
-  return s.engine->submit(info, [backend, info, number, rank, size, fn = std::move(fn)](const OpContext& ctx) {
-    check_fingerprint(*backend, ctx, info, number, rank, size);
-    fn(ctx);
-  });
-}
-
-void check_buffer(const ConstBuffer& b, const char* what) {
-  LOCKSTEP_CHECK_ARG(b.count == 0 || b.data != nullptr, "{}: {} has {} elements but no memory", what, what, b.count);
-}
-
-}  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -95,20 +88,35 @@ const std::shared_ptr<Store>& ProcessGroup::store() const { return impl_->store;
 const std::vector<std::string>& ProcessGroup::host_ids() const { return impl_->host_ids; }
 bool ProcessGroup::aborted() const { return impl_->engine->aborted(); }
 
+void ProcessGroup::abort(const std::string& reason) {
+  auto& s = *impl_;
+  if (s.engine->aborted()) return;
+  const auto error = std::make_exception_ptr(
+      Error(fmt::format("rank {}/{}: the program aborted the group: {}", s.spec.rank, s.spec.size, reason)));
+  s.diagnostics->record_failure(error);  // the other ranks abort with it
+  s.engine->abort(error);
+}
+
 bool ProcessGroup::supports(Collective collective, DType dtype, ReduceOp op) const {
   return impl_->backend->supports(collective, dtype, op);
 }
 
-std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, Reduction op) {
   check_buffer(data, "allreduce");
-  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, op), "{} backend cannot allreduce {} with {}",
-                     backend(), data.dtype, op);
+  check_reduction(op, data.dtype, "allreduce");
+  const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
+  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
+                     backend(), data.dtype, op.op);
   Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::allreduce, data, op),
-                               [b, data, op](const OpContext& ctx) { b->allreduce(ctx, data, op); });
+  return submit_collective(*impl_, info_of(Collective::allreduce, data, op.op),
+                           [b, data, op, kernel_op](const OpContext& ctx) {
+                             if (op.op == ReduceOp::premul_sum)
+                               premultiply(data.data, data.data, data.count, data.dtype, op.factor);
+                             b->allreduce(ctx, data, kernel_op);
+                           });
 }
 
-std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, Reduction op) {
   if (input.data == output.data && input.count == output.count && input.dtype == output.dtype)
     return allreduce(output, op);
   check_buffer(input, "allreduce input");
@@ -120,11 +128,18 @@ std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, 
   const auto* out = static_cast<const std::byte*>(output.data);
   LOCKSTEP_CHECK_ARG(in + input.bytes() <= out || out + output.bytes() <= in,
                      "allreduce: input and output overlap without being the same memory");
-  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, output.dtype, op), "{} backend cannot allreduce {} with {}",
-                     backend(), output.dtype, op);
+  check_reduction(op, output.dtype, "allreduce");
+  const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
+  LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, output.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
+                     backend(), output.dtype, op.op);
   Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::allreduce, output, op),
-                           [b, input, output, op](const OpContext& ctx) { b->allreduce_into(ctx, input, output, op); });
+  return submit_collective(*impl_, info_of(Collective::allreduce, output, op.op),
+                           [b, input, output, op, kernel_op](const OpContext& ctx) {
+                             if (op.op != ReduceOp::premul_sum) return b->allreduce_into(ctx, input, output, op.op);
+                             // The input stays unchanged: multiply into the output, sum that.
+                             premultiply(output.data, input.data, output.count, output.dtype, op.factor);
+                             b->allreduce(ctx, output, kernel_op);
+                           });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
@@ -147,7 +162,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) 
                                [b, input, output](const OpContext& ctx) { b->allgather(ctx, input, output); });
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer output, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer output, Reduction op) {
   check_buffer(input, "reduce_scatter input");
   check_buffer(output, "reduce_scatter output");
   LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is {} but output is {}", input.dtype,
@@ -155,21 +170,43 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
                      "reduce_scatter: input must hold size() x output = {} x {} = {} elements, not {}", size(),
                      output.count, output.count * static_cast<std::size_t>(size()), input.count);
-  LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, op), "{} backend cannot reduce_scatter {} with {}",
-                     backend(), input.dtype, op);
+  check_reduction(op, input.dtype, "reduce_scatter");
+  const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
+  LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, kernel_op),
+                     "{} backend cannot reduce_scatter {} with {}", backend(), input.dtype, op.op);
   Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::reduce_scatter, output, op),
-                               [b, input, output, op](const OpContext& ctx) { b->reduce_scatter(ctx, input, output, op); });
+  return submit_collective(*impl_, info_of(Collective::reduce_scatter, output, op.op),
+                           [b, input, output, op, kernel_op](const OpContext& ctx) {
+                             if (op.op != ReduceOp::premul_sum) return b->reduce_scatter(ctx, input, output, op.op);
+                             // The input is the caller's and const: multiply a copy.
+                             std::vector<std::byte> scaled(input.bytes());
+                             premultiply(scaled.data(), input.data, input.count, input.dtype, op.factor);
+                             b->reduce_scatter(ctx, ConstBuffer{scaled.data(), input.count, input.dtype}, output,
+                                               kernel_op);
+                           });
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, Reduction op) {
   check_buffer(data, "reduce");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "reduce: root {} is not a rank of this group of {}", root, size());
-  LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, op), "{} backend cannot reduce {} with {}", backend(),
-                     data.dtype, op);
+  check_reduction(op, data.dtype, "reduce");
+  const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
+  LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, kernel_op), "{} backend cannot reduce {} with {}",
+                     backend(), data.dtype, op.op);
   Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::reduce, data, op, root),
-                               [b, data, root, op](const OpContext& ctx) { b->reduce(ctx, data, root, op); });
+  const bool is_root = root == rank();
+  return submit_collective(*impl_, info_of(Collective::reduce, data, op.op, root),
+                           [b, data, root, op, kernel_op, is_root](const OpContext& ctx) {
+                             if (op.op != ReduceOp::premul_sum) return b->reduce(ctx, data, root, op.op);
+                             if (is_root) {
+                               premultiply(data.data, data.data, data.count, data.dtype, op.factor);
+                               return b->reduce(ctx, data, root, kernel_op);
+                             }
+                             // Other ranks' data stays unchanged: multiply a copy.
+                             std::vector<std::byte> scaled(data.bytes());
+                             premultiply(scaled.data(), data.data, data.count, data.dtype, op.factor);
+                             b->reduce(ctx, Buffer{scaled.data(), data.count, data.dtype}, root, kernel_op);
+                           });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {

@@ -32,6 +32,7 @@ void ProgressEngine::abort(std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
     if (!abort_error_) abort_error_ = error;
+    cancel_.store(true, std::memory_order_relaxed);
     dropped.swap(queue_);
   }
   for (auto& item : dropped) {
@@ -57,6 +58,7 @@ OpContext ProgressEngine::context_for(const Work& work, Clock::time_point starte
   op.info = work.info();
   op.timeout = timeout_;
   op.deadline = Deadline::starting_at(started, timeout_);
+  op.cancel = &cancel_;
   return op;
 }
 
@@ -88,6 +90,20 @@ void ProgressEngine::run() {
   }
 }
 
+namespace {
+
+bool is_cancellation(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const OperationCancelled&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
 void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_point finished_at) {
   if (error && on_abort_ && !aborted()) error = on_abort_(error, work.seq(), work.info());
   const std::int64_t finished = to_us(finished_at);
@@ -101,6 +117,7 @@ void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_po
   {
     std::lock_guard lock(mutex_);
     if (error && !abort_error_) abort_error_ = error;
+    if (error && abort_error_ && is_cancellation(error)) error = abort_error_;
     running_ = false;
     queued = !queue_.empty() || stopping_;
   }

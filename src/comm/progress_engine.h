@@ -16,6 +16,7 @@
 // Thread-safety: submit() may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -78,8 +79,9 @@ class ProgressEngine {
   // Runs what is queued, then stops the thread. Idempotent.
   void drain_and_stop();
 
-  // Aborts from outside (the watchdog): queued and later operations fail
-  // with `error`; a running one ends at its own deadline.
+  // Aborts from outside (the watchdog, another rank's failure): queued and
+  // later operations fail with `error`; a running one is cancelled (it ends
+  // where its backend next looks, and fails with `error` too).
   void abort(std::exception_ptr error);
 
   bool aborted() const;
@@ -130,6 +132,7 @@ class ProgressEngine {
   bool running_ = false;  // an operation is executing (on some thread)
   bool stopping_ = false;
   std::exception_ptr abort_error_;
+  std::atomic<bool> cancel_{false};  // set with abort_error_; running operations watch it (OpContext::cancel)
   std::thread thread_;
 };
 

@@ -90,7 +90,8 @@ template <typename T>
 void dispatch_op(ReduceOp op, auto&& fn) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return fn(Sum<T>{});
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: return fn(Sum<T>{});  // its inputs were multiplied first
     case ReduceOp::prod: return fn(Prod<T>{});
     case ReduceOp::min: return fn(Min<T>{});
     case ReduceOp::max: return fn(Max<T>{});

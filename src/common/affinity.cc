@@ -3,6 +3,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 namespace lockstep {
@@ -18,6 +20,12 @@ void pin_to_core_of_local_rank(int local_rank) {
   CPU_ZERO(&one);
   CPU_SET(cores[static_cast<std::size_t>(local_rank) % cores.size()], &one);
   sched_setaffinity(0, sizeof one, &one);
+}
+
+int usable_cores() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) return std::max(1, CPU_COUNT(&allowed));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace lockstep

@@ -15,6 +15,13 @@ inline constexpr char kMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kMasterPort[] = "MASTER_PORT";
 inline constexpr char kTorchelasticRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr char kTorchelasticRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+// Set by torchrun and by `lockstep run` for the program; lockstep reads none of them.
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kTorchelasticMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kTorchelasticUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 
 // Set by Open MPI's mpirun.
 inline constexpr char kOmpiRank[] = "OMPI_COMM_WORLD_RANK";
@@ -45,11 +52,13 @@ inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
 inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
 inline constexpr char kShmSpinMicros[] = "LOCKSTEP_SHM_SPIN_US";
 inline constexpr char kShmTag[] = "LOCKSTEP_SHM_TAG";
+inline constexpr char kShmSingleCopyBytes[] = "LOCKSTEP_SHM_SINGLE_COPY_BYTES";
 inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
 inline constexpr char kStats[] = "LOCKSTEP_STATS";
 inline constexpr char kFlightDir[] = "LOCKSTEP_FLIGHT_DIR";
 inline constexpr char kWatchdogSettle[] = "LOCKSTEP_WATCHDOG_SETTLE";
+inline constexpr char kStallWarning[] = "LOCKSTEP_STALL_WARNING";
 inline constexpr char kMpiMaxCount[] = "LOCKSTEP_MPI_MAX_COUNT";
 inline constexpr char kMpiAbortOnFailure[] = "LOCKSTEP_MPI_ABORT_ON_FAILURE";
 

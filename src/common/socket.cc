@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -221,6 +222,14 @@ std::string peer_host(int fd) {
 
 bool is_loopback_host(const std::string& host) {
   if (host.empty()) return false;
+  // "localhost" and "*.localhost" are loopback by definition (RFC 6761),
+  // also where no /etc/hosts says so (a minimal container or chroot).
+  std::string lower(host);
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string_view suffix = ".localhost";
+  if (lower == "localhost" ||
+      (lower.size() > suffix.size() && lower.compare(lower.size() - suffix.size(), suffix.size(), suffix) == 0))
+    return true;
   std::string error;
   auto addrs = resolve(host, 0, /*passive=*/false, &error);
   if (!addrs) return false;

@@ -57,6 +57,7 @@ std::string_view to_string(ReduceOp op) {
     case ReduceOp::min: return "min";
     case ReduceOp::max: return "max";
     case ReduceOp::prod: return "prod";
+    case ReduceOp::premul_sum: return "premul_sum";
   }
   return "?";
 }
@@ -71,6 +72,10 @@ std::string_view to_string(Collective collective) {
     case Collective::barrier: return "barrier";
     case Collective::send: return "send";
     case Collective::recv: return "recv";
+    case Collective::gather: return "gather";
+    case Collective::scatter: return "scatter";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::allgather_v: return "allgather_v";
   }
   return "?";
 }
@@ -92,6 +97,12 @@ std::string describe(const OpInfo& info, std::uint64_t seq) {
       break;
     case Collective::broadcast: details = shape + ", root " + std::to_string(info.peer); break;
     case Collective::allgather: details = shape; break;
+    case Collective::gather:
+    case Collective::scatter: details = shape + ", root " + std::to_string(info.peer); break;
+    case Collective::all_to_all:
+      details = shape + (info.counts_digest != 0 ? " in all, per-rank counts" : " per rank");
+      break;
+    case Collective::allgather_v: details = shape + " in all, per-rank counts"; break;
     case Collective::barrier: break;
     case Collective::send:
       details = shape + " to rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
@@ -126,18 +137,21 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
     if (to_string(op) == key) return op;
   if (key == "mean") return ReduceOp::avg;
   if (key == "product") return ReduceOp::prod;
+  if (key == "premul_sum") return ReduceOp::premul_sum;
   return std::nullopt;
 }
 
 std::optional<Collective> parse_collective(std::string_view name) {
   const std::string key = lower(name);
-  for (int i = 0; i <= static_cast<int>(Collective::recv); ++i) {
+  for (int i = 0; i <= static_cast<int>(Collective::allgather_v); ++i) {
     const auto c = static_cast<Collective>(i);
     if (to_string(c) == key) return c;
   }
   if (key == "all_reduce") return Collective::allreduce;
   if (key == "all_gather") return Collective::allgather;
   if (key == "reducescatter") return Collective::reduce_scatter;
+  if (key == "alltoall" || key == "all_to_all_single") return Collective::all_to_all;
+  if (key == "allgatherv" || key == "all_gather_v") return Collective::allgather_v;
   return std::nullopt;
 }
 

@@ -43,8 +43,13 @@ DistributedSampler::DistributedSampler(SamplerOptions options) : options_(option
     throw InvalidArgument("DistributedSampler: exact (every sample once) and drop_last contradict each other");
 }
 
+// Samples of the epoch still to be dealt out.
+std::size_t DistributedSampler::remaining() const {
+  return options_.dataset_size - std::min(options_.resume_at, options_.dataset_size);
+}
+
 std::size_t DistributedSampler::num_samples() const {
-  const std::size_t n = options_.dataset_size;
+  const std::size_t n = remaining();
   const auto r = static_cast<std::size_t>(options_.num_replicas);
   const auto rank = static_cast<std::size_t>(options_.rank);
   if (options_.exact) return n / r + (rank < n % r ? 1 : 0);
@@ -53,21 +58,23 @@ std::size_t DistributedSampler::num_samples() const {
 }
 
 std::size_t DistributedSampler::total_size() const {
-  const std::size_t n = options_.dataset_size;
+  const std::size_t n = remaining();
   const auto r = static_cast<std::size_t>(options_.num_replicas);
   if (options_.exact) return n;
   return options_.drop_last ? n / r * r : (n + r - 1) / r * r;
 }
 
 std::vector<std::size_t> DistributedSampler::indices() const {
-  const std::size_t n = options_.dataset_size;
   std::vector<std::size_t> all;
   if (options_.shuffle) {
-    all = shuffled_indices(n, options_.seed + epoch_);
+    all = shuffled_indices(options_.dataset_size, options_.seed + epoch_);
   } else {
-    all.resize(n);
-    for (std::size_t i = 0; i < n; ++i) all[i] = i;
+    all.resize(options_.dataset_size);
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
   }
+  // What the job trained on before it resumed is the start of that order.
+  all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(options_.dataset_size - remaining()));
+  const std::size_t n = all.size();
   const std::size_t total = total_size();
   if (total > n && n > 0) {
     // Pad by repeating from the start (more than once if padding > n).

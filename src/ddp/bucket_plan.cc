@@ -51,7 +51,10 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpec>& params, const std
     o.bucket.params.push_back(order[position]);
     o.bucket.offsets.push_back(o.bucket.count);
     o.bucket.count += p.count;
-    const std::size_t limit = had_first[p.dtype] ? options.bucket_cap_bytes : options.first_bucket_bytes;
+    // The cap bounds the first bucket too: a cap below the first bucket's
+    // size (bucket_cap_mb = 0.01) gives small buckets from the start.
+    const std::size_t limit =
+        had_first[p.dtype] ? options.bucket_cap_bytes : std::min(options.first_bucket_bytes, options.bucket_cap_bytes);
     if (o.bucket.bytes() >= limit) close(p.dtype);
   }
   while (!open.empty()) close(open.begin()->first);

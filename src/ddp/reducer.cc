@@ -75,6 +75,29 @@ double read_flag(const void* at, DType dtype) {
   return 0;
 }
 
+// data[0, count) *= factor, for the floating-point dtypes gradients have.
+void scale(void* data, std::size_t count, DType dtype, double factor) {
+  switch (dtype) {
+    case DType::f32: {
+      auto* p = static_cast<float*>(data);
+      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] * factor);
+      break;
+    }
+    case DType::f64: {
+      auto* p = static_cast<double*>(data);
+      for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
+      break;
+    }
+    case DType::f16:
+    case DType::bf16: {
+      auto* p = static_cast<std::uint16_t*>(data);
+      for (std::size_t i = 0; i < count; ++i) write_flag(p + i, dtype, read_flag(p + i, dtype) * factor);
+      break;
+    }
+    default: break;  // integer gradients are not averaged
+  }
+}
+
 }  // namespace
 
 std::int64_t StepStats::blocked_us() const {
@@ -353,8 +376,8 @@ void Reducer::launch(std::size_t b) {
     std::memcpy(output, input, count * dtype_size(bucket.dtype));
     input = output;
   }
-  s.works[b] = options_.comm_hook->run(
-      *pg_, GradBucket{b, Buffer{output, count, bucket.dtype}, last, ConstBuffer{input, count, bucket.dtype}});
+  s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{output, count, bucket.dtype}, last,
+                                                        ConstBuffer{input, count, bucket.dtype}, &bucket, &params_});
   if (s.works[b]->done()) {
     // It ran to completion on this thread (a small operation on an idle
     // group): timed here, precisely. Inside backward (finalize has not
@@ -412,6 +435,13 @@ void Reducer::finalize() {
     s.timings[b].finished_us = s.works[b]->finished_us();
   }
   const int out = output_set();
+  if (contributing_ranks_ > 0 && contributing_ranks_ != pg_->size()) {
+    // The hook averaged over the whole group; ranks that joined sent zeros.
+    const double factor = static_cast<double>(pg_->size()) / contributing_ranks_;
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      scale(s.storage[out][b].get(), buckets_[b].count, buckets_[b].dtype, factor);
+  }
+  contributing_ranks_ = 0;
   const std::byte* trailer = buckets_.empty() ? nullptr
                                               : s.storage[out].back().get() +
                                                     buckets_.back().count * dtype_size(buckets_.back().dtype);
@@ -453,6 +483,32 @@ void Reducer::finalize() {
     }
   }
   finish_iteration();
+}
+
+// The collectives of launch(), in bucket order, on zeros: what this rank
+// would send had it no gradients. The trailer is zero too (no missing
+// gradient, no parameter used), so it changes nothing for the others.
+void Reducer::shadow_backward() {
+  auto& s = *state_;
+  if (solo()) return;
+  std::vector<std::vector<std::byte>> zeros(buckets_.size()), results(buckets_.size());
+  std::vector<std::shared_ptr<Work>> works(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    const bool last = b + 1 == buckets_.size();
+    const std::size_t count = bucket.count + (last ? trailer_elements() : 0);
+    zeros[b].assign(count * dtype_size(bucket.dtype), std::byte{0});
+    results[b].assign(zeros[b].size(), std::byte{0});
+    const std::byte* input = options_.comm_hook->out_of_place() ? zeros[b].data() : results[b].data();
+    works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{results[b].data(), count, bucket.dtype}, last,
+                                                        ConstBuffer{input, count, bucket.dtype}, &bucket, &params_});
+    pg_->annotate(works[b]->seq(), fmt::format("bucket {} (joined: zeros)", b));
+  }
+  for (auto& w : works) w->wait();
+  // The ranks still training rebuild their buckets after their first
+  // synchronised backward; a rank that joined before its first one must
+  // take part in that rebuild (with rank 0's order, like everyone).
+  s.synced_once = true;
 }
 
 void Reducer::finish_iteration() {

@@ -15,8 +15,13 @@ Fingerprint fingerprint(const OpInfo& info, std::uint64_t number) {
   const bool reduces = info.collective == Collective::allreduce || info.collective == Collective::reduce ||
                        info.collective == Collective::reduce_scatter;
   f.op = reduces ? static_cast<std::uint8_t>(info.op) : 0;
-  f.root = info.collective == Collective::broadcast || info.collective == Collective::reduce ? info.peer : -1;
-  f.count = info.count;
+  const bool rooted = info.collective == Collective::broadcast || info.collective == Collective::reduce ||
+                      info.collective == Collective::gather || info.collective == Collective::scatter;
+  f.root = rooted ? info.peer : -1;
+  // An all_to_all with per-rank counts has a different total on each rank
+  // by design; its counts are checked across ranks when it runs.
+  const bool per_rank_total = info.collective == Collective::all_to_all && info.counts_digest != 0;
+  f.count = per_rank_total ? 0 : info.count;
   f.number = number;
   return f;
 }

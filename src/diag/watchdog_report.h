@@ -28,4 +28,10 @@ struct RankProgress {
 std::string verdict(std::uint64_t seq, const std::string& what, int reporter,
                     const std::vector<std::optional<RankProgress>>& all);
 
+// The early warning before a timeout: `seq` (`what`) has run for `waited_s`
+// seconds on `reporter`, out of a timeout of `timeout_s`; names the ranks
+// that have not reached it and what every rank is doing.
+std::string stall_report(std::uint64_t seq, const std::string& what, int reporter, double waited_s, double timeout_s,
+                         const std::vector<std::optional<RankProgress>>& all);
+
 }  // namespace lockstep::diag

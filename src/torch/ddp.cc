@@ -111,6 +111,7 @@ struct DataParallelCore::State {
   std::vector<std::pair<std::shared_ptr<autograd::Node>, std::uintptr_t>> hooks;
   bool finalize_queued = false;
   StepTimes times;
+  bool divide_by_initial_world_size = true;  // set by a Join (join_hook)
 
   // Step statistics. A step runs from one training forward to the next (or
   // to an evaluation forward, which pauses the count until training resumes).
@@ -198,6 +199,21 @@ struct DataParallelCore::State {
   void write_stats_file() const;
   Logger log;
 
+  // Under a Join, the rank with the largest number among those whose flag
+  // is set (e.g. still training): all-reduce(max). -1 if none.
+  int highest_rank_with(bool flag) const {
+    std::int32_t value = flag ? pg->rank() : -1;
+    pg->allreduce(Buffer{&value, 1, DType::i32}, ReduceOp::max)->wait();
+    return value;
+  }
+  // Under a Join: whether any rank still training synchronises in this
+  // backward (not under no_sync), so that joined ranks shadow it.
+  bool any_rank_syncs(bool mine) const {
+    std::int32_t value = mine ? 1 : 0;
+    pg->allreduce(Buffer{&value, 1, DType::i32}, ReduceOp::sum)->wait();
+    return value > 0;
+  }
+
   void on_gradient(std::size_t i) {
     // The first gradient of a backward pass schedules the end-of-backward
     // step; autograd runs it once the whole graph is done.
@@ -266,7 +282,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
     if (!t.requires_grad()) continue;  // frozen parameters are not reduced
     s.names.push_back(name);
     s.params.push_back(t);
-    specs.push_back(ParamSpec{name, static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())});
+    specs.push_back(ParamSpec{name, static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type()), t.sizes().vec()});
   }
   s.gradients = std::make_unique<TorchGradients>(s.params);
   s.reducer = std::make_unique<Reducer>(s.pg, std::move(specs), *s.gradients, reducer_options(s.options));
@@ -321,7 +337,12 @@ void DataParallelCore::before_forward() {
   s.times.forward_start_us = now_us();
   s.reducer->check_previous_iteration();
   const bool training = ::torch::GradMode::is_enabled() && s.module->is_training();
+  const bool joining = training && join_config().enable;
   if (training) {
+    // Under a Join, first of all collectives: tells ranks that joined to
+    // shadow this iteration (see Shadow for their side).
+    if (auto ranks_training = Join::notify_join_context(*this))
+      s.reducer->set_contributing_ranks(s.divide_by_initial_world_size ? 0 : *ranks_training);
     s.close_step(s.times.forward_start_us);
     s.maybe_compare_ranks();
   } else if (s.step_start_us != 0) {
@@ -339,7 +360,44 @@ void DataParallelCore::before_forward() {
   if (training) s.reducer->maybe_rebuild_buckets();
   // Only training forwards broadcast buffers: an evaluation forward issues
   // no collective, so evaluating on some ranks only cannot hang the group.
-  if (training && s.options.broadcast_buffers && !s.buffers.empty()) broadcast_coalesced(*s.pg, s.buffers, 0);
+  // Under a Join, rank 0 may have joined: the buffers come from the highest
+  // rank still training.
+  if (training && s.options.broadcast_buffers && !s.buffers.empty())
+    broadcast_coalesced(*s.pg, s.buffers, joining ? s.highest_rank_with(true) : 0);
+  if (joining) s.any_rank_syncs(s.reducer->sync());
+}
+
+// A joined rank's DDP: per iteration of the ranks still training, the
+// collectives of their training forward (before_forward) and backward, in
+// the same order; at the end, the last joiner's parameters and buffers.
+class DataParallelCore::Shadow final : public JoinHook {
+ public:
+  explicit Shadow(DataParallelCore::State& s) : s_(s) {}
+
+  void main_hook() override {
+    s_.close_step(now_us());
+    s_.maybe_compare_ranks();
+    s_.reducer->maybe_rebuild_buckets();
+    if (s_.options.broadcast_buffers && !s_.buffers.empty())
+      broadcast_coalesced(*s_.pg, s_.buffers, s_.highest_rank_with(false));
+    if (s_.any_rank_syncs(false)) s_.reducer->shadow_backward();
+  }
+
+  void post_hook(bool is_last_joiner) override {
+    const int source = s_.highest_rank_with(is_last_joiner);
+    std::vector<::torch::Tensor> state;
+    for (const auto& p : s_.module->parameters(/*recurse=*/true)) state.push_back(p);
+    if (s_.options.broadcast_buffers) state.insert(state.end(), s_.buffers.begin(), s_.buffers.end());
+    broadcast_coalesced(*s_.pg, state, source);
+  }
+
+ private:
+  DataParallelCore::State& s_;
+};
+
+std::unique_ptr<JoinHook> DataParallelCore::join_hook(const JoinOptions& options) {
+  state_->divide_by_initial_world_size = options.divide_by_initial_world_size;
+  return std::make_unique<Shadow>(*state_);
 }
 
 void DataParallelCore::after_forward(const std::vector<::torch::Tensor>& outputs) {

@@ -1,18 +1,26 @@
 // The full collective sweep on thread ranks: world sizes 1-8 x counts
 // {0, 1, 7, 1000, 1048579} x every dtype x every op, for allreduce, reduce,
 // broadcast, allgather and reduce_scatter, each checked element by element.
-// One test per (backend, collective, world size).
+// One test per (backend, collective, world size). The same for the block
+// collectives (gather, scatter, all_to_all with equal and per-rank counts,
+// allgather with per-rank counts) and for premul_sum.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <mutex>
 
+#include "block_cases.h"
 #include "collective_cases.h"
 #include "harness/thread_world.h"
 
 namespace lockstep {
 namespace {
 
+using testing::BlockCase;
+using testing::kAllBlockCases;
 using testing::kSweepCounts;
+using testing::run_block_case;
+using testing::run_premul_case;
 using testing::run_collective_case;
 using testing::ThreadWorld;
 
@@ -69,6 +77,93 @@ std::vector<SweepParam> all_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveSweep, ::testing::ValuesIn(all_params()), [](const auto& info) {
+  return fmt::format("{}_{}_{}ranks", info.param.backend, to_string(info.param.collective), info.param.world_size);
+});
+
+struct BlockParam {
+  std::string backend;
+  BlockCase block_case;
+  int world_size;
+};
+
+void PrintTo(const BlockParam& p, std::ostream* os) {
+  *os << p.backend << " " << to_string(p.block_case) << " over " << p.world_size << " ranks";
+}
+
+class BlockSweep : public ::testing::TestWithParam<BlockParam> {};
+
+// "shm-slots": the shm backend with single copy off, so large blocks take
+// the shared slots as where ranks may not read each other's memory.
+TEST_P(BlockSweep, EveryCountAndDType) {
+  const auto& p = GetParam();
+  const bool slots = p.backend == "shm-slots";
+  if (slots) ::setenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0", 1);
+  ThreadWorld world(p.world_size, slots ? "shm" : p.backend);
+  if (slots) ::unsetenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES");
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  int cases = 0;
+  for (std::size_t count : kSweepCounts) {
+    for (DType dtype : kAllDTypes) {
+      const int root = cases++ % p.world_size;  // every rank serves as root somewhere
+      world.run([&](int, ProcessGroup& pg) {
+        std::string failure = run_block_case(pg, p.block_case, count, dtype, root);
+        if (!failure.empty()) {
+          std::lock_guard lock(mutex);
+          failures.push_back(std::move(failure));
+        }
+      });
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failures; first: " << failures.front();
+}
+
+std::vector<BlockParam> block_params() {
+  std::vector<BlockParam> out;
+  for (const char* backend : {"tcp", "shm", "shm-slots"})
+    for (BlockCase c : kAllBlockCases)
+      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, BlockSweep, ::testing::ValuesIn(block_params()), [](const auto& info) {
+  return fmt::format("{}_{}_{}ranks", info.param.backend == "shm-slots" ? "shm_slots" : info.param.backend,
+                     to_string(info.param.block_case), info.param.world_size);
+});
+
+class PremulSweep : public ::testing::TestWithParam<SweepParam> {};
+
+TEST_P(PremulSweep, EveryCountAndFloatingDType) {
+  const auto& p = GetParam();
+  ThreadWorld world(p.world_size, p.backend);
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  int cases = 0;
+  for (std::size_t count : kSweepCounts) {
+    for (DType dtype : kAllDTypes) {
+      if (!is_floating(dtype)) continue;
+      const int root = cases++ % p.world_size;
+      world.run([&](int, ProcessGroup& pg) {
+        std::string failure = run_premul_case(pg, p.collective, count, dtype, root);
+        if (!failure.empty()) {
+          std::lock_guard lock(mutex);
+          failures.push_back(std::move(failure));
+        }
+      });
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failures; first: " << failures.front();
+}
+
+std::vector<SweepParam> premul_params() {
+  std::vector<SweepParam> out;
+  for (const char* backend : {"tcp", "shm"})
+    for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter})
+      for (int n : {1, 2, 3, 5, 8}) out.push_back({backend, c, n});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, PremulSweep, ::testing::ValuesIn(premul_params()), [](const auto& info) {
   return fmt::format("{}_{}_{}ranks", info.param.backend, to_string(info.param.collective), info.param.world_size);
 });
 

@@ -4,6 +4,11 @@
 // mid-collective, and every start-up mistake a user can make.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
 #include <signal.h>
 #include <sys/socket.h>
 
@@ -11,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "block_cases.h"
 #include "collective_cases.h"
 #include "common/socket.h"
 #include "harness/process_ranks.h"
@@ -53,6 +59,16 @@ void run_subset_sweep(ProcessGroup& pg) {
       }
     }
   }
+  // The block collectives across processes: on shm, large blocks are read
+  // from the peer process's memory (single copy).
+  for (testing::BlockCase c : testing::kAllBlockCases) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{7}, std::size_t{1048579}}) {
+      for (DType dtype : {DType::f32, DType::u8}) {
+        const std::string failure = testing::run_block_case(pg, c, count, dtype, (cases++) % pg.size());
+        if (!failure.empty()) throw std::runtime_error(failure);
+      }
+    }
+  }
 }
 
 class ForkedSweep : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -74,6 +90,53 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ForkedSweep,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
+
+// An address of this host other hosts could reach (not loopback), or "".
+std::string reachable_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
+// Rank 0 hosting the store (a torchrun-style environment) on an address
+// other hosts can reach: the ranks agree on a token derived from what they
+// share, and a client without it is refused.
+TEST(ForkedRanks, AStoreReachableFromOtherHostsRequiresAToken) {
+  const std::string address = reachable_address();
+  if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  const int port = testing::free_port();
+  ProcessRanks ranks(
+      2,
+      [&](int r) {
+        auto env = launcher_env(r, 2, port);
+        env["MASTER_ADDR"] = address;
+        return env;
+      },
+      [&](int rank) {
+        auto pg = init_process_group();
+        if (rank == 0) {
+          TcpStoreOptions stranger;
+          stranger.connect_timeout = std::chrono::seconds(5);
+          try {
+            TcpStore store(address, static_cast<std::uint16_t>(port), stranger);
+            store.get("anything");
+            throw std::runtime_error("a client without the token was served");
+          } catch (const ConfigError& e) {
+            if (std::string(e.what()).find("store token") == std::string::npos) throw;
+          }
+        }
+        pg->barrier()->wait();
+      });
+  expect_all_ok(ranks.wait_all(60s));
+}
 
 TEST(ForkedRanks, FileStoreRendezvous) {
   const int n = 3;

@@ -149,9 +149,10 @@ TEST_P(ProcessGroupTest, ARankThatSkipsAnAllreduceIsAMismatchOnEveryRankAtOnce) 
     });
     // shm: every rank reads every other's stamp, so every rank names the
     // mismatch. tcp: a rank that receives a stamp from rank 1 at that step
-    // does; the others time out waiting for data that does not come (in a
-    // real job they lose the failed rank first, and the launcher reports the
-    // first failure, the mismatch). Nobody computes a wrong result.
+    // does, and the others are aborted with its report (the group's first
+    // failure) instead of timing out waiting for data that does not come:
+    // a TimeoutError here would mean they waited out the 3 s timeout.
+    // Nobody computes a wrong result.
     int mismatches = 0;
     for (int r = 0; r < 3; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
@@ -167,10 +168,60 @@ TEST_P(ProcessGroupTest, ARankThatSkipsAnAllreduceIsAMismatchOnEveryRankAtOnce) 
         EXPECT_NE(what.find("allreduce #3 (" + ours), std::string::npos) << what;
         EXPECT_NE(what.find(theirs), std::string::npos) << what;
       } catch (const std::exception& e) {
-        if (GetParam() == "shm") ADD_FAILURE() << "not a MismatchError: " << e.what();
+        ADD_FAILURE() << "not a MismatchError: " << e.what();
       }
     }
-    EXPECT_GE(mismatches, GetParam() == "shm" ? 3 : 1);
+    EXPECT_EQ(mismatches, 3);
+  }
+}
+
+// ProcessGroup::abort ends every rank's group with the program's reason:
+// the rank waiting in an all-reduce is released long before its timeout.
+TEST_P(ProcessGroupTest, AbortEndsEveryRanksGroupWithTheReason) {
+  ThreadWorld world(2, GetParam(), 60s);
+  const auto start = Clock::now();
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    std::vector<float> data(100000, 1.0f);
+    if (rank == 0) {
+      pg.abort("the data loader failed");
+      EXPECT_TRUE(pg.aborted());
+      pg.allreduce(view(std::span(data)))->wait();  // refused at once
+    } else {
+      pg.allreduce(view(std::span(data)))->wait();  // cancelled
+    }
+  });
+  EXPECT_LT(seconds_between(start, Clock::now()), 30.0) << "a rank waited for the 60 s timeout";
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0/2: the program aborted the group: the data loader failed"),
+                std::string::npos)
+          << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// The test harness relies on it: a rank whose body throws aborts the group,
+// so the others fail at once instead of waiting out the timeout.
+TEST_P(ProcessGroupTest, ARankWhoseTestBodyThrowsReleasesTheOthers) {
+  ThreadWorld world(3, GetParam(), 60s);
+  const auto start = Clock::now();
+  auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    if (rank == 1) throw std::runtime_error("an assertion of rank 1");
+    std::vector<float> data(1000, 1.0f);
+    pg.allreduce(view(std::span(data)))->wait();
+  });
+  EXPECT_LT(seconds_between(start, Clock::now()), 30.0) << "a rank waited for the 60 s timeout";
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1's test body threw: an assertion of rank 1"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
@@ -195,8 +246,9 @@ TEST_P(ProcessGroupTest, DifferentCollectivesOrRootsAtTheSamePointAreRefused) {
     std::vector<float> data(5000, 1.0f);
     pg.reduce(view(std::span(data)), /*root=*/rank)->wait();
   });
-  // shm names it; on tcp each root waits to receive and nothing is sent,
-  // so both ranks time out (docs/errors.md).
+  // shm names it at once; on tcp each root waits to receive and nothing is
+  // sent, so both ranks time out, and the watchdog's verdict names the
+  // disagreement (docs/errors.md).
   bool named = false;
   for (auto& e : rooted) {
     ASSERT_TRUE(e);
@@ -206,9 +258,12 @@ TEST_P(ProcessGroupTest, DifferentCollectivesOrRootsAtTheSamePointAreRefused) {
       named = named || std::string(m.what()).find("root 1") != std::string::npos;
     } catch (const TimeoutError& t) {
       if (GetParam() == "shm") ADD_FAILURE() << "not a MismatchError: " << t.what();
+      const std::string what = t.what();
+      EXPECT_NE(what.find("the ranks disagree on operation #0"), std::string::npos) << what;
+      named = named || what.find("root 1") != std::string::npos;
     }
   }
-  if (GetParam() == "shm") EXPECT_TRUE(named) << "a reduce to different roots went unnoticed";
+  EXPECT_TRUE(named) << "a reduce to different roots went unnoticed";
 }
 
 // The shm wait's spin budget is a setting; a value out of its range is a

@@ -1,5 +1,6 @@
 // DistributedSampler: disjoint shards that cover the dataset, padding and
-// drop_last as in PyTorch, determinism per epoch, and the exact mode.
+// drop_last as in PyTorch, determinism per epoch, the exact mode, and
+// resuming an epoch on another world size.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,6 +96,55 @@ TEST(DistributedSampler, RejectsImpossibleOptions) {
   EXPECT_THROW(DistributedSampler({.dataset_size = 10, .num_replicas = 2, .rank = 2}), InvalidArgument);
   EXPECT_THROW(DistributedSampler({.dataset_size = 10, .num_replicas = 2, .drop_last = true, .exact = true}),
                InvalidArgument);
+}
+
+// An elastic job trains `steps` steps of `batch` samples per rank on
+// `before` ranks, then resumes the epoch on `after` ranks from that point.
+// Counts how often each sample of the epoch is trained on.
+std::map<std::size_t, int> epoch_across_a_world_change(SamplerOptions o, int before, int after, std::size_t batch,
+                                                       std::size_t steps) {
+  std::map<std::size_t, int> seen;
+  o.num_replicas = before;
+  for (const auto& shard : shards(o, /*epoch=*/3))
+    for (std::size_t i = 0; i < std::min(shard.size(), steps * batch); ++i) seen[shard[i]]++;
+  o.num_replicas = after;
+  o.resume_at = steps * batch * static_cast<std::size_t>(before);
+  for (const auto& shard : shards(o, /*epoch=*/3))
+    for (std::size_t index : shard) seen[index]++;
+  return seen;
+}
+
+TEST(DistributedSampler, ReshardingForANewWorldSizeNeitherSkipsNorRepeatsASample) {
+  for (const std::size_t n : {1000u, 1001u, 60000u})
+    for (const auto& [before, after] : {std::pair{3, 2}, std::pair{2, 3}, std::pair{4, 1}, std::pair{1, 5}})
+      for (const std::size_t steps : {0u, 1u, 7u}) {
+        const auto seen = epoch_across_a_world_change({.dataset_size = n, .seed = 11, .exact = true}, before, after,
+                                                      /*batch=*/16, steps);
+        ASSERT_EQ(seen.size(), n) << n << " samples, " << before << " -> " << after << " ranks after " << steps;
+        for (const auto& [index, count] : seen)
+          ASSERT_EQ(count, 1) << "sample " << index << ", " << before << " -> " << after << " ranks after " << steps;
+      }
+}
+
+TEST(DistributedSampler, ReshardingWithPaddingRepeatsOnlyThePadding) {
+  const std::size_t n = 1001, batch = 10, steps = 5;
+  SamplerOptions o{.dataset_size = n, .seed = 2};
+  const auto seen = epoch_across_a_world_change(o, 3, 4, batch, steps);
+  ASSERT_EQ(seen.size(), n) << "a sample was skipped";
+  int repeats = 0;
+  for (const auto& [index, count] : seen) repeats += count - 1;
+  // The rest (1001 - 150 = 851) padded to a multiple of 4: 852, one repeat.
+  EXPECT_EQ(repeats, 1);
+  o.num_replicas = 4;
+  o.resume_at = steps * batch * 3;
+  EXPECT_EQ(DistributedSampler(o).total_size(), 852u);
+  EXPECT_EQ(DistributedSampler(o).num_samples(), 213u);
+}
+
+TEST(DistributedSampler, ResumingPastTheEndLeavesNothing) {
+  DistributedSampler s({.dataset_size = 10, .num_replicas = 2, .resume_at = 12});
+  EXPECT_EQ(s.num_samples(), 0u);
+  EXPECT_TRUE(s.indices().empty());
 }
 
 }  // namespace

@@ -36,6 +36,13 @@ TEST(BucketPlan, ALargeParameterGetsABucketOfItsOwn) {
   EXPECT_EQ(layout(tiny), (std::vector<std::vector<std::size_t>>{{2}, {1}, {0}}));
 }
 
+TEST(BucketPlan, ACapBelowTheFirstBucketSizeBoundsTheFirstBucketToo) {
+  // A 1 KiB cap with the default 1 MiB first bucket: every bucket closes at 1 KiB.
+  const auto params = floats({256, 256, 256});
+  const auto buckets = plan_buckets(params, reverse_order(3), {1u << 20, 1024});
+  EXPECT_EQ(layout(buckets), (std::vector<std::vector<std::size_t>>{{2}, {1}, {0}}));
+}
+
 TEST(BucketPlan, OneGiantBucket) {
   const auto params = floats({1000, 2000, 3000});
   const auto buckets = plan_buckets(params, reverse_order(3), {1u << 30, 1u << 30});

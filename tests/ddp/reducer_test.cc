@@ -238,9 +238,10 @@ TEST_P(ReducerTest, WithoutViewsNoCollectiveWritesGradientsAndNoneAreCopiedAfter
       fill(grads, params, rank);
       reducer.prepare_for_backward();
       for (std::size_t i : reverse_order(params.size())) reducer.mark_ready(i);
-      // Every bucket is launched; give the collectives time to finish.
-      // They must not have touched the gradients.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // Every bucket is launched; a barrier behind them completes only after
+      // they have (a group runs its operations in issue order). They must
+      // not have touched the gradients.
+      pg.barrier()->wait();
       for (std::size_t i = 0; i < params.size(); ++i) ASSERT_EQ(grads.grad(i)[1], grad_value(rank, i, 1)) << i;
       reducer.finalize();
       for (std::size_t i = 0; i < params.size(); ++i) {

@@ -8,6 +8,8 @@
 // Errors are printed to stderr and make the rank exit 1. Each rank writes
 // its pid to $PID_DIR/rank<R>.pid.
 #include <lockstep/process_group.h>
+
+#include "harness/pid_file.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
     auto pg = lockstep::init_process_group();
     const int rank = pg->rank();
     if (const char* dir = std::getenv("PID_DIR"))
-      std::ofstream(std::string(dir) + "/rank" + std::to_string(rank) + ".pid") << ::getpid();
+      lockstep::testing::write_pid_file(dir, rank);
     std::vector<float> v(1000, 1.0f), w(10, 1.0f);
     if (mode == "skip") {
       if (rank != 1) pg->allreduce(lockstep::view(std::span(v)))->wait();

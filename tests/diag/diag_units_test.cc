@@ -86,6 +86,18 @@ TEST(WatchdogVerdict, NamesRanksBehindAndSilentRanks) {
       << v;
 }
 
+TEST(WatchdogVerdict, RanksRunningDifferentOperationsAtTheSameNumberAreAMismatch) {
+  std::vector<std::optional<RankProgress>> all = {progress(0, 1, "reduce #0 (float x 5000, sum, root 0)"),
+                                                  progress(1, 1, "reduce #0 (float x 5000, sum, root 1) [bucket 0]")};
+  const std::string v = diag::verdict(0, "reduce #0 (float x 5000, sum, root 0)", 0, all);
+  EXPECT_TRUE(contains(v, "the ranks disagree on operation #0")) << v;
+  EXPECT_TRUE(contains(v, "rank(s) 0 run reduce #0 (float x 5000, sum, root 0);")) << v;
+  EXPECT_TRUE(contains(v, "rank(s) 1 run reduce #0 (float x 5000, sum, root 1);")) << v;
+  // The same operation everywhere (one rank merely queued) is no disagreement.
+  all = {progress(0, 1, "allreduce #0 (float x 4, sum)"), progress(1, 1, "allreduce #0 (float x 4, sum) (queued)")};
+  EXPECT_FALSE(contains(diag::verdict(0, "allreduce #0 (float x 4, sum)", 0, all), "disagree"));
+}
+
 TEST(WatchdogVerdict, ProgressSurvivesTheStore) {
   const auto p = progress(2, 7, "broadcast #6");
   const auto back = RankProgress::decode(p.encode());

@@ -59,6 +59,21 @@ TEST_P(Watchdog, NamesTheRankThatSkippedACollective) {
   EXPECT_TRUE(contains(run.result.output, "failed first")) << run.result.output;
 }
 
+// Before the timeout: the stall inspector names the rank that has not
+// reached the collective the others wait in, and the job goes on waiting.
+TEST_P(Watchdog, WarnsOfAStallBeforeTheTimeoutNamingTheMissingRank) {
+  TempDir dir;
+  const auto run = run_scenario("stuck", {{"LOCKSTEP_TIMEOUT", "5"}, {"LOCKSTEP_STALL_WARNING", "1"}}, dir, GetParam());
+  expect_failed_fast(run, 25.0);
+  const std::string& out = run.result.output;
+  const auto stall = out.find("stall: operation #0");
+  ASSERT_NE(stall, std::string::npos) << out;
+  EXPECT_TRUE(contains(out.substr(stall), "rank(s) 1 never reached #0")) << out;
+  EXPECT_TRUE(contains(out, "(it fails at the 5.0 s timeout)")) << out;
+  // The warning came first; the timeout's verdict after it.
+  EXPECT_LT(stall, out.find("did not complete")) << out;
+}
+
 TEST_P(Watchdog, NamesARankStuckInASleep) {
   TempDir dir;
   const auto run = run_scenario("stuck", {{"LOCKSTEP_TIMEOUT", "3"}}, dir, GetParam());
@@ -86,6 +101,34 @@ TEST_P(Watchdog, DetailModeNamesTheRankThatSkippedACollectiveWithinSeconds) {
                                           "broadcast #0 (float x 10, root 0)"))
       << run.result.output;
   EXPECT_TRUE(contains(run.result.output, "LOCKSTEP_DEBUG=DETAIL found that the ranks disagree")) << run.result.output;
+}
+
+// A rank stopped outright (SIGSTOP: its watchdog cannot answer either) is
+// named within the timeout plus the settle second, and the launcher ends
+// the job at once (it continues stopped ranks, so they act on its SIGTERM)
+// instead of after its grace period, here 30 s.
+TEST_P(Watchdog, NamesAStoppedRankAndEndsTheJobSoonAfterTheTimeout) {
+  TempDir dir;
+  const auto start = Clock::now();
+  Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "3", "--grace-period", "30", "--", DIAG_PROGRAM, "stuck"},
+                    {{"PID_DIR", dir.path()},
+                     {"LOCKSTEP_FLIGHT_DIR", dir.path()},
+                     {"LOCKSTEP_BACKEND", GetParam()},
+                     {"LOCKSTEP_TIMEOUT", "3"}});
+  ASSERT_TRUE(testing::wait_for_file(dir.path() + "/rank1.pid", 30s));
+  pid_t pid = 0;
+  for (const Deadline deadline = Deadline::after(10s); pid <= 0 && !deadline.expired();) {
+    std::ifstream(dir.path() + "/rank1.pid") >> pid;  // the file may be seen before its number is written
+    if (pid <= 0) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto result = launcher.wait(60s);
+  const double seconds = seconds_between(start, Clock::now());
+  EXPECT_NE(result.exit_code, 0) << testing::describe(result);
+  EXPECT_TRUE(contains(result.output, "rank(s) 1 did not answer the watchdog")) << result.output;
+  EXPECT_LT(seconds, 3.0 + 5.0) << "the job must end within LOCKSTEP_TIMEOUT + 5 s";
+  testing::expect_gone(testing::pids_in(dir.path(), 3));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Watchdog, ::testing::Values("shm", "tcp"),

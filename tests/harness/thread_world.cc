@@ -1,6 +1,8 @@
 // ThreadWorld; see thread_world.h.
 #include "harness/thread_world.h"
 
+#include <gtest/gtest.h>
+
 #include <stdexcept>
 #include <thread>
 
@@ -61,8 +63,20 @@ ThreadWorld::~ThreadWorld() {
 
 void ThreadWorld::run(const std::function<void(int, ProcessGroup&)>& fn) { rethrow_first(run_collecting(fn)); }
 
+// A rank whose body fails (an exception, an ASSERT) aborts its group, and
+// through it every rank's, so the others fail within a second instead of
+// waiting out the timeout in a collective it will never issue.
 std::vector<std::exception_ptr> ThreadWorld::run_collecting(const std::function<void(int, ProcessGroup&)>& fn) {
-  return run_threads(size(), [&](int rank) { fn(rank, group(rank)); });
+  return run_threads(size(), [&](int rank) {
+    ProcessGroup& pg = group(rank);
+    try {
+      fn(rank, pg);
+    } catch (const std::exception& e) {
+      pg.abort(fmt::format("rank {}'s test body threw: {}", rank, e.what()));
+      throw;
+    }
+    if (::testing::Test::HasFatalFailure()) pg.abort(fmt::format("a fatal test assertion failed (seen on rank {})", rank));
+  });
 }
 
 }  // namespace lockstep::testing

@@ -21,49 +21,10 @@ for tool in ip unshare nsenter; do command -v $tool > /dev/null || skip "needs $
 
 work=$(mktemp -d)
 export LOCKSTEP_FLIGHT_DIR=$work  # dumps of the failure scenarios go away with it
-holders=()
-# Each host is a process holding its own network and UTS namespaces: no
-# named namespaces, so nothing is mounted (this also works in a chroot).
-cleanup() {
-  for holder in "${holders[@]}"; do
-    kill -9 $(in_host_pids "$holder") 2> /dev/null
-    kill -9 "$holder" 2> /dev/null
-  done
-  wait 2> /dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/hosts.sh"
+new_host 600; host0=${holders[0]}
+new_host 600; host1=${holders[1]}
 
-# in_host_pids HOLDER: the processes in that host's network namespace,
-# other than the holder itself.
-in_host_pids() {
-  local target p
-  target=$(readlink /proc/$1/ns/net) || return
-  for p in /proc/[0-9]*; do
-    [ "${p#/proc/}" != "$1" ] && [ "$(readlink $p/ns/net 2> /dev/null)" = "$target" ] && echo "${p#/proc/}"
-  done
-}
-
-new_host() {
-  unshare --net --uts sleep 600 &
-  local holder=$!
-  holders+=("$holder")
-  for _ in $(seq 50); do
-    [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break
-    sleep 0.02
-  done
-  [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && return 0
-  skip "cannot create network namespaces here"
-}
-new_host; host0=${holders[0]}
-new_host; host1=${holders[1]}
-
-# on_host HOLDER COMMAND...: runs COMMAND on that host.
-on_host() {
-  local holder=$1
-  shift
-  nsenter -t "$holder" --net --uts "$@"
-}
 
 ip link add v0-$$ type veth peer name v1-$$ || fail "cannot create a veth pair"
 ip link set v0-$$ netns $host0

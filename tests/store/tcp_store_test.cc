@@ -122,7 +122,9 @@ TEST(TcpStore, LoopbackHostsAreToldApartFromOthers) {
   EXPECT_TRUE(is_loopback_host("127.0.0.1"));
   EXPECT_TRUE(is_loopback_host("127.0.1.1"));
   EXPECT_TRUE(is_loopback_host("::1"));
-  EXPECT_TRUE(is_loopback_host("localhost"));
+  EXPECT_TRUE(is_loopback_host("localhost"));  // by name, also without /etc/hosts
+  EXPECT_TRUE(is_loopback_host("LocalHost"));
+  EXPECT_TRUE(is_loopback_host("node.localhost"));
   EXPECT_FALSE(is_loopback_host(""));  // every interface
   EXPECT_FALSE(is_loopback_host("0.0.0.0"));
   EXPECT_FALSE(is_loopback_host("10.1.2.3"));

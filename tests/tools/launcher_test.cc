@@ -17,6 +17,8 @@
 
 #include "common/clock.h"
 #include "harness/launcher.h"
+#include "lockstep/error.h"
+#include "lockstep/store.h"
 
 namespace lockstep {
 namespace {
@@ -307,6 +309,211 @@ TEST(Launcher, SignalsStopALauncherWaitingForOtherNodes) {
     EXPECT_TRUE(contains(r.output, fmt::format("received SIG{} while waiting for", sigabbrev_np(sig))))
         << "node " << node_rank << ": " << r.output;
   }
+}
+
+// Every "-np" on the command line used to become "--np", also the
+// program's own; and a program's options without "--" before its name
+// were refused as the launcher's ("not expected: --foo").
+TEST(Launcher, TheProgramsArgumentsArriveUnchanged) {
+  for (const auto& args : {std::vector<std::string>{"--nproc-per-node", "1", "--", "/bin/echo", "hello", "-np", "3"},
+                           std::vector<std::string>{"--nproc-per-node", "1", "/bin/echo", "hello", "-np", "3"},
+                           std::vector<std::string>{"--nproc-per-node=1", "--no-prefix", "/bin/echo", "hello", "-np",
+                                                    "3"}}) {
+    Launcher launcher(args);
+    const auto r = launcher.wait(30s);
+    EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "hello -np 3\n")) << r.output;
+  }
+  Launcher launcher({"--nproc-per-node", "2", "/bin/echo", "--foo", "--nproc-per-node", "9", "--", "x"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[1] --foo --nproc-per-node 9 -- x\n")) << r.output;
+}
+
+TEST(Launcher, SetsTheTorchrunVariablesAsTorchrunDoes) {
+  Launcher launcher({"--nproc-per-node", "2", "--max-restarts", "2", "--rdzv-id", "job7", "--", "/bin/sh", "-c",
+                     "echo RANK=$RANK LOCAL=$LOCAL_RANK/$LOCAL_WORLD_SIZE WORLD=$WORLD_SIZE ROLE=$ROLE_NAME:$ROLE_RANK/"
+                     "$ROLE_WORLD_SIZE GROUP=$GROUP_RANK/$GROUP_WORLD_SIZE RUN=$TORCHELASTIC_RUN_ID "
+                     "RESTART=$TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_TRUE(contains(r.output, fmt::format("[{0}] RANK={0} LOCAL={0}/2 WORLD=2 ROLE=default:{0}/2 GROUP=0/1 "
+                                               "RUN=job7 RESTART=0/2\n",
+                                               rank)))
+        << r.output;
+}
+
+TEST(Launcher, TeeAndRedirectsSendStreamsToTheLogDirectory) {
+  TempDir dir;
+  Launcher launcher({"--nproc-per-node", "1", "--log-dir", dir.path(), "--redirects", "1", "--tee", "2", "--",
+                     "/bin/sh", "-c", "echo to-stdout; echo to-stderr >&2"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_FALSE(contains(r.output, "to-stdout")) << "redirected stdout reached the console: " << r.output;
+  EXPECT_TRUE(contains(r.output, "[0] to-stderr")) << r.output;
+  std::ifstream log(dir.path() + "/rank0.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(text, "to-stdout\n")) << text;
+  EXPECT_TRUE(contains(text, "to-stderr\n")) << text;
+  const auto bad = Launcher({"--nproc-per-node", "1", "--tee", "3", "--", "true"}).wait(30s);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.output, "add --log-dir")) << bad.output;
+}
+
+// The store of a job on several nodes listens beyond loopback; it must
+// refuse a client without the job's token. Every node derives the token
+// from its --rdzv-id (and LOCKSTEP_STORE_TOKEN, when set), so a node of
+// another job, or with another secret, is refused too.
+TEST(Launcher, TheStoreOfSeveralNodesRefusesAClientWithoutTheToken) {
+  const int port = testing::free_port();
+  const auto node = [&](int rank, const std::string& id) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
+                                    "--master-port", std::to_string(port), "--rdzv-id", id, "--rdzv-timeout", "20",
+                                    "--", RANK_PROGRAM, "ok"};
+  };
+  Launcher first(node(0, "job-a"));
+  TcpStoreOptions tokenless;
+  tokenless.connect_timeout = 10s;
+  try {
+    TcpStore client("127.0.0.1", static_cast<std::uint16_t>(port), tokenless);
+    client.get("launcher/run_id");
+    ADD_FAILURE() << "a client without a token was served";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "refused this client: wrong store token")) << e.what();
+  }
+  const auto stranger = Launcher(node(1, "job-b")).wait(30s);
+  EXPECT_EQ(stranger.exit_code, 2) << testing::describe(stranger);
+  EXPECT_TRUE(contains(stranger.output, "wrong store token")) << stranger.output;
+  const auto other_secret = Launcher(node(1, "job-a"), {{"LOCKSTEP_STORE_TOKEN", "another"}}).wait(30s);
+  EXPECT_EQ(other_secret.exit_code, 2) << testing::describe(other_secret);
+  EXPECT_TRUE(contains(other_secret.output, "wrong store token")) << other_secret.output;
+  Launcher second(node(1, "job-a"));
+  const auto a = first.wait(30s), b = second.wait(30s);
+  EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
+  EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
+  EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
+}
+
+// A launcher interrupted while the nodes gather used to leave the others
+// waiting until --rdzv-timeout; now they stop at once and name it, whether
+// it hosts the store or not, in fixed and in elastic jobs.
+TEST(Launcher, ALauncherInterruptedDuringTheRendezvousStopsTheOthers) {
+  struct Case {
+    std::vector<std::string> nodes;  // --nnodes
+    bool elastic;
+    int interrupted;  // which of the two launchers (0 hosts the store)
+    std::string named;
+  };
+  for (const Case& c : {Case{{"--nnodes", "3"}, false, 1, "node 1 (host "}, Case{{"--nnodes", "3"}, false, 0, "node 0 (host "},
+                        Case{{"--nnodes", "3:4"}, true, 1, "the node on host "}}) {
+    const std::string port = std::to_string(testing::free_port());
+    std::vector<std::unique_ptr<Launcher>> launchers;
+    for (int n = 0; n < 2; ++n) {
+      std::vector<std::string> args = c.nodes;
+      if (c.elastic) {
+        args.insert(args.end(), {"--rdzv-endpoint", "127.0.0.1:" + port});
+      } else {
+        args.insert(args.end(), {"--node-rank", std::to_string(n), "--master-port", port});
+      }
+      args.insert(args.end(), {"--rdzv-id", "gather", "--rdzv-timeout", "60", "--", RANK_PROGRAM, "ok"});
+      launchers.push_back(std::make_unique<Launcher>(args));
+      std::this_thread::sleep_for(500ms);  // the first one hosts the store
+    }
+    std::this_thread::sleep_for(1s);
+    const auto start = Clock::now();
+    launchers[static_cast<std::size_t>(c.interrupted)]->signal(SIGINT);
+    const auto other = launchers[static_cast<std::size_t>(1 - c.interrupted)]->wait(30s);
+    const auto interrupted = launchers[static_cast<std::size_t>(c.interrupted)]->wait(30s);
+    EXPECT_LT(seconds_between(start, Clock::now()), 4.0) << c.named;
+    EXPECT_EQ(interrupted.exit_code, 128 + SIGINT) << testing::describe(interrupted);
+    EXPECT_NE(other.exit_code, 0) << testing::describe(other);
+    EXPECT_TRUE(contains(other.output, c.named)) << other.output;
+    EXPECT_TRUE(contains(other.output, "was interrupted: received SIGINT while waiting for")) << other.output;
+  }
+}
+
+// --nnodes MIN:MAX on one machine (the hosts are launchers on loopback;
+// tests/netns/elastic_test.sh runs them on separate hosts).
+std::vector<std::string> elastic_node(const std::string& port, const std::string& mode,
+                                      std::vector<std::string> extra = {}, const std::string& nnodes = "2:3") {
+  // An id of this test process: a launcher of another test that got the
+  // same port is refused (another token) rather than joining this job.
+  std::vector<std::string> args{"--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port,
+                                "--rdzv-id", fmt::format("el-{}", ::getpid()), "--rdzv-conf", "last_call_timeout=1", "--grace-period", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.insert(args.end(), {"--", RANK_PROGRAM, mode});
+  return args;
+}
+
+TEST(Launcher, AnElasticJobBelowItsMinimumFailsClearlyAtTheDeadline) {
+  const auto start = Clock::now();
+  const auto r = Launcher(elastic_node(std::to_string(testing::free_port()), "ok", {"--rdzv-timeout", "2"})).wait(30s);
+  EXPECT_LT(seconds_between(start, Clock::now()), 6.0);
+  EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "only 1 node(s)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "fewer than the minimum of 2 (--nnodes 2:3)")) << r.output;
+  EXPECT_FALSE(contains(r.output, "attempt 0 starting")) << "a rank started: " << r.output;
+}
+
+TEST(Launcher, AnElasticJobRanksItsNodesAndRestartsAfterAFailure) {
+  const std::string port = std::to_string(testing::free_port());
+  std::vector<std::unique_ptr<Launcher>> nodes;
+  // 3:3: every round waits for all three, however slowly a launcher starts
+  // or stops its ranks on a busy machine.
+  for (int n = 0; n < 3; ++n)
+    nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "restart", {"--max-restarts", "1"}, "3:3"),
+                                               EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
+  std::string all;
+  for (auto& node : nodes) {
+    const auto r = node->wait(60s);
+    EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+    all += r.output;
+  }
+  // Round 0: rank 1 fails; round 1: all three nodes again, every rank done.
+  EXPECT_TRUE(contains(all, "rank 1 failed first: exit code 5")) << all;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(all, fmt::format("rank {} attempt 1 starting", rank))) << all;
+    EXPECT_TRUE(contains(all, fmt::format("rank {} of 3 sum 6", rank))) << all;
+  }
+  EXPECT_TRUE(contains(all, fmt::format("(world size 3), store 127.0.0.1:{}, run el-{}, round 1", port, ::getpid())))
+      << all;
+}
+
+TEST(Launcher, AnElasticJobGrowsWhenANodeArrives) {
+  const std::string port = std::to_string(testing::free_port());
+  std::vector<std::unique_ptr<Launcher>> nodes;
+  for (int n = 0; n < 2; ++n)
+    nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "sleep"), EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
+  std::this_thread::sleep_for(3s);  // the job runs with two nodes
+  nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "sleep"), EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
+  std::this_thread::sleep_for(5s);
+  for (auto& node : nodes) node->signal(SIGTERM);
+  std::string all;
+  for (auto& node : nodes) all += node->wait(30s).output;
+  EXPECT_TRUE(contains(all, "(world size 2)")) << all;
+  EXPECT_TRUE(contains(all, "a new node is waiting to join; stopped this node's 1 rank(s)")) << all;
+  EXPECT_TRUE(contains(all, "on node 2 of 3 (world size 3)")) << all;
+}
+
+// The store lives in one launcher (the first at the endpoint); losing it
+// ends the job, and the others say so rather than hang.
+TEST(Launcher, AnElasticJobEndsWhenTheNodeHostingTheStoreDies) {
+  TempDir dir;
+  const std::string port = std::to_string(testing::free_port());
+  Launcher host(elastic_node(port, "sleep", {"--max-restarts", "2"}), {{"PID_DIR", dir.path()}});
+  std::this_thread::sleep_for(500ms);
+  Launcher other(elastic_node(port, "sleep", {"--max-restarts", "2"}), {{"PID_DIR", dir.path()}});
+  const auto pids = rank_pids(dir.path(), 2);  // both nodes' ranks run
+  const auto start = Clock::now();
+  host.signal(SIGKILL);
+  const auto r = other.wait(30s);
+  EXPECT_LT(seconds_between(start, Clock::now()), 10.0);
+  EXPECT_NE(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "the store at 127.0.0.1:" + port + " is gone")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the node that hosted it has left")) << r.output;
+  expect_all_gone(pids);
+  host.wait(10s);
 }
 
 // A sweep from 64 MiB down to 4 bytes used to print no rows and exit 0. It

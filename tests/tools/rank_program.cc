@@ -14,6 +14,8 @@
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
+
+#include "harness/pid_file.h"
 #include <signal.h>
 #include <unistd.h>
 
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
   const int rank = env_int("RANK", 0);
   const int attempt = env_int("LOCKSTEP_RESTART_COUNT", 0);
-  if (const char* dir = std::getenv("PID_DIR")) std::ofstream(std::string(dir) + "/rank" + std::to_string(rank) + ".pid") << ::getpid();
+  if (const char* dir = std::getenv("PID_DIR")) lockstep::testing::write_pid_file(dir, rank);
   std::printf("rank %d attempt %d starting (local rank %s of %s, node %s)\n", rank, attempt, std::getenv("LOCAL_RANK"),
               std::getenv("LOCAL_WORLD_SIZE"), std::getenv("GROUP_RANK"));
   std::fflush(stdout);

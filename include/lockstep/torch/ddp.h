@@ -39,11 +39,24 @@
 #include "lockstep/process_group.h"
 #include "lockstep/reducer.h"
 #include "lockstep/step_stats.h"
+#include "lockstep/torch/join.h"
 
 namespace lockstep::torch {
 
+// The comm hooks, where a DDP user looks for them (they live in lockstep::,
+// beside the Reducer, which runs them): DDPOptions::comm_hook takes one.
+using ::lockstep::allreduce_hook;
+using ::lockstep::bf16_compress_hook;
+using ::lockstep::CommHook;
+using ::lockstep::fp16_compress_hook;
+using ::lockstep::GradBucket;
+
 struct DDPOptions {
+  // Gradients are all-reduced in buckets of about this size (MiB).
   double bucket_cap_mb = 25.0;
+  // The first bucket (the last layers' gradients, ready first) is smaller,
+  // so communication starts early; it never exceeds bucket_cap_mb, so a
+  // small cap alone (bucket_cap_mb = 0.01) gives small buckets throughout.
   double first_bucket_mb = 1.0;
   // Parameters may go unused in some iterations (branches): they then
   // contribute zero gradients instead of raising an error.
@@ -74,7 +87,10 @@ struct StepTimes {
 };
 
 // The part of DDP that does not depend on the module's forward signature.
-class DataParallelCore {
+// As a Joinable (lockstep/torch/join.h), a rank that ran out of inputs
+// shadows the buffer broadcast and the gradient all-reduces (with zeros),
+// and at the end every rank takes the model of the last rank to join.
+class DataParallelCore : public Joinable {
  public:
   DataParallelCore(std::shared_ptr<::torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg,
                    DDPOptions options);
@@ -103,7 +119,11 @@ class DataParallelCore {
   // Adds time spent loading data to the current step (see DataTimer).
   void add_data_time(std::int64_t start_us, std::int64_t end_us);
 
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  ProcessGroup& join_process_group() override { return group(); }
+
  private:
+  class Shadow;
   struct State;
   std::unique_ptr<State> state_;
 };
@@ -185,6 +205,9 @@ class DistributedDataParallel {
   const std::vector<RankSummary>& last_window() const { return core_.last_window(); }
   const std::vector<int>& stragglers() const { return core_.stragglers(); }
 
+  // For lockstep::torch::Join: Join join({ddp});
+  operator Joinable&() { return core_; }
+
   ModuleImpl& module() { return *module_; }
   const std::shared_ptr<ModuleImpl>& module_ptr() const { return module_; }
   Reducer& reducer() { return core_.reducer(); }
@@ -195,6 +218,16 @@ class DistributedDataParallel {
   std::shared_ptr<ModuleImpl> module_;
   DataParallelCore core_;
 };
+
+// Class template argument deduction: `DistributedDataParallel ddp(net, pg)`
+// for a module holder (torch::nn::Sequential, a TORCH_MODULE type) or a
+// shared_ptr to the module class.
+template <typename ModuleImpl>
+DistributedDataParallel(const ::torch::nn::ModuleHolder<ModuleImpl>&, std::shared_ptr<ProcessGroup>,
+                        DDPOptions = {}) -> DistributedDataParallel<ModuleImpl>;
+template <typename ModuleImpl>
+DistributedDataParallel(std::shared_ptr<ModuleImpl>, std::shared_ptr<ProcessGroup>, DDPOptions = {})
+    -> DistributedDataParallel<ModuleImpl>;
 
 // lockstep's element type for a torch dtype; throws InvalidArgument for
 // types lockstep does not move (complex, ...).

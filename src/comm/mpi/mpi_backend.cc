@@ -30,6 +30,7 @@
 #include "common/env.h"
 #include "common/env_vars.h"
 #include "common/format.h"
+#include "lockstep/affinity.h"
 #include "lockstep/error.h"
 
 namespace lockstep::mpi {
@@ -61,7 +62,7 @@ bool crowded_host(const BackendContext& ctx) {
   if (ctx.host_ids.empty()) return false;
   const auto here = ctx.host_ids[static_cast<std::size_t>(ctx.rank)];
   const auto local = std::count(ctx.host_ids.begin(), ctx.host_ids.end(), here);
-  return static_cast<unsigned>(local) > std::max(1u, std::thread::hardware_concurrency());
+  return local > usable_cores();
 }
 
 }  // namespace

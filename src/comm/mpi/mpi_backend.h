@@ -50,6 +50,10 @@ class MpiBackend final : public Backend {
   void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
   void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
   void barrier(const OpContext& op) override;
+  void gather(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) override;
+  void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;
@@ -95,6 +99,7 @@ class MpiBackend final : public Backend {
   Scratch accumulation_;  // fp32 copy of 16-bit inputs, or a copy of overlapping inputs
   Scratch staging_;       // fp32 output of a 16-bit reduce_scatter; received mismatched payloads
   Scratch header_;        // the send/recv header
+  Scratch layouts_;       // counts and displacements of MPI's v-collectives
   bool abandoned_ = false;  // a request timed out: MPI may still use comm_, ops_ and the scratch
 };
 

@@ -65,7 +65,8 @@ MPI_Op ReductionOps::get(DType dtype, ReduceOp op) const {
   const bool floating = is_floating(dtype);
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return floating ? MPI_SUM : wrapping_sum_;
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: return floating ? MPI_SUM : wrapping_sum_;  // inputs multiplied first
     case ReduceOp::prod: return floating ? MPI_PROD : wrapping_prod_;
     case ReduceOp::min: return floating ? float_min_ : MPI_MIN;
     case ReduceOp::max: return floating ? float_max_ : MPI_MAX;

@@ -43,6 +43,9 @@ struct ControlBlock {
   // Set (release) when the owner destroys its group, after its last post:
   // a peer still waiting for it then knows it left on purpose, not crashed.
   std::atomic<std::uint32_t> departed{0};
+  // This region's address in its owner's address space, for the single-copy
+  // probe (single_copy.h): a peer reads the magic number through it.
+  std::uint64_t owner_address = 0;
   // Round counters: a rank posts round g + 1 on each when it has
   //   arrive:   put its inputs for round g in its slot,
   //   reduced:  put its reduced chunk for round g in its slot,

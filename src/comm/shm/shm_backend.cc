@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <sstream>
 
@@ -23,6 +24,7 @@
 
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "comm/shm/single_copy.h"
 #include "common/host.h"
 #include "lockstep/error.h"
 
@@ -115,6 +117,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   auto* block = new (own_.data()) ControlBlock();
   block->owner_pid = ::getpid();
   block->rank = rank_;
+  block->owner_address = reinterpret_cast<std::uint64_t>(own_.data());
   for (int i = 0; i < 2 * size_; ++i) new (own_.data() + layout_.p2p_counters + i * sizeof(Counter)) Counter();
   std::atomic_thread_fence(std::memory_order_release);
   block->magic = kMagic;
@@ -143,6 +146,15 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/mapped/{}", q));
   store.wait(mapped, ctx.connect_timeout);
   own_.unlink();
+  pids_ = pids;
+  // The same setting on every rank (it comes from the launcher's
+  // environment), so every rank takes the same path.
+  if (const auto v = env_int(env::kShmSingleCopyBytes, 0, std::int64_t{1} << 40)) single_copy_bytes_ = static_cast<std::size_t>(*v);
+  // Single copy only if every rank can read every peer (decided alike on
+  // all ranks from everyone's probe).
+  store.set(fmt::format("shm/single_copy/{}", rank_), probe_single_copy() ? "1" : "0");
+  single_copy_ = true;
+  for (int q = 0; q < size_; ++q) single_copy_ = single_copy_ && store.get(fmt::format("shm/single_copy/{}", q)) == "1";
   watch_ = PeerWatch(pids, namespaces, rank_);
   std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
   for (int q = 0; q < size_; ++q)
@@ -150,12 +162,61 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   watch_.watch_departures(std::move(departed));
   const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos());
-  log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}",
+  log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
+             "single copy {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
-             crowded ? "yielding (more ranks than cores)" : "spinning");
+             crowded ? "yielding (more ranks than cores)" : "spinning", single_copy_ ? "on" : "off");
 }
 
 ShmBackend::~ShmBackend() = default;
+
+bool ShmBackend::probe_single_copy() const {
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    std::uint64_t magic = 0;
+    const auto* remote = reinterpret_cast<const void*>(control(q).owner_address);
+    const std::string why = read_peer(pids_[static_cast<std::size_t>(q)], &magic, remote, sizeof magic);
+    if (!why.empty() || magic != kMagic) {
+      log_.debug("shm: no single copy from rank {} ({}); block collectives copy through shared slots", q,
+                 why.empty() ? "read something else" : why);
+      return false;
+    }
+  }
+  return true;
+}
+
+void ShmBackend::read_peer_or_throw(const OpContext& op, int q, void* local, const void* remote,
+                                    std::size_t bytes) const {
+  const std::string why = read_peer(pids_[static_cast<std::size_t>(q)], local, remote, bytes);
+  if (!why.empty())
+    throw PeerError(fmt::format("{}: {}: could not read rank {}'s buffer ({}); it worked at set-up, so rank {} has "
+                                "probably exited",
+                                self_, op.description(), q, why, q),
+                    q);
+}
+
+// The address goes in this rank's slot of the round, so it carries the
+// round's stamp like any data: a peer in another operation fails the check
+// before it reads anything.
+void ShmBackend::single_copy_round(const OpContext& op, const void* mine, bool read_everyone, int only_from,
+                                   const std::function<void(int q, const std::byte* theirs)>& read_from) {
+  const std::uint64_t g = begin_round(op);
+  const auto address = reinterpret_cast<std::uint64_t>(mine);
+  std::memcpy(slot(rank_, g), &address, sizeof address);
+  post_arrive(g, op);
+  for (int i = 1; i < size_; ++i) {
+    const int q = (rank_ + i) % size_;
+    if (!read_everyone && q != only_from) continue;
+    wait_arrived(q, g, op, "its buffer's address");
+    std::uint64_t theirs = 0;
+    std::memcpy(&theirs, slot(q, g), sizeof theirs);
+    read_from(q, reinterpret_cast<const std::byte*>(theirs));
+  }
+  control(rank_).consumed.post(g + 1);
+  // The caller may change its buffer once this returns: wait until every
+  // peer is done reading it.
+  wait_all(&ControlBlock::consumed, g + 1, op, "to finish reading this rank's buffer");
+}
 
 // Each rank creates its copy, maps everyone's (names through the store),
 // and unlinks its own once all have mapped it: the same steps as set-up.

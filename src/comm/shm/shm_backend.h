@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -55,6 +56,10 @@ class ShmBackend final : public Backend {
   void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
   void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
   void barrier(const OpContext& op) override;
+  void gather(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) override;
+  void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;
@@ -89,7 +94,7 @@ class ShmBackend final : public Backend {
   // Round g's arrive: posted with this operation's stamp; waiting for a
   // peer's checks its stamp against this operation (op_stamp.h).
   void post_arrive(std::uint64_t g, const OpContext& op) {
-    control(rank_).arrive.post_stamped(g + 1, stamp_what(op.info), op.info.count);
+    control(rank_).arrive.post_stamped(g + 1, stamp_what(op.info), stamp_count(op.info));
   }
   void wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const;
   void wait_arrived_all(std::uint64_t g, const OpContext& op, const char* what) const;
@@ -120,9 +125,30 @@ class ShmBackend final : public Backend {
   std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location>> agree_on_shared_buffers(
       const OpContext& op, ConstBuffer input, ConstBuffer output);
 
+  // Single copy (single_copy.h): whether every rank can read every peer's
+  // memory, decided at set-up from every rank's probe; then the block
+  // collectives copy blocks of at least kSingleCopyBytes straight from the
+  // peer's buffer.
+  bool probe_single_copy() const;
+  bool single_copy(std::size_t block_bytes) const {
+    return single_copy_ && single_copy_bytes_ > 0 && block_bytes >= single_copy_bytes_;
+  }
+  // Round g of a single-copy operation: publish this rank's buffer address,
+  // then read_from(q, address) per peer, then wait until every peer has
+  // finished reading this rank's buffer.
+  void single_copy_round(const OpContext& op, const void* mine, bool read_everyone, int only_from,
+                         const std::function<void(int q, const std::byte* theirs)>& read_from);
+  void read_peer_or_throw(const OpContext& op, int q, void* local, const void* remote, std::size_t bytes) const;
+  // Measured on 2 cores against the slots (docs/performance.md); below it
+  // the system call costs more than the second copy.
+  static constexpr std::size_t kDefaultSingleCopyBytes = 32 * 1024;
+
   int rank_;
   int size_;
   std::string self_;
+  std::vector<pid_t> pids_;
+  bool single_copy_ = false;
+  std::size_t single_copy_bytes_ = kDefaultSingleCopyBytes;  // LOCKSTEP_SHM_SINGLE_COPY_BYTES; 0: off
   std::shared_ptr<Store> store_;
   std::string nonce_;  // segment names' stem: the launcher's tag (if any) and the group's nonce
   Logger log_;

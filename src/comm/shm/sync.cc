@@ -128,6 +128,7 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
   }
   for (;;) {
     if (reached()) return;
+    if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
     if (op.deadline.expired())
       throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s waiting for rank {} ({}). Rank {} is stuck, "
                                      "slower than the timeout, or issued a different sequence of collectives; if it "

@@ -10,6 +10,8 @@
 //   reduce_scatter  ring reduce-scatter
 //   reduce          <= small: binomial tree; larger: ring reduce-scatter +
 //                   direct gather to the root
+//   gather/scatter  the root exchanges with every rank at once
+//   all_to_all      every pair at once (also allgather with per-rank counts)
 //   barrier         dissemination (ceil(log2 n) rounds of one byte)
 //   send / recv     a header (tag, byte count) checked by the receiver, then
 //                   the payload
@@ -39,6 +41,10 @@ class TcpBackend final : public Backend {
   void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
   void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
   void barrier(const OpContext& op) override;
+  void gather(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
+  void all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) override;
+  void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;

@@ -20,6 +20,8 @@
 namespace lockstep {
 namespace {
 
+constexpr int kCancelCheckMs = 50;
+
 bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
 PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::string& how) {
@@ -226,9 +228,15 @@ void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channe
       fds.push_back({mesh.fd(p), POLLRDHUP, 0});
       watched_peer.push_back(p);
     }
-    const int rc = ::poll(fds.data(), fds.size(), op.deadline.poll_timeout_ms());
+    // Wake now and then to see whether the group aborted meanwhile (another
+    // rank failed): then this operation is cancelled, not left to its deadline.
+    const int rc = ::poll(fds.data(), fds.size(), op.deadline.poll_timeout_ms(op.cancel ? kCancelCheckMs : -1));
     if (rc < 0 && errno != EINTR) throw Error(fmt::format("{}: poll failed: {}", mesh.self(), std::strerror(errno)));
-    if (rc == 0) throw timed_out(mesh, op, channels);
+    if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", mesh.self(), op.description()));
+    if (rc == 0) {
+      if (op.deadline.expired()) throw timed_out(mesh, op, channels);
+      continue;
+    }
     for (std::size_t i = first_watch; i < fds.size(); ++i) {
       if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))
         check_idle_peer(mesh, op, watched_peer[i - first_watch], ignored);

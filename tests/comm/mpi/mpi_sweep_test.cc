@@ -6,6 +6,7 @@
 // element against the reference (collective_cases.h).
 #include <gtest/gtest.h>
 
+#include "comm/block_cases.h"
 #include "comm/collective_cases.h"
 #include "lockstep/process_group.h"
 
@@ -61,6 +62,40 @@ INSTANTIATE_TEST_SUITE_P(Collectives, MpiSweep,
                          ::testing::Values(Collective::allreduce, Collective::reduce, Collective::broadcast,
                                            Collective::allgather, Collective::reduce_scatter),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+class MpiBlockSweep : public MpiSweep {};
+
+TEST_F(MpiBlockSweep, EveryBlockCollectiveCountAndDType) {
+  ProcessGroup& pg = *world_;
+  std::vector<std::string> failures;
+  int cases = 0;
+  for (testing::BlockCase c : testing::kAllBlockCases) {
+    for (std::size_t count : kSweepCounts) {
+      for (DType dtype : kAllDTypes) {
+        std::string failure = testing::run_block_case(pg, c, count, dtype, cases++ % pg.size());
+        if (!failure.empty()) failures.push_back(std::move(failure));
+      }
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << cases << " cases failed; first: " << failures.front();
+  EXPECT_FALSE(pg.aborted());
+}
+
+TEST_F(MpiBlockSweep, PremulSumOfEveryReduction) {
+  ProcessGroup& pg = *world_;
+  std::vector<std::string> failures;
+  int cases = 0;
+  for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter}) {
+    for (std::size_t count : kSweepCounts) {
+      for (DType dtype : kAllDTypes) {
+        if (!is_floating(dtype)) continue;
+        std::string failure = testing::run_premul_case(pg, c, count, dtype, cases++ % pg.size());
+        if (!failure.empty()) failures.push_back(std::move(failure));
+      }
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << cases << " cases failed; first: " << failures.front();
+}
 
 }  // namespace
 }  // namespace lockstep

@@ -5,8 +5,10 @@
 // barriers. The time reported is the slowest rank's average per iteration.
 // algbw = size / time; busbw = algbw x the collective's bus factor, so that
 // busbw is comparable to the hardware's bandwidth whatever the rank count
-// (nccl-tests' definition): allreduce 2(n-1)/n, allgather and
-// reduce_scatter (n-1)/n, broadcast and reduce 1.
+// (nccl-tests' definition): allreduce 2(n-1)/n; allgather (also with
+// per-rank counts, measured with equal ones), reduce_scatter, all_to_all,
+// gather and scatter (n-1)/n; broadcast and reduce 1. For all of the
+// (n-1)/n ones, size is the whole buffer (n blocks), as in nccl-tests.
 #include "bench/bench_command.h"
 
 #include <unistd.h>
@@ -46,7 +48,11 @@ double bus_factor(Collective c, int n) {
   switch (c) {
     case Collective::allreduce: return 2.0 * (n - 1) / n;
     case Collective::allgather:
-    case Collective::reduce_scatter: return static_cast<double>(n - 1) / n;
+    case Collective::allgather_v:
+    case Collective::reduce_scatter:
+    case Collective::all_to_all:
+    case Collective::gather:
+    case Collective::scatter: return static_cast<double>(n - 1) / n;
     default: return 1.0;
   }
 }
@@ -90,7 +96,8 @@ double expected(DType dtype, ReduceOp op, int n, std::size_t index) {
   for (int r = 1; r < n; ++r) {
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc += in(r); break;
+      case ReduceOp::avg:
+      case ReduceOp::premul_sum: acc += in(r); break;  // bench's premul_sum factor is 1
       case ReduceOp::min: acc = std::min(acc, in(r)); break;
       case ReduceOp::max: acc = std::max(acc, in(r)); break;
       case ReduceOp::prod: acc *= in(r); break;
@@ -151,9 +158,33 @@ class Bench {
       case Collective::reduce_scatter:
         pg_.reduce_scatter(ConstBuffer{a_.data(), count * static_cast<std::size_t>(n_), dtype_}, Buffer{b_.data(), count, dtype_}, op_)->wait();
         break;
+      case Collective::allgather_v:
+        pg_.allgather(ConstBuffer{a_.data(), count, dtype_}, Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_},
+                      std::vector<std::size_t>(static_cast<std::size_t>(n_), count))
+            ->wait();
+        break;
+      case Collective::all_to_all:
+        pg_.all_to_all(ConstBuffer{a_.data(), count * static_cast<std::size_t>(n_), dtype_},
+                       Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_})
+            ->wait();
+        break;
+      case Collective::gather:
+        pg_.gather(ConstBuffer{a_.data(), count, dtype_},
+                   Buffer{b_.data(), r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0, dtype_}, o_.root)
+            ->wait();
+        break;
+      case Collective::scatter:
+        pg_.scatter(ConstBuffer{a_.data(), r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0, dtype_},
+                    Buffer{b_.data(), count, dtype_}, o_.root)
+            ->wait();
+        break;
       default: throw InvalidArgument(fmt::format("bench does not measure {}", c));
     }
   }
+
+  // The value rank q's input holds at index i (u8 inputs are shifted to
+  // stay non-negative).
+  double input(int q, std::size_t i) const { return pattern(q, i) + (dtype_ == DType::u8 ? 4 : 0); }
 
   // Elements wrong on this rank after one run on known inputs.
   std::int64_t check(Collective c, std::size_t count) {
@@ -175,7 +206,30 @@ class Bench {
         for (std::size_t i = 0; i < count; ++i)
           wrong += value_at(a_.data(), dtype_, i) != (dtype_ == DType::u8 ? pattern(o_.root, i) + 4 : pattern(o_.root, i));
         break;
+      case Collective::gather:
+        fill(a_.data(), dtype_, count, r_);
+        once(c, count);
+        if (r_ != o_.root) break;
+        for (std::size_t q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < count; ++i)
+            wrong += value_at(b_.data() + q * count * elem, dtype_, i) != input(static_cast<int>(q), i);
+        break;
+      case Collective::scatter:
+        fill(a_.data(), dtype_, r_ == o_.root ? count * n : 0, r_);
+        once(c, count);
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += value_at(b_.data(), dtype_, i) != input(o_.root, static_cast<std::size_t>(r_) * count + i);
+        break;
+      case Collective::all_to_all:
+        fill(a_.data(), dtype_, count * n, r_);
+        once(c, count);
+        for (std::size_t q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < count; ++i)
+            wrong += value_at(b_.data() + q * count * elem, dtype_, i) !=
+                     input(static_cast<int>(q), static_cast<std::size_t>(r_) * count + i);
+        break;
       case Collective::allgather:
+      case Collective::allgather_v:
         fill(a_.data(), dtype_, count, r_);
         once(c, count);
         for (std::size_t q = 0; q < n; ++q)
@@ -200,13 +254,23 @@ class Bench {
     const std::size_t elem = dtype_size(dtype_);
     const std::size_t n = static_cast<std::size_t>(n_);
     Row row;
-    // nccl-tests' convention: size is the whole buffer (for allgather the
-    // output, for reduce_scatter the input), so per-rank count = size/n.
-    const bool split = c == Collective::allgather || c == Collective::reduce_scatter;
+    // nccl-tests' convention: size is the whole buffer (for allgather and
+    // gather the output, for reduce_scatter and scatter the input, for
+    // all_to_all either), so the per-rank block is size/n.
+    const bool split = c != Collective::allreduce && c != Collective::broadcast && c != Collective::reduce;
     row.count = std::max<std::size_t>(1, bytes / elem / (split ? n : 1));
     row.bytes = row.count * elem * (split ? n : 1);
-    allocate(a_, row.count * elem * (c == Collective::reduce_scatter ? n : 1));
-    allocate(b_, split ? row.count * elem * (c == Collective::allgather ? n : 1) : 0);
+    const std::size_t block = row.count * elem;
+    // a_: the input; b_: the output (a_ is reduced in place when b_ is empty).
+    switch (c) {
+      case Collective::reduce_scatter:
+      case Collective::scatter: allocate(a_, block * n); allocate(b_, block); break;
+      case Collective::allgather:
+      case Collective::allgather_v:
+      case Collective::gather: allocate(a_, block); allocate(b_, block * n); break;
+      case Collective::all_to_all: allocate(a_, block * n); allocate(b_, block * n); break;
+      default: allocate(a_, block); allocate(b_, 0); break;
+    }
     if (o_.check) row.wrong = check(c, row.count);
     fill(a_.data(), dtype_, a_.size / elem, r_);
     for (int i = 0; i < o_.warmup; ++i) once(c, row.count);
@@ -288,11 +352,15 @@ int bench_as_rank(const BenchOptions& o) {
   if (!op) throw InvalidArgument(fmt::format("-o {}: unknown op; use sum, avg, min, max, prod", o.redop));
   std::vector<Collective> ops;
   if (o.op == "all") {
-    ops = {Collective::allreduce, Collective::broadcast, Collective::reduce, Collective::allgather, Collective::reduce_scatter};
+    ops = {Collective::allreduce,      Collective::broadcast,  Collective::reduce, Collective::allgather,
+           Collective::reduce_scatter, Collective::all_to_all, Collective::gather, Collective::scatter,
+           Collective::allgather_v};
   } else {
     const auto c = parse_collective(o.op);
     if (!c || *c == Collective::barrier || *c == Collective::send || *c == Collective::recv)
-      throw InvalidArgument(fmt::format("--op {}: use allreduce, broadcast, reduce, allgather, reduce_scatter or all", o.op));
+      throw InvalidArgument(fmt::format("--op {}: use allreduce, broadcast, reduce, allgather, reduce_scatter, "
+                                        "all_to_all, gather, scatter, allgather_v or all",
+                                        o.op));
     ops = {*c};
   }
   if (o.pin) pin_to_core_of_local_rank(local_rank());
@@ -321,7 +389,8 @@ int bench_as_rank(const BenchOptions& o) {
   for (Collective c : ops) {
     if (printer && ops.size() > 1) std::printf("# %s\n", std::string(to_string(c)).c_str());
     const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
-    const bool rooted = c == Collective::broadcast || c == Collective::reduce;
+    const bool rooted = c == Collective::broadcast || c == Collective::reduce || c == Collective::gather ||
+                        c == Collective::scatter;
     for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
       const Row row = bench.measure(c, bytes);
       busbw_sum += row.busbw;
@@ -377,7 +446,10 @@ std::size_t parse_size(const std::string& text) {
 
 void add_bench_command(CLI::App& app, BenchOptions& o) {
   auto* b = app.add_subcommand("bench", "Measure collectives the way nccl-tests does");
-  b->add_option("--op", o.op, "allreduce, broadcast, reduce, allgather, reduce_scatter, or all")->capture_default_str();
+  b->add_option("--op", o.op,
+                "allreduce, broadcast, reduce, allgather, reduce_scatter, all_to_all, gather, scatter, allgather_v "
+                "(allgather with per-rank counts, all equal here), or all")
+      ->capture_default_str();
   b->add_option("--backend", o.backend, "auto, tcp, shm, mpi")->capture_default_str();
   b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)");
   b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
@@ -388,7 +460,7 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
   b->add_option("-d,--datatype", o.dtype, "float, double, half, bfloat16, int32, int64, uint8")->capture_default_str();
   b->add_option("-o,--op_type", o.redop, "sum, avg, min, max, prod")->capture_default_str();
-  b->add_option("-r,--root", o.root, "Root rank for broadcast and reduce")->capture_default_str();
+  b->add_option("-r,--root", o.root, "Root rank for broadcast, reduce, gather and scatter")->capture_default_str();
   b->add_option("--json", o.json_path, "Also write the results to this JSON file");
   b->add_option("--pin", o.pin, "Pin each rank to its own core (1) or not (0)")->capture_default_str();
   b->add_flag("--shared-buffers", o.shared_buffers,

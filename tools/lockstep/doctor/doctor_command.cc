@@ -17,7 +17,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/scaling_plot.h"
 #include "doctor/diagnosis.h"
+#include "lockstep/affinity.h"
 #include "lockstep/error.h"
 #include "lockstep/step_stats.h"
 
@@ -30,11 +32,6 @@ std::string self_path() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
   return n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "lockstep";
-}
-
-int usable_cores() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 std::vector<int> world_sizes(const DoctorOptions& o, int cores) {
@@ -138,29 +135,15 @@ ScalePoint read_point(int n, const std::string& prefix) {
 
 // Step time split (stacked) and efficiency against world size, as a PNG.
 std::string plot(const std::vector<ScalePoint>& points, const Diagnosis& d, const fs::path& dir) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) return "";
-  const fs::path data = dir / "scaling.dat", script = dir / "scaling.gp", png = dir / "scaling.png";
-  {
-    std::ofstream out(data);
-    for (std::size_t i = 0; i < points.size(); ++i) {
-      const auto& p = points[i];
-      // The step is the slowest rank's; the parts are averages over the
-      // ranks, so what remains is waiting for the slowest.
-      out << fmt::format("{} {:.3f} {:.3f} {:.3f} {:.3f} {:.3f}\n", p.ranks, p.compute_ms, p.exposed_ms, p.data_ms,
-                         std::max(0.0, p.step_ms - p.compute_ms - p.exposed_ms - p.data_ms), d.efficiency[i]);
-    }
+  std::vector<PlotRow> rows;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const auto& p = points[i];
+    // The step is the slowest rank's; the parts are averages over the
+    // ranks, so what remains is waiting for the slowest.
+    rows.push_back({p.ranks, p.compute_ms, p.exposed_ms, p.data_ms,
+                    std::max(0.0, p.step_ms - p.compute_ms - p.exposed_ms - p.data_ms), d.efficiency[i]});
   }
-  std::ofstream(script) << fmt::format(
-      "set terminal pngcairo size 900,520\nset output '{}'\nset title 'lockstep doctor: step time and efficiency'\n"
-      "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8 border -1\n"
-      "set boxwidth 0.6\nset xlabel 'ranks'\nset ylabel 'step time (ms)'\nset y2label 'efficiency'\n"
-      "set y2range [0:1.1]\nset ytics nomirror\nset y2tics\nset key outside right\n"
-      "plot '{}' using 2:xtic(1) title 'compute' lc rgb '#4477aa', '' using 3 title 'exposed communication' lc rgb "
-      "'#ee6677', '' using 4 title 'data loading' lc rgb '#ccbb44', '' using 5 title 'slowest rank' lc rgb "
-      "'#bbbbbb', '' using 0:6 axes x1y2 with linespoints lw 2 pt 7 lc rgb '#228833' title 'efficiency'\n",
-      png.string(), data.string());
-  const int rc = std::system(fmt::format("gnuplot '{}' > '{}' 2>&1", script.string(), (dir / "gnuplot.log").string()).c_str());
-  return rc == 0 && fs::exists(png) ? png.string() : "";
+  return plot_scaling(rows, dir, "lockstep doctor: step time and efficiency", "slowest rank");
 }
 
 }  // namespace

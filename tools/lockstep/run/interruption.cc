@@ -30,11 +30,24 @@ void throw_if_interrupted(int signal_fd, const std::string& waiting_for) {
   }
 }
 
+void publish_interruption(Store& store, const std::string& what, const std::string& key) {
+  try {
+    store.compare_set(key, "", what);
+  } catch (const std::exception&) {
+    // The store is gone: the others learn it from that.
+  }
+}
+
+void throw_if_peer_interrupted(Store& store, const std::string& key) {
+  if (store.check({key})) throw PeerError(fmt::format("stopping: {}", store.get(key)));
+}
+
 bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
                    const std::string& waiting_for) {
   for (;;) {
     throw_if_interrupted(signal_fd, waiting_for);
     if (store.check(keys)) return true;
+    throw_if_peer_interrupted(store);
     if (deadline.expired()) return false;
     std::this_thread::sleep_for(std::min(kSlice, deadline.remaining()));
   }

@@ -30,7 +30,19 @@ class Interrupted : public Error {
 // "received SIGINT while waiting for ...".
 void throw_if_interrupted(int signal_fd, const std::string& waiting_for);
 
-// Polls until every key exists (true) or the deadline passes (false).
+// A launcher stopped by a signal while the nodes gather publishes it here,
+// so the others stop at once (naming it) rather than at --rdzv-timeout.
+inline constexpr char kInterruptedKey[] = "launcher/interrupted";
+
+// Publishes `what` ("node 1 (host-b) received SIGINT ...") under `key`;
+// never throws (the store may be gone already).
+void publish_interruption(Store& store, const std::string& what, const std::string& key = kInterruptedKey);
+
+// Throws PeerError with the published text if another launcher did.
+void throw_if_peer_interrupted(Store& store, const std::string& key = kInterruptedKey);
+
+// Polls until every key exists (true) or the deadline passes (false);
+// throws Interrupted on a signal, PeerError if another launcher was.
 bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
                    const std::string& waiting_for);
 

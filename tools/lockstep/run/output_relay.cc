@@ -19,8 +19,10 @@ void OutputRelay::feed(const char* data, std::size_t len) {
     } else if (partial_[end] == '\r') {
       // A progress bar redrawing its line: pass it through as a redraw,
       // without logging every frame.
-      std::fprintf(out_, "%s%s\r", prefix_.c_str(), partial_.substr(start, end - start).c_str());
-      std::fflush(out_);
+      if (out_) {
+        std::fprintf(out_, "%s%s\r", prefix_.c_str(), partial_.substr(start, end - start).c_str());
+        std::fflush(out_);
+      }
       start = end + 1;
     } else {
       emit(partial_.substr(start, end - start));
@@ -39,13 +41,15 @@ void OutputRelay::feed(const char* data, std::size_t len) {
 void OutputRelay::finish() {
   if (!partial_.empty()) emit(partial_);
   partial_.clear();
-  std::fflush(out_);
+  if (out_) std::fflush(out_);
   if (log_) std::fflush(log_);
 }
 
 void OutputRelay::emit(const std::string& line) {
-  std::fprintf(out_, "%s%s\n", prefix_.c_str(), line.c_str());
-  std::fflush(out_);
+  if (out_) {
+    std::fprintf(out_, "%s%s\n", prefix_.c_str(), line.c_str());
+    std::fflush(out_);
+  }
   if (log_) std::fprintf(log_, "%s\n", line.c_str());
   last_.push_back(line);
   if (last_.size() > keep_) last_.pop_front();

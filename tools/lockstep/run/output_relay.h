@@ -13,7 +13,7 @@ namespace lockstep::cli {
 
 class OutputRelay {
  public:
-  // `out` is the launcher's stream; `log` may be null; `prefix` may be empty.
+  // `out` is the launcher's stream (null: redirected to the log only); `log` may be null; `prefix` may be empty.
   OutputRelay(std::FILE* out, std::FILE* log, std::string prefix, std::size_t keep_lines = 20);
 
   void feed(const char* data, std::size_t len);

@@ -84,6 +84,10 @@ void RankProcess::exited(int wait_status) {
 void RankProcess::signal(int sig) const {
   if (!running_) return;
   if (::kill(-pid_, sig) != 0) ::kill(pid_, sig);
+  // A stopped process (SIGSTOP, a debugger's stop, Ctrl-Z's SIGTSTP) only
+  // acts on a terminating signal once it runs again: continue it, so it
+  // ends now rather than at the grace period's SIGKILL.
+  if (sig != SIGKILL && sig != SIGCONT && ::kill(-pid_, SIGCONT) != 0) ::kill(pid_, SIGCONT);
 }
 
 }  // namespace lockstep::cli

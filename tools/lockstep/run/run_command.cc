@@ -36,18 +36,18 @@
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "comm/shm/region.h"
+#include "run/elastic_rendezvous.h"
 #include "run/interruption.h"
+#include "lockstep/affinity.h"
+#include "run/run_arguments.h"
+#include "store/store_token.h"
 #include "run/supervisor.h"
 
 namespace lockstep::cli {
 namespace {
 
 int resolve_nproc(const std::string& text) {
-  if (text == "auto") {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  if (text == "auto") return usable_cores();
   // Bounded before the narrowing to int, so 4294967297 is not taken as 1.
   constexpr std::int64_t kMaxPerNode = 1 << 16;
   const auto n = parse_int(text);
@@ -66,53 +66,77 @@ UniqueFd block_signals() {
   return UniqueFd(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
 }
 
-struct Layout {
-  int world_size = 0;
-  int first_rank = 0;  // this node's first global rank
-};
-
-// Agrees with the other launchers on the world of this attempt.
-Layout rendezvous_nodes(Store& store, const RunOptions& o, int nproc, int attempt, int signal_fd) {
-  if (o.nnodes == 1) return {nproc, 0};
-  store.set(fmt::format("launcher/{}/nproc/{}", attempt, o.node_rank), std::to_string(nproc));
+// Agrees with the other launchers on the world of attempt `attempt` of a
+// job with a fixed node count (--nnodes N, --node-rank K).
+Round rendezvous_static(Store& store, const RunOptions& o, int node_rank, int nnodes, int nproc, int attempt,
+                        int signal_fd) {
+  Round round;
+  round.number = attempt;
+  round.node_rank = node_rank;
+  round.nnodes = nnodes;
+  if (nnodes == 1) {
+    round.world_size = nproc;
+    return round;
+  }
+  store.set(fmt::format("launcher/{}/nproc/{}", attempt, node_rank), std::to_string(nproc));
   std::vector<std::string> keys;
-  for (int n = 0; n < o.nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
+  for (int n = 0; n < nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
   const Deadline deadline = Deadline::after(Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000)));
-  if (!wait_for_keys(store, keys, deadline, signal_fd, fmt::format("the other {} node(s) to join", o.nnodes - 1))) {
+  if (!wait_for_keys(store, keys, deadline, signal_fd, fmt::format("the other {} node(s) to join", nnodes - 1))) {
     std::string missing;
-    for (int n = 0; n < o.nnodes; ++n)
+    for (int n = 0; n < nnodes; ++n)
       if (!store.check({keys[static_cast<std::size_t>(n)]})) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", n);
     throw ConfigError(fmt::format("node(s) {} of {} did not join within {:.0f} s; start `lockstep run` with the same "
                                   "--nnodes, --master-addr and --master-port on every node",
-                                  missing, o.nnodes, o.rendezvous_seconds));
+                                  missing, nnodes, o.rendezvous_seconds));
   }
-  Layout layout;
-  for (int n = 0; n < o.nnodes; ++n) {
+  for (int n = 0; n < nnodes; ++n) {
     const int count = static_cast<int>(parse_int(store.get(keys[static_cast<std::size_t>(n)])).value_or(0));
-    if (n < o.node_rank) layout.first_rank += count;
-    layout.world_size += count;
+    if (n < node_rank) round.first_rank += count;
+    round.world_size += count;
   }
-  return layout;
+  return round;
 }
 
-std::map<std::string, std::string> rank_env(const RunOptions& o, const Layout& layout, int nproc, int local_rank,
-                                            int port, const std::string& run_id, const std::string& token,
-                                            const std::string& shm_tag, int attempt) {
+// Where every rank finds the store, and what identifies the job.
+struct JobIdentity {
+  std::string store_addr;
+  int store_port = 0;
+  std::string run_id;
+  std::string token;
+  std::string shm_tag;
+};
+
+// The environment torchrun gives a worker (plus lockstep's own), for local
+// rank `local` of `round`. `failures`: restarts after failures so far
+// (torchrun's TORCHELASTIC_RESTART_COUNT); LOCKSTEP_RESTART_COUNT is the
+// round, which every node shares and which names the ranks' store keys.
+std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& round, int nproc, int local,
+                                            const JobIdentity& job, int failures) {
+  const std::string rank = std::to_string(round.first_rank + local);
+  const std::string world = std::to_string(round.world_size);
   std::map<std::string, std::string> env{
-      {env::kRank, std::to_string(layout.first_rank + local_rank)},
-      {env::kLocalRank, std::to_string(local_rank)},
-      {env::kWorldSize, std::to_string(layout.world_size)},
+      {env::kRank, rank},
+      {env::kLocalRank, std::to_string(local)},
+      {env::kWorldSize, world},
       {env::kLocalWorldSize, std::to_string(nproc)},
-      {env::kGroupRank, std::to_string(o.node_rank)},
-      {env::kMasterAddr, o.master_addr},
-      {env::kMasterPort, std::to_string(port)},
+      {env::kGroupRank, std::to_string(round.node_rank)},
+      {env::kGroupWorldSize, std::to_string(round.nnodes)},
+      {env::kRoleRank, rank},  // one role: ranks within it are the global ranks
+      {env::kRoleWorldSize, world},
+      {env::kRoleName, o.role},
+      {env::kMasterAddr, job.store_addr},
+      {env::kMasterPort, std::to_string(job.store_port)},
       {env::kStoreHosted, "1"},
-      {env::kRunId, run_id},
-      {env::kRestartCount, std::to_string(attempt)},
-      {env::kShmTag, shm_tag},
-      {env::kTorchelasticRestartCount, std::to_string(attempt)},
+      {env::kRunId, job.run_id},
+      {env::kRestartCount, std::to_string(round.number)},
+      {env::kShmTag, job.shm_tag},
+      {env::kTorchelasticRunId, job.run_id},
+      {env::kTorchelasticRestartCount, std::to_string(failures)},
+      {env::kTorchelasticMaxRestarts, std::to_string(o.max_restarts)},
+      {env::kTorchelasticUseAgentStore, "True"},
   };
-  if (!token.empty()) env[env::kStoreToken] = token;
+  if (!job.token.empty()) env[env::kStoreToken] = job.token;
   if (!o.backend.empty()) env[env::kBackend] = o.backend;
   // As torchrun does: several ranks per node each using every core for
   // their math would oversubscribe the machine.
@@ -150,11 +174,11 @@ std::string failure_line(const RankFailure& f, int node_rank) {
   return fmt::format("rank {} on node {} failed: {}", f.rank, node_rank, f.status.describe());
 }
 
-// Node 0 hosts the store: it waits for every node to finish before exiting.
-void wait_for_nodes(Store& store, const RunOptions& o, int attempt, int signal_fd) {
-  const std::string done = fmt::format("launcher/{}/done", attempt);
-  const std::string failed = fmt::format("launcher/{}/failed", attempt);
-  while (store.add(done, 0) < o.nnodes && !store.check({failed})) {
+// The store's host waits for every node to finish before exiting.
+void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd) {
+  const std::string done = fmt::format("launcher/{}/done", round);
+  const std::string failed = fmt::format("launcher/{}/failed", round);
+  while (store.add(done, 0) < nnodes && !store.check({failed})) {
     throw_if_interrupted(signal_fd, "the other nodes to finish");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -171,57 +195,110 @@ void remove_leftover_segments(const std::string& shm_tag) {
 // With LOCKSTEP_TRACE set, each rank wrote <prefix>.rank<r>.json: merge this
 // node's into one file (<prefix>.json on node 0, <prefix>.node<k>.json on
 // others), one track group per rank.
-void merge_rank_traces(const RunOptions& o, const Layout& layout, int nproc) {
+void merge_rank_traces(const Round& round, int nproc) {
   const auto prefix = env_string(env::kTrace);
   if (!prefix) return;
   std::vector<std::string> files;
-  for (int local = 0; local < nproc; ++local) files.push_back(fmt::format("{}.rank{}.json", *prefix, layout.first_rank + local));
-  const std::string out = o.node_rank == 0 ? *prefix + ".json" : fmt::format("{}.node{}.json", *prefix, o.node_rank);
+  for (int local = 0; local < nproc; ++local) files.push_back(fmt::format("{}.rank{}.json", *prefix, round.first_rank + local));
+  const std::string out = round.node_rank == 0 ? *prefix + ".json" : fmt::format("{}.node{}.json", *prefix, round.node_rank);
   const std::size_t merged = diag::merge_traces(files, out);
   if (merged > 0) std::fprintf(stderr, "lockstep run: timeline of %zu rank(s) in %s (open it in Perfetto or chrome://tracing)\n", merged, out.c_str());
 }
 
 }  // namespace
 
-void add_run_command(CLI::App& app, RunOptions& o) {
+CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   auto* run = app.add_subcommand("run", "Start a program on several processes (and nodes), as torchrun does");
   run->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "Processes on this node: a number or 'auto' (one per core)")->capture_default_str();
-  run->add_option("--nnodes", o.nnodes, "Number of nodes")->capture_default_str()->check(CLI::PositiveNumber);
-  run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1")->capture_default_str()->check(CLI::NonNegativeNumber);
-  run->add_option("--master-addr,--master_addr", o.master_addr, "Address of node 0, which hosts the store")->capture_default_str();
-  run->add_option("--master-port,--master_port", o.master_port, "Store port on node 0 (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
+  run->add_option("--nnodes", o.nnodes, "Number of nodes, or MIN:MAX for an elastic job")->capture_default_str();
+  run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1 (fixed --nnodes only; default 0)")->check(CLI::NonNegativeNumber);
+  run->add_option("--master-addr,--master_addr", o.master_addr, "Address of the node that hosts the store")->capture_default_str();
+  run->add_option("--master-port,--master_port", o.master_port, "Store port (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
+  run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it");
+  run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank) or c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX)");
+  run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node); also derives the store token");
+  run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S");
+  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(CLI::Range(0.001, 604800.0));
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
   run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(CLI::NonNegativeNumber);
+  run->add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "Seconds between looks at the other nodes (failures, nodes waiting to join)")->capture_default_str()->check(CLI::Range(0.01, 60.0));
+  run->add_option("--role", o.role, "ROLE_NAME of the ranks")->capture_default_str();
   run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/rank<r>.log");
+  run->add_option("--tee,-t", o.tee, "Also copy these streams to DIR/rank<r>.log: 0 none, 1 stdout, 2 stderr, 3 both, or local_rank:n,...");
+  run->add_option("--redirects,-r", o.redirects, "Send these streams to DIR/rank<r>.log only (same values as --tee)");
   run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
   run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
   run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
-  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(CLI::Range(0.001, 604800.0));
   run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, mpi");
-  run->add_option("--run-id", o.run_id, "Job identifier (default: random)");
   run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
   run->footer(
-      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT, as under\n"
-      "torchrun. When a rank fails, the others are stopped and the launcher exits with the failed rank's code.");
+      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,\n"
+      "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun. When a rank fails, the others\n"
+      "are stopped; with --max-restarts the job restarts, and with --nnodes MIN:MAX it goes on with the nodes that\n"
+      "are left (or that joined). The program's own options follow its name; `--` before it is optional.");
+  return run;
 }
 
 namespace {
 
-int run_nodes(const RunOptions& o, int nproc, int signal_fd);
+// What run_job() resolved from the options.
+struct JobPlan {
+  NodeRange nodes;
+  bool elastic = false;
+  std::string store_host;  // the store's address
+  int store_port = 0;
+  int node_rank = 0;  // fixed --nnodes only
+  Duration join_timeout{0};
+  Duration last_call{0};
+};
+
+JobPlan plan_job(const RunOptions& o) {
+  JobPlan plan;
+  plan.nodes = parse_nnodes(o.nnodes);
+  if (!o.rdzv_backend.empty() && o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
+    throw ConfigError(fmt::format("--rdzv-backend '{}' is not known; use static or c10d", o.rdzv_backend));
+  plan.elastic = plan.nodes.elastic() || o.rdzv_backend == "c10d";
+  if (plan.nodes.elastic() && o.rdzv_backend == "static")
+    throw ConfigError(fmt::format("--nnodes {} needs the c10d rendezvous; drop --rdzv-backend static", o.nnodes));
+  if (plan.elastic && o.node_rank >= 0)
+    throw ConfigError("in an elastic job the rendezvous numbers the nodes; drop --node-rank");
+  plan.node_rank = std::max(0, o.node_rank);
+  if (!plan.elastic && plan.node_rank >= plan.nodes.min)
+    throw ConfigError(fmt::format("--node-rank {} is not below --nnodes {}", plan.node_rank, plan.nodes.min));
+  const bool several = plan.elastic || plan.nodes.max > 1;
+  if (o.standalone && several) throw ConfigError("--standalone is for a single node; drop it or --nnodes");
+  plan.store_host = o.master_addr;
+  plan.store_port = o.master_port;
+  if (!o.rdzv_endpoint.empty()) {
+    const Endpoint e = parse_endpoint(o.rdzv_endpoint);
+    plan.store_host = e.host;
+    plan.store_port = e.port > 0 ? e.port : 29400;  // torchrun's default
+  }
+  if (several && plan.store_port == 0)
+    throw ConfigError("several nodes need a fixed --master-port or --rdzv-endpoint host:port (the same on every node)");
+  const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
+  const double join = conf.join_timeout >= 0 ? conf.join_timeout : o.rendezvous_seconds;
+  const double last_call = conf.last_call_timeout >= 0 ? conf.last_call_timeout : o.last_call_seconds;
+  plan.join_timeout = Duration(static_cast<std::int64_t>(join * 1000));
+  plan.last_call = Duration(static_cast<std::int64_t>(last_call * 1000));
+  if ((!o.tee.empty() || !o.redirects.empty()) && o.log_dir.empty())
+    throw ConfigError("--tee and --redirects write each rank's streams to DIR/rank<r>.log; add --log-dir DIR");
+  stream_mask(o.tee, 0, "--tee");  // checks the values now, before any rank starts
+  stream_mask(o.redirects, 0, "--redirects");
+  return plan;
+}
+
+int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd);
 
 }  // namespace
 
 int run_job(const RunOptions& o) {
-  if (o.node_rank >= o.nnodes)
-    throw ConfigError(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
-  if (o.standalone && o.nnodes > 1) throw ConfigError("--standalone is for a single node; drop it or --nnodes");
-  if (o.nnodes > 1 && o.master_port == 0)
-    throw ConfigError("several nodes need a fixed --master-port (the same on every node)");
+  const JobPlan plan = plan_job(o);
   if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
   const int nproc = resolve_nproc(o.nproc_per_node);
   UniqueFd signals = block_signals();
   try {
-    return run_nodes(o, nproc, signals.fd());
+    return run_nodes(o, plan, nproc, signals.fd());
   } catch (const Interrupted& e) {
     std::fprintf(stderr, "lockstep run: %s\n", e.what());
     return 128 + e.signal();
@@ -230,94 +307,208 @@ int run_job(const RunOptions& o) {
 
 namespace {
 
-// The store, then attempts until one succeeds or restarts run out.
-int run_nodes(const RunOptions& o, int nproc, int signal_fd) {
-
-  // Node 0 hosts the store. A single node binds loopback only and guards
-  // the store with a random token; several nodes share LOCKSTEP_STORE_TOKEN
-  // if it is set.
-  const bool single = o.nnodes == 1;
-  std::string token = env_string(env::kStoreToken).value_or(single ? random_hex(16) : "");
-  TcpStoreOptions store_options;
-  store_options.token = token;
-  store_options.connect_timeout = Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000));
-  std::unique_ptr<TcpStoreServer> server;
-  int port = o.master_port;
-  if (o.node_rank == 0) {
-    // Several nodes with a loopback --master-addr are all on this host (tests).
-    const std::string listen_host =
-        single ? "127.0.0.1" : (is_loopback_host(o.master_addr) ? o.master_addr : std::string());
-    server = std::make_unique<TcpStoreServer>(listen_host, static_cast<std::uint16_t>(port), store_options);
-    port = server->port();
+// The store: hosted by node 0 of a fixed job, or in an elastic job by the
+// launcher that can listen on the endpoint's address (the first one there).
+// Every other launcher is a client.
+std::unique_ptr<TcpStoreServer> host_store(const JobPlan& plan, bool single, const TcpStoreOptions& options) {
+  if (single) return std::make_unique<TcpStoreServer>("127.0.0.1", static_cast<std::uint16_t>(plan.store_port), options);
+  if (!plan.elastic) {
+    if (plan.node_rank != 0) return nullptr;
+    // Several nodes with a loopback address are all on this host (tests).
+    const std::string listen = is_loopback_host(plan.store_host) ? plan.store_host : std::string();
+    return std::make_unique<TcpStoreServer>(listen, static_cast<std::uint16_t>(plan.store_port), options);
   }
-  RunOptions effective = o;
-  if (single) effective.master_addr = "127.0.0.1";
+  try {
+    return std::make_unique<TcpStoreServer>(plan.store_host, static_cast<std::uint16_t>(plan.store_port), options);
+  } catch (const ConfigError&) {
+    return nullptr;  // not this host's address, or another launcher here hosts it
+  }
+}
+
+// The token: random on one node; on several, shared without talking first.
+std::string store_token(const RunOptions& o, const JobPlan& plan, bool single) {
+  const auto user = env_string(env::kStoreToken);
+  if (single) return user.value_or(random_hex(16));
+  const std::string facts = !o.run_id.empty()
+                                ? "id/" + o.run_id
+                                : fmt::format("endpoint/{}/nnodes/{}", format_endpoint(plan.store_host, static_cast<std::uint16_t>(plan.store_port)), o.nnodes);
+  return shared_store_token(user, facts);
+}
+
+// After a signal during the rendezvous: tell the other launchers, and if
+// this one hosts the store, keep it up a moment so they can read why.
+void announce_interruption(Store& store, TcpStoreServer* server, const std::string& who, const Interrupted& e,
+                           const std::string& key = kInterruptedKey) {
+  if (key.empty()) return;  // nobody waits for this launcher
+  publish_interruption(store, fmt::format("{} was interrupted: {}", who, e.what()), key);
+  if (!server) return;
+  const Deadline linger = Deadline::after(std::chrono::seconds(2));
+  while (server->num_clients() > 1 && !linger.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// The store, then attempts until one succeeds or restarts run out.
+int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd) {
+  const bool single = !plan.elastic && plan.nodes.max == 1;
+  TcpStoreOptions store_options;
+  store_options.token = store_token(o, plan, single);
+  store_options.connect_timeout = plan.join_timeout;
+  std::unique_ptr<TcpStoreServer> server = host_store(plan, single, store_options);
+  JobIdentity job;
+  job.token = store_options.token;
+  job.store_addr = single ? "127.0.0.1" : plan.store_host;
+  job.store_port = server ? server->port() : plan.store_port;
   const Deadline rendezvous_deadline = Deadline::after(store_options.connect_timeout);
-  if (o.node_rank != 0)
-    wait_for_listener(effective.master_addr, static_cast<std::uint16_t>(port), rendezvous_deadline, signal_fd);
-  TcpStore store(effective.master_addr, static_cast<std::uint16_t>(port), store_options);
-  std::string run_id = o.run_id;
-  if (o.node_rank == 0) {
-    if (run_id.empty()) run_id = random_hex(6);
-    store.set("launcher/run_id", run_id);
+  if (!server)
+    wait_for_listener(job.store_addr, static_cast<std::uint16_t>(job.store_port), rendezvous_deadline, signal_fd);
+  TcpStore store(job.store_addr, static_cast<std::uint16_t>(job.store_port), store_options);
+  const std::string who = plan.elastic ? fmt::format("the node on host {}", host_name())
+                                       : fmt::format("node {} (host {})", plan.node_rank, host_name());
+
+  // The run id: chosen by the first launcher at the store (node 0 of a
+  // fixed job), read by the others.
+  if (plan.elastic) {
+    job.run_id = store.compare_set("launcher/run_id", "", o.run_id.empty() ? random_hex(6) : o.run_id);
+  } else if (server) {
+    job.run_id = o.run_id.empty() ? random_hex(6) : o.run_id;
+    store.set("launcher/run_id", job.run_id);
   } else {
-    if (!wait_for_keys(store, {"launcher/run_id"}, rendezvous_deadline, signal_fd, "node 0 to publish the run id"))
-      throw ConfigError(fmt::format("node 0's store at {}:{} never published the run id within {:.0f} s; is another "
-                                    "program listening on that port?",
-                                    effective.master_addr, port, o.rendezvous_seconds));
-    run_id = store.get("launcher/run_id");
+    try {
+      if (!wait_for_keys(store, {"launcher/run_id"}, rendezvous_deadline, signal_fd, "node 0 to publish the run id"))
+        throw ConfigError(fmt::format("node 0's store at {}:{} never published the run id within {:.0f} s; is "
+                                      "another program listening on that port?",
+                                      job.store_addr, job.store_port, seconds_between(Clock::now(), rendezvous_deadline.at())));
+    } catch (const Interrupted& e) {
+      announce_interruption(store, nullptr, who, e);
+      throw;
+    }
+    job.run_id = store.get("launcher/run_id");
   }
   // Unique to this launcher (unlike the run id, which every node shares and
   // a user may choose), so it names exactly this node's segments.
-  const std::string shm_tag = random_hex(6);
+  job.shm_tag = random_hex(6);
 
+  std::unique_ptr<ElasticRendezvous> elastic;
+  if (plan.elastic) {
+    ElasticOptions eo;
+    eo.min_nodes = plan.nodes.min;
+    eo.max_nodes = plan.nodes.max;
+    eo.join_timeout = plan.join_timeout;
+    eo.last_call = plan.last_call;
+    eo.id = job.run_id;
+    eo.endpoint = format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
+    elastic = std::make_unique<ElasticRendezvous>(store, eo, nproc, host_name(), signal_fd);
+  }
+
+  int failures = 0;
+  int last_world = -1;
   for (int attempt = 0;; ++attempt) {
-    const Layout layout = rendezvous_nodes(store, effective, nproc, attempt, signal_fd);
-    if (attempt == 0)
-      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d, run %s\n", nproc,
-                   o.node_rank, o.nnodes, layout.world_size, effective.master_addr.c_str(), port, run_id.c_str());
+    Round round;
+    try {
+      if (elastic) {
+        auto next = elastic->next_round();
+        if (!next) {
+          std::fprintf(stderr, "lockstep run: the job finished while this node waited to join it\n");
+          return 0;
+        }
+        round = *next;
+      } else {
+        round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
+      }
+    } catch (const Interrupted& e) {
+      announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
+      throw;
+    }
+    if (elastic || round.world_size != last_world)
+      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d, run %s%s\n", nproc,
+                   round.node_rank, round.nnodes, round.world_size, job.store_addr.c_str(), job.store_port,
+                   job.run_id.c_str(), elastic ? fmt::format(", round {}", round.number).c_str() : "");
+    last_world = round.world_size;
     std::vector<RankProcess> ranks;
     ranks.reserve(static_cast<std::size_t>(nproc));
     for (int local = 0; local < nproc; ++local)
-      ranks.emplace_back(layout.first_rank + local, o.program,
-                         rank_env(effective, layout, nproc, local, port, run_id, token, shm_tag, attempt));
+      ranks.emplace_back(round.first_rank + local, o.program, rank_env(o, round, nproc, local, job, failures));
 
     SupervisorOptions sup;
     sup.prefix_output = !o.no_prefix;
     sup.log_dir = o.log_dir;
+    sup.tee = o.tee;
+    sup.redirects = o.redirects;
     sup.attempt = attempt;
     sup.grace = Duration(static_cast<std::int64_t>(o.grace_seconds * 1000));
-    const std::string failed_key = fmt::format("launcher/{}/failed", attempt);
+    sup.monitor_interval = Duration(static_cast<std::int64_t>(o.monitor_interval * 1000));
+    const std::string failed_key = fmt::format("launcher/{}/failed", round.number);
+    bool regroup = false;     // a node waits to join: stop, and re-form the group
+    bool store_lost = false;  // the store's host is gone: nothing to re-form with
     if (!single) {
       sup.remote_failure = [&]() -> std::optional<std::string> {
-        if (!store.check({failed_key})) return std::nullopt;
-        return "another node reported: " + store.get(failed_key);
+        try {
+          if (store.check({failed_key})) return "another node reported: " + store.get(failed_key);
+          if (elastic && round.nnodes < plan.nodes.max && elastic->nodes_waiting(round) > 0) {
+            regroup = true;
+            return "a new node is waiting to join; re-forming the group";
+          }
+        } catch (const Error& e) {
+          store_lost = true;
+          return fmt::format("the store at {}:{} is gone ({}); the node that hosted it has left, and the job cannot "
+                             "go on without it",
+                             job.store_addr, job.store_port, e.what());
+        }
+        return std::nullopt;
       };
     }
     sup.unprefixed_rank0 = o.unprefixed_rank0;
     const AttemptResult result = supervise(ranks, signal_fd, sup);
-    remove_leftover_segments(shm_tag);
-    merge_rank_traces(o, layout, nproc);
+    remove_leftover_segments(job.shm_tag);
+    merge_rank_traces(round, nproc);
 
     if (result.ok) {
       if (!single) {
-        store.add(fmt::format("launcher/{}/done", attempt), 1);
-        if (o.node_rank == 0) wait_for_nodes(store, effective, attempt, signal_fd);
+        // "done" last: once every node has said it, the store's host leaves.
+        if (elastic) elastic->mark_finished();
+        store.add(fmt::format("launcher/{}/done", round.number), 1);
+        if (server) wait_for_nodes(store, round.nnodes, round.number, signal_fd);
       }
       return 0;
     }
     if (result.interrupted_by != 0) {
-      if (!single) store.compare_set(failed_key, "", fmt::format("node {} was interrupted", o.node_rank));
+      if (!single) store.compare_set(failed_key, "", fmt::format("{} was interrupted", who));
       return 128 + result.interrupted_by;
     }
+    // A node waiting to join stops this attempt too when a peer's ranks,
+    // stopped for it a moment earlier, made ours fail first.
+    if (elastic && !regroup && !store_lost && round.nnodes < plan.nodes.max) {
+      try {
+        regroup = elastic->nodes_waiting(round) > 0;
+      } catch (const Error&) {
+        // The store is gone: handled as a failure below.
+      }
+    }
+    if (regroup) {
+      std::fprintf(stderr, "lockstep run: a new node is waiting to join; stopped this node's %zu rank(s) to re-form the group\n",
+                   ranks.size());
+      elastic->open_next_round(round);
+      continue;
+    }
     const RankFailure& f = *result.first_failure;
-    if (!single && f.reported_by.empty()) store.compare_set(failed_key, "", failure_line(f, o.node_rank));
-    print_failure(f, o.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
-    if (attempt >= o.max_restarts) {
+    if (!single && f.reported_by.empty()) {
+      try {
+        store.compare_set(failed_key, "", failure_line(f, round.node_rank));
+      } catch (const Error& e) {
+        if (!elastic) throw;
+        store_lost = true;  // its host died with the others' ranks; say why this node stops
+        std::fprintf(stderr, "lockstep run: the store at %s:%d is gone (%s); the job cannot go on without it\n",
+                     job.store_addr.c_str(), job.store_port, e.what());
+      }
+    }
+    print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+    if (failures >= o.max_restarts || store_lost) {
       // The failed rank's own code; a failure on another node has none here.
       return f.reported_by.empty() ? f.status.as_exit_code() : 1;
     }
-    std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)\n", attempt + 1, o.max_restarts);
+    ++failures;
+    std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)%s\n", failures, o.max_restarts,
+                 elastic ? " with the nodes that are left or join" : "");
+    if (elastic) elastic->open_next_round(round);
   }
 }
 

@@ -13,23 +13,32 @@ namespace lockstep::cli {
 
 struct RunOptions {
   std::string nproc_per_node = "1";  // a number or "auto"
-  int nnodes = 1;
-  int node_rank = 0;
+  std::string nnodes = "1";          // "N", or "MIN:MAX" for an elastic job
+  int node_rank = -1;                // -1: not given (0 for a fixed --nnodes)
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port (single node only)
+  std::string rdzv_endpoint;  // "host[:port]": the store (replaces --master-addr/--master-port)
+  std::string rdzv_backend;   // "static" (fixed --node-rank) or "c10d" (nodes ranked by the rendezvous)
+  std::string rdzv_conf;      // "join_timeout=S,last_call_timeout=S"
   bool standalone = false;
   int max_restarts = 0;
   std::string log_dir;
+  std::string tee;        // "0".."3", or "local_rank:n,..." as torchrun's --tee
+  std::string redirects;  // the same, as torchrun's --redirects
+  double monitor_interval = 0.2;
   bool no_prefix = false;
   bool unprefixed_rank0 = false;
   double grace_seconds = 5;
   double rendezvous_seconds = 300;
+  double last_call_seconds = 3;
   std::string backend;
-  std::string run_id;
+  std::string run_id;  // --rdzv-id / --run-id
+  std::string role = "default";
   std::vector<std::string> program;  // the program and its arguments
 };
 
-void add_run_command(CLI::App& app, RunOptions& options);
+// Returns the subcommand, which separate_program() needs.
+CLI::App* add_run_command(CLI::App& app, RunOptions& options);
 
 // Runs the job; returns the launcher's exit code.
 int run_job(const RunOptions& options);

@@ -14,11 +14,11 @@
 #include <fmt/format.h>
 
 #include "run/output_relay.h"
+#include "run/run_arguments.h"
 
 namespace lockstep::cli {
 namespace {
 
-constexpr Duration kRemoteCheckInterval = std::chrono::milliseconds(200);
 // After every rank exited, how long to wait for pipes still held open by
 // stray grandchildren before closing them.
 constexpr Duration kPipeDrainLimit = std::chrono::seconds(2);
@@ -40,15 +40,21 @@ class Attempt {
  public:
   Attempt(std::vector<RankProcess>& ranks, int signal_fd, const SupervisorOptions& options)
       : ranks_(ranks), signal_fd_(signal_fd), options_(options) {
-    for (auto& r : ranks_) {
+    for (std::size_t local = 0; local < ranks_.size(); ++local) {
+      const RankProcess& r = ranks_[local];
       Streams s;
       if (!options_.log_dir.empty())
         s.log.reset(std::fopen(fmt::format("{}/rank{}.log", options_.log_dir, r.rank()).c_str(), "a"));
       if (s.log) std::fprintf(s.log.get(), "=== attempt %d, pid %d ===\n", options_.attempt, r.pid());
       const bool prefixed = options_.prefix_output && !(options_.unprefixed_rank0 && r.rank() == 0);
       const std::string prefix = prefixed ? fmt::format("[{}] ", r.rank()) : "";
-      s.out = std::make_unique<OutputRelay>(stdout, s.log.get(), prefix);
-      s.err = std::make_unique<OutputRelay>(stderr, s.log.get(), prefix);
+      const bool selected = !options_.tee.empty() || !options_.redirects.empty();
+      const int tee = stream_mask(options_.tee, static_cast<int>(local), "--tee");
+      const int redirected = stream_mask(options_.redirects, static_cast<int>(local), "--redirects");
+      const auto console = [&](int stream, std::FILE* f) { return (redirected & stream) ? nullptr : f; };
+      const auto log = [&](int stream) { return !selected || ((tee | redirected) & stream) ? s.log.get() : nullptr; };
+      s.out = std::make_unique<OutputRelay>(console(kStdout, stdout), log(kStdout), prefix);
+      s.err = std::make_unique<OutputRelay>(console(kStderr, stderr), log(kStderr), prefix);
       streams_.push_back(std::move(s));
     }
   }
@@ -75,7 +81,7 @@ class Attempt {
         if (fds[f].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(owners[f - 1].first, owners[f - 1].second);
       reap();
       if (!stopping_ && options_.remote_failure && Clock::now() >= next_remote_check) {
-        next_remote_check = Clock::now() + kRemoteCheckInterval;
+        next_remote_check = Clock::now() + options_.monitor_interval;
         if (auto remote = options_.remote_failure()) {
           RankFailure f;
           f.reported_by = *remote;

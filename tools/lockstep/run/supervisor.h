@@ -40,9 +40,16 @@ struct SupervisorOptions {
   bool prefix_output = true;
   bool unprefixed_rank0 = false;
   std::string log_dir;  // empty: no per-rank log files
+  // torchrun's --tee and --redirects (run_arguments.h), applied to each
+  // rank by its local rank (its index in `ranks`). Both empty: with a
+  // log_dir, both streams go to the console and the log.
+  std::string tee;
+  std::string redirects;
   int attempt = 0;
   Duration grace = std::chrono::seconds(5);
-  // Polled a few times a second; a non-empty answer is another node's failure.
+  // Polled every monitor_interval; a non-empty answer is another node's
+  // failure (or another reason to stop this attempt's ranks).
+  Duration monitor_interval = std::chrono::milliseconds(200);
   std::function<std::optional<std::string>()> remote_failure;
 };
 

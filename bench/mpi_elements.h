@@ -1,0 +1,66 @@
+// What the plain-MPI peers of `lockstep bench` (mpi_allreduce, mpi_blocks)
+// share: the element types they run, the sizes they accept ("64K", "32M"),
+// and lockstep bench's known input, written and read back in any type.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <string>
+
+namespace mpi_bench {
+
+struct ElementType {
+  const char* name;
+  MPI_Datatype type;
+  std::size_t size;
+};
+
+inline const ElementType kTypes[] = {
+    {"float", MPI_FLOAT, 4}, {"double", MPI_DOUBLE, 8}, {"int32", MPI_INT32_T, 4},
+    {"int64", MPI_INT64_T, 8}, {"uint8", MPI_UINT8_T, 1},
+};
+
+// "4", "64K", "32M", "1G" -> bytes; 0 if malformed.
+inline std::size_t parse_size(const std::string& text) {
+  if (text.empty()) return 0;
+  std::size_t mult = 1;
+  std::string digits = text;
+  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
+    case 'K': mult = 1ull << 10; digits.pop_back(); break;
+    case 'M': mult = 1ull << 20; digits.pop_back(); break;
+    case 'G': mult = 1ull << 30; digits.pop_back(); break;
+    default: break;
+  }
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); })) return 0;
+  return std::stoull(digits) * mult;
+}
+
+// lockstep bench's known input: small integers, exact in every type.
+inline double pattern(int rank, std::size_t i) { return static_cast<double>((rank * 3 + i * 7) % 9) - 4; }
+inline double input(const ElementType& t, int rank, std::size_t i) {
+  return t.type == MPI_UINT8_T ? pattern(rank, i) + 4 : pattern(rank, i);
+}
+
+inline void fill(const ElementType& t, void* buf, std::size_t count, int rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const double v = input(t, rank, i);
+    if (t.type == MPI_FLOAT) static_cast<float*>(buf)[i] = static_cast<float>(v);
+    else if (t.type == MPI_DOUBLE) static_cast<double*>(buf)[i] = v;
+    else if (t.type == MPI_INT32_T) static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
+    else if (t.type == MPI_INT64_T) static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v);
+    else static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v);
+  }
+}
+
+inline double value_at(const ElementType& t, const void* buf, std::size_t i) {
+  if (t.type == MPI_FLOAT) return static_cast<const float*>(buf)[i];
+  if (t.type == MPI_DOUBLE) return static_cast<const double*>(buf)[i];
+  if (t.type == MPI_INT32_T) return static_cast<const std::int32_t*>(buf)[i];
+  if (t.type == MPI_INT64_T) return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  return static_cast<const std::uint8_t*>(buf)[i];
+}
+
+}  // namespace mpi_bench

@@ -1,0 +1,119 @@
+// ZeroRedundancyOptimizer: ZeRO stage 1, as PyTorch's
+// torch.distributed.optim.ZeroRedundancyOptimizer. The parameters are split
+// into one shard per rank; each rank keeps the optimizer state of its shard
+// only (about 1/N of it), updates only that shard, and the updated shards
+// are all-gathered so every rank ends the step with all parameters.
+//
+//   lockstep::torch::DistributedDataParallel ddp(net, pg);   // averages the gradients
+//   lockstep::torch::ZeroRedundancyOptimizer opt(net->parameters(), pg,
+//                                                torch::optim::AdamOptions(1e-3));
+//   ...  opt.zero_grad(); loss.backward(); opt.step();      // as with torch::optim::Adam
+//   opt.consolidate_state_dict(0);                           // collective
+//   if (pg->rank() == 0) opt.save(archive);                  // what torch::optim::Adam would save
+//
+// Results equal the unsharded optimizer's for optimizers that update each
+// parameter from its own gradient and state (SGD, Adam, AdamW, Adagrad,
+// RMSprop). Shards are assigned greedily, largest parameter first, to the
+// rank with the fewest elements so far (the same on every rank). step() is
+// collective: every rank calls it, with the same parameters.
+//
+// Thread-safety: drive it from one thread, like a torch optimizer.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "lockstep/process_group.h"
+
+namespace lockstep::torch {
+
+namespace detail {
+inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::torch::Tensor> p,
+                                                               const ::torch::optim::SGDOptions& o) {
+  return std::make_unique<::torch::optim::SGD>(std::move(p), o);
+}
+inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::torch::Tensor> p,
+                                                               const ::torch::optim::AdamOptions& o) {
+  return std::make_unique<::torch::optim::Adam>(std::move(p), o);
+}
+inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::torch::Tensor> p,
+                                                               const ::torch::optim::AdamWOptions& o) {
+  return std::make_unique<::torch::optim::AdamW>(std::move(p), o);
+}
+inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::torch::Tensor> p,
+                                                               const ::torch::optim::AdagradOptions& o) {
+  return std::make_unique<::torch::optim::Adagrad>(std::move(p), o);
+}
+inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::torch::Tensor> p,
+                                                               const ::torch::optim::RMSpropOptions& o) {
+  return std::make_unique<::torch::optim::RMSprop>(std::move(p), o);
+}
+}  // namespace detail
+
+class ZeroRedundancyOptimizer {
+ public:
+  // Builds the optimizer of a set of parameters: this rank's shard, or all
+  // of them for the consolidated state. Called with the same options each
+  // time, so that the shards' optimizers and the consolidated one agree.
+  using OptimizerFactory =
+      std::function<std::unique_ptr<::torch::optim::Optimizer>(std::vector<::torch::Tensor> parameters)>;
+
+  // Throws InvalidArgument for an empty parameter list. Not collective.
+  ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
+                          OptimizerFactory make_optimizer);
+  // With a torch optimizer's options: SGDOptions, AdamOptions, AdamWOptions,
+  // AdagradOptions or RMSpropOptions pick that optimizer.
+  template <typename Options,
+            typename = decltype(detail::optimizer_for({}, std::declval<const Options&>()))>
+  ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
+                          const Options& options)
+      : ZeroRedundancyOptimizer(std::move(parameters), std::move(group),
+                                [options](std::vector<::torch::Tensor> p) {
+                                  return detail::optimizer_for(std::move(p), options);
+                                }) {}
+
+  // Updates this rank's shard from its gradients, then all-gathers every
+  // shard (one allgather per dtype). Collective.
+  void step();
+  // Clears the gradients of all parameters (not only the shard's).
+  void zero_grad(bool set_to_none = false);
+
+  // Gathers every shard's optimizer state on rank `to` (point to point: only
+  // `to` receives). Collective. Then, on `to`, consolidated() is an
+  // optimizer over all parameters whose state is what the unsharded
+  // optimizer would hold, and save() writes it.
+  void consolidate_state_dict(int to = 0);
+  // Throws InvalidArgument on a rank that received no consolidated state.
+  ::torch::optim::Optimizer& consolidated();
+  void save(::torch::serialize::OutputArchive& archive);
+  // Reads a state saved by save() (or by the unsharded optimizer) and keeps
+  // this rank's shard of it. Every rank calls it with the same archive
+  // contents; not collective.
+  void load(::torch::serialize::InputArchive& archive);
+
+  // The rank that owns (updates) parameter `index` of the constructor's list.
+  int owner(std::size_t index) const { return owners_.at(index); }
+  // This rank's optimizer (null when its shard is empty: more ranks than
+  // parameters), e.g. for a learning-rate schedule: change it on every rank.
+  ::torch::optim::Optimizer* local_optimizer() { return local_.get(); }
+  const std::vector<::torch::Tensor>& parameters() const { return parameters_; }
+  ProcessGroup& group() const { return *group_; }
+
+ private:
+  std::vector<::torch::Tensor> shard_of(int rank) const;
+  std::vector<::torch::Tensor> parameters_;
+  std::shared_ptr<ProcessGroup> group_;
+  OptimizerFactory make_optimizer_;
+  std::vector<int> owners_;  // by parameter index
+  std::unique_ptr<::torch::optim::Optimizer> local_;
+  std::unique_ptr<::torch::optim::Optimizer> consolidated_;
+};
+
+// Bytes held in an optimizer's per-parameter state tensors (momentum
+// buffers, Adam's moments, ...), for SGD, Adam, AdamW, Adagrad and RMSprop.
+std::size_t optimizer_state_bytes(const ::torch::optim::Optimizer& optimizer);
+
+}  // namespace lockstep::torch

@@ -1,0 +1,208 @@
+// ZeroRedundancyOptimizer: the partition of the parameters, the sharded
+// step with its all-gather, and the consolidation of the shards' optimizer
+// states on one rank. Thread-safety: one thread, like a torch optimizer.
+#include "lockstep/torch/zero.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+
+namespace lockstep::torch {
+namespace {
+
+using ::torch::Tensor;
+
+std::string state_key(const Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// Largest first, each to the rank with the fewest elements so far (the
+// lowest such rank on ties): a pure function of the sizes, so every rank
+// computes the same owners.
+std::vector<int> partition(const std::vector<Tensor>& params, int ranks) {
+  std::vector<std::size_t> order(params.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<std::int64_t> load(static_cast<std::size_t>(ranks), 0);
+  std::vector<int> owners(params.size(), 0);
+  for (const auto i : order) {
+    const auto lightest = std::min_element(load.begin(), load.end()) - load.begin();
+    owners[i] = static_cast<int>(lightest);
+    load[static_cast<std::size_t>(lightest)] += params[i].numel();
+  }
+  return owners;
+}
+
+// Moves each state entry of `params` from `from` into `to` (a copy).
+void copy_state(::torch::optim::Optimizer& from, ::torch::optim::Optimizer& to, const std::vector<Tensor>& params) {
+  for (const auto& p : params) {
+    const auto it = from.state().find(state_key(p));
+    if (it != from.state().end()) to.state()[state_key(p)] = it->second->clone();
+  }
+  if (!from.param_groups().empty() && !to.param_groups().empty())
+    to.param_groups()[0].set_options(from.param_groups()[0].options().clone());
+}
+
+std::string serialized(::torch::optim::Optimizer& optimizer) {
+  ::torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters, std::shared_ptr<ProcessGroup> group,
+                                                 OptimizerFactory make_optimizer)
+    : parameters_(std::move(parameters)), group_(std::move(group)), make_optimizer_(std::move(make_optimizer)) {
+  if (parameters_.empty()) throw InvalidArgument("ZeroRedundancyOptimizer got an empty parameter list");
+  if (!group_) throw InvalidArgument("ZeroRedundancyOptimizer needs a process group (lockstep::init_process_group())");
+  if (!make_optimizer_) throw InvalidArgument("ZeroRedundancyOptimizer needs a way to build the optimizer");
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!parameters_[i].defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
+    dtype_of(parameters_[i].scalar_type());  // throws for types lockstep cannot all-gather
+    if (!parameters_[i].is_cpu())
+      throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is on {}; lockstep's collectives move "
+                                        "host memory, so the parameters must be CPU tensors",
+                                        i, c10::str(parameters_[i].device())));
+  }
+  owners_ = partition(parameters_, group_->size());
+  auto mine = shard_of(group_->rank());
+  if (!mine.empty()) local_ = make_optimizer_(std::move(mine));
+}
+
+std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
+  std::vector<Tensor> shard;
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    if (owners_[i] == rank) shard.push_back(parameters_[i]);
+  return shard;
+}
+
+// Per dtype: every rank packs its shard into a block of the largest
+// shard's size (padding the rest), one allgather brings all blocks, and each
+// rank copies the other ranks' blocks into their parameters.
+void ZeroRedundancyOptimizer::step() {
+  if (local_) local_->step();
+  const int ranks = group_->size(), me = group_->rank();
+  if (ranks == 1) return;
+  ::torch::NoGradGuard no_grad;
+  std::map<::torch::ScalarType, std::vector<std::size_t>> by_type;  // ordered: the same on every rank
+  for (std::size_t i = 0; i < parameters_.size(); ++i) by_type[parameters_[i].scalar_type()].push_back(i);
+  for (const auto& [type, indices] : by_type) {
+    std::vector<std::int64_t> elements(static_cast<std::size_t>(ranks), 0);
+    for (const auto i : indices) elements[static_cast<std::size_t>(owners_[i])] += parameters_[i].numel();
+    const std::int64_t block = *std::max_element(elements.begin(), elements.end());
+    if (block == 0) continue;
+    Tensor packed = ::torch::zeros({block}, parameters_[indices[0]].options().requires_grad(false));
+    std::int64_t offset = 0;
+    for (const auto i : indices) {
+      if (owners_[i] != me) continue;
+      packed.slice(0, offset, offset + parameters_[i].numel()).copy_(parameters_[i].detach().reshape({-1}));
+      offset += parameters_[i].numel();
+    }
+    Tensor all = ::torch::empty({block * ranks}, packed.options());
+    group_->allgather(ConstBuffer{packed.data_ptr(), static_cast<std::size_t>(block), dtype_of(type)},
+                      Buffer{all.data_ptr(), static_cast<std::size_t>(block * ranks), dtype_of(type)})
+        ->wait();
+    std::vector<std::int64_t> cursor(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) cursor[static_cast<std::size_t>(r)] = r * block;
+    for (const auto i : indices) {
+      auto& at = cursor[static_cast<std::size_t>(owners_[i])];
+      if (owners_[i] != me) parameters_[i].detach().copy_(all.slice(0, at, at + parameters_[i].numel()).view_as(parameters_[i]));
+      at += parameters_[i].numel();
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  for (auto& p : parameters_) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.mutable_grad().reset();
+    } else {
+      p.mutable_grad().detach_();
+      p.mutable_grad().zero_();
+    }
+  }
+}
+
+// Every other rank sends its optimizer's serialized state (its size first,
+// then the bytes) to `to`, which loads each into an optimizer over that
+// rank's shard and copies the per-parameter state into one optimizer over
+// all parameters.
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  const int ranks = group_->size(), me = group_->rank();
+  if (to < 0 || to >= ranks)
+    throw InvalidArgument(fmt::format("consolidate_state_dict: rank {} is not in the group of {} rank(s)", to, ranks));
+  consolidated_.reset();
+  if (me != to) {
+    const std::string bytes = local_ ? serialized(*local_) : std::string();
+    std::int64_t size = static_cast<std::int64_t>(bytes.size());
+    group_->send(ConstBuffer{&size, 1, DType::i64}, to)->wait();
+    if (size > 0) group_->send(ConstBuffer{bytes.data(), bytes.size(), DType::u8}, to)->wait();
+    return;
+  }
+  auto full = make_optimizer_(parameters_);
+  if (local_) copy_state(*local_, *full, shard_of(me));
+  for (int r = 0; r < ranks; ++r) {
+    if (r == me) continue;
+    std::int64_t size = 0;
+    group_->recv(Buffer{&size, 1, DType::i64}, r)->wait();
+    if (size == 0) continue;
+    std::string bytes(static_cast<std::size_t>(size), '\0');
+    group_->recv(Buffer{bytes.data(), bytes.size(), DType::u8}, r)->wait();
+    auto theirs = make_optimizer_(shard_of(r));
+    ::torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    theirs->load(archive);
+    copy_state(*theirs, *full, shard_of(r));
+  }
+  if (local_) full->param_groups()[0].set_options(local_->param_groups()[0].options().clone());
+  consolidated_ = std::move(full);
+}
+
+::torch::optim::Optimizer& ZeroRedundancyOptimizer::consolidated() {
+  if (!consolidated_)
+    throw InvalidArgument(fmt::format(
+        "ZeroRedundancyOptimizer: rank {} holds no consolidated state; call consolidate_state_dict(to) on every rank "
+        "first, and read it on rank `to` only",
+        group_->rank()));
+  return *consolidated_;
+}
+
+void ZeroRedundancyOptimizer::save(::torch::serialize::OutputArchive& archive) { consolidated().save(archive); }
+
+void ZeroRedundancyOptimizer::load(::torch::serialize::InputArchive& archive) {
+  auto full = make_optimizer_(parameters_);
+  full->load(archive);
+  if (local_) copy_state(*full, *local_, shard_of(group_->rank()));
+}
+
+std::size_t optimizer_state_bytes(const ::torch::optim::Optimizer& optimizer) {
+  std::size_t bytes = 0;
+  const auto add = [&](const Tensor& t) {
+    if (t.defined()) bytes += static_cast<std::size_t>(t.numel()) * t.element_size();
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* s = dynamic_cast<const ::torch::optim::SGDParamState*>(state.get())) {
+      add(s->momentum_buffer());
+    } else if (auto* s = dynamic_cast<const ::torch::optim::AdamParamState*>(state.get())) {
+      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<const ::torch::optim::AdamWParamState*>(state.get())) {
+      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<const ::torch::optim::AdagradParamState*>(state.get())) {
+      add(s->sum());
+    } else if (auto* s = dynamic_cast<const ::torch::optim::RMSpropParamState*>(state.get())) {
+      add(s->square_avg()), add(s->momentum_buffer()), add(s->grad_avg());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace lockstep::torch

@@ -1,0 +1,46 @@
+# Hosts for the netns tests, sourced by them: each host is a process
+# holding its own network and UTS namespaces. No named namespaces, so
+# nothing is mounted (this also works in a chroot). The sourcing script
+# defines skip() and sets $work (a temporary directory) first; cleanup()
+# kills every host's processes and removes $work, on exit.
+holders=()
+
+cleanup() {
+  for holder in "${holders[@]}"; do
+    kill -9 $(in_host_pids "$holder") 2> /dev/null
+    kill -9 "$holder" 2> /dev/null
+  done
+  wait 2> /dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# in_host_pids HOLDER: the processes in that host's network namespace,
+# other than the holder itself.
+in_host_pids() {
+  local target p
+  target=$(readlink /proc/$1/ns/net) || return
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" != "$1" ] && [ "$(readlink $p/ns/net 2> /dev/null)" = "$target" ] && echo "${p#/proc/}"
+  done
+}
+
+# new_host [SECONDS]: a new host, appended to holders (it lives at most
+# SECONDS, default 900, should the test itself be killed without cleanup).
+new_host() {
+  unshare --net --uts sleep "${1:-900}" &
+  local holder=$!
+  holders+=("$holder")
+  for _ in $(seq 50); do
+    [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && return 0
+    sleep 0.02
+  done
+  skip "cannot create network namespaces here"
+}
+
+# on_host HOLDER COMMAND...: runs COMMAND on that host.
+on_host() {
+  local holder=$1
+  shift
+  nsenter -t "$holder" --net --uts "$@"
+}

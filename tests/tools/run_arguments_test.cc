@@ -1,0 +1,82 @@
+// The launcher's compound arguments: where the program starts, --nnodes
+// MIN:MAX, --rdzv-endpoint, --rdzv-conf, --tee/--redirects values, and the
+// token several nodes derive without talking.
+#include <gtest/gtest.h>
+
+#include "lockstep/error.h"
+#include "run/run_arguments.h"
+#include "store/store_token.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::vector<std::string> words(std::initializer_list<const char*> list) { return {list.begin(), list.end()}; }
+
+TEST(RunArguments, TheProgramStartsAtTheFirstWordThatIsNotTheLaunchers) {
+  CLI::App app;
+  auto* run = app.add_subcommand("run");
+  std::string value;
+  bool flag = false;
+  run->add_option("--nproc-per-node", value);
+  run->add_flag("--no-prefix", flag);
+  const auto separated = [&](std::initializer_list<const char*> args) {
+    return separate_program(*run, words(args), 2);
+  };
+  EXPECT_EQ(separated({"lockstep", "run", "--nproc-per-node", "2", "prog", "--foo", "-np", "3"}),
+            words({"lockstep", "run", "--nproc-per-node", "2", "--", "prog", "--foo", "-np", "3"}));
+  EXPECT_EQ(separated({"lockstep", "run", "--no-prefix", "--nproc-per-node=2", "prog", "--no-prefix"}),
+            words({"lockstep", "run", "--no-prefix", "--nproc-per-node=2", "--", "prog", "--no-prefix"}));
+  EXPECT_EQ(separated({"lockstep", "run", "--nproc-per-node", "2", "--", "prog", "--", "x"}),
+            words({"lockstep", "run", "--nproc-per-node", "2", "--", "prog", "--", "x"}));
+  // An option the launcher does not know stays where it is, for CLI11 to refuse.
+  EXPECT_EQ(separated({"lockstep", "run", "--bogus", "prog"}), words({"lockstep", "run", "--bogus", "--", "prog"}));
+}
+
+TEST(RunArguments, NodeCountsAreNOrMinMax) {
+  EXPECT_EQ(parse_nnodes("3").min, 3);
+  EXPECT_FALSE(parse_nnodes("3").elastic());
+  const NodeRange r = parse_nnodes("2:4");
+  EXPECT_EQ(r.min, 2);
+  EXPECT_EQ(r.max, 4);
+  EXPECT_TRUE(r.elastic());
+  for (const char* bad : {"0", "4:2", "a", "1:2:3", "", "2:"}) EXPECT_THROW(parse_nnodes(bad), ConfigError) << bad;
+}
+
+TEST(RunArguments, EndpointsAreHostAndOptionalPort) {
+  EXPECT_EQ(parse_endpoint("node0:29400").host, "node0");
+  EXPECT_EQ(parse_endpoint("node0:29400").port, 29400);
+  EXPECT_EQ(parse_endpoint("node0").port, 0);
+  EXPECT_EQ(parse_endpoint("[::1]:7").host, "::1");
+  EXPECT_EQ(parse_endpoint("[::1]:7").port, 7);
+  for (const char* bad : {"", ":80", "h:0", "h:65536", "[::1", "h:x"}) EXPECT_THROW(parse_endpoint(bad), ConfigError) << bad;
+}
+
+TEST(RunArguments, RendezvousConfTakesTorchrunsKeys) {
+  const RendezvousConf c = parse_rdzv_conf("join_timeout=60,last_call_timeout=2.5");
+  EXPECT_EQ(c.join_timeout, 60);
+  EXPECT_EQ(c.last_call_timeout, 2.5);
+  EXPECT_LT(parse_rdzv_conf("").join_timeout, 0);
+  EXPECT_THROW(parse_rdzv_conf("read_timeout=5"), ConfigError);
+  EXPECT_THROW(parse_rdzv_conf("join_timeout=-1"), ConfigError);
+}
+
+TEST(RunArguments, TeeAndRedirectsValuesApplyToAllOrPerLocalRank) {
+  EXPECT_EQ(stream_mask("3", 5, "--tee"), kBothStreams);
+  EXPECT_EQ(stream_mask("", 0, "--tee"), kNoStream);
+  EXPECT_EQ(stream_mask("0:1,1:2", 0, "--tee"), kStdout);
+  EXPECT_EQ(stream_mask("0:1,1:2", 1, "--tee"), kStderr);
+  EXPECT_EQ(stream_mask("0:1,1:2", 2, "--tee"), kNoStream);
+  for (const char* bad : {"4", "x", "0:4", "0:1,2"}) EXPECT_THROW(stream_mask(bad, 0, "--tee"), ConfigError) << bad;
+}
+
+TEST(StoreToken, EveryNodeDerivesTheSameTokenAndAUserTokenWins) {
+  const std::string a = shared_store_token(std::nullopt, "id/job-a");
+  EXPECT_EQ(a, shared_store_token(std::nullopt, "id/job-a"));
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, shared_store_token(std::nullopt, "id/job-b"));
+  EXPECT_EQ(shared_store_token(std::string("s3cret"), "id/job-a"), "s3cret");
+  EXPECT_EQ(shared_store_token(std::string(""), "id/job-a"), a);
+}
+
+}  // namespace
+}  // namespace lockstep::cli

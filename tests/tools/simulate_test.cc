@@ -1,0 +1,419 @@
+// `lockstep simulate`'s model: each algorithm's cost against hand-computed
+// cases, the step simulation against small timelines with known answers,
+// bucket planning against DDP's own planner, profiles read from trace and
+// stats files, and calibration recovering known alpha/beta/gamma from
+// synthetic `lockstep bench` tables.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "common/bench_table.h"
+#include "lockstep/error.h"
+#include "lockstep/reducer.h"
+#include "simulate/calibration.h"
+#include "simulate/cluster_presets.h"
+#include "simulate/cost_model.h"
+#include "simulate/step_simulation.h"
+#include "simulate/workload.h"
+
+namespace lockstep::sim {
+namespace {
+
+Cluster flat(Algorithm a, double alpha, double beta, double gamma = 0, int per_host = 64) {
+  Cluster c;
+  c.ranks_per_host = per_host;
+  c.intra = c.inter = Link{alpha, beta};
+  c.gamma_us_per_byte = gamma;
+  c.algorithm = a;
+  return c;
+}
+
+// --- cost model -------------------------------------------------------------
+
+TEST(CostModel, RingIsTwoNMinusOneStepsAndTwiceTheShareOfBytes) {
+  // 4 ranks, 1 MB, 10 us per message, 1 GB/s: 6 x 10 + 1.5 x 1e6 x 1e-3.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::ring, 10, 1e-3), 4, 1e6), 60 + 1500);
+  // The reduction: each rank reduces (n-1)/n of the buffer.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::ring, 0, 0, 2e-3), 4, 1e6), 0.75 * 1e6 * 2e-3);
+}
+
+TEST(CostModel, RecursiveDoublingExchangesTheWholeBufferLogNTimes) {
+  // 8 ranks: 3 rounds of (alpha + S beta + S gamma).
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::recursive_doubling, 10, 1e-3, 2e-3), 8, 1000), 30 + 3 + 6);
+  // 6 ranks: 2 rounds among 4, plus folding the 2 extra ranks in and out.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::recursive_doubling, 10, 1e-3), 6, 1000), 40 + 4);
+}
+
+TEST(CostModel, HalvingDoublingHasRingVolumeInLogSteps) {
+  // 8 ranks: 6 steps, 2 x 7/8 of the buffer sent, 7/8 reduced.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::halving_doubling, 10, 1e-3, 1e-3), 8, 8000), 60 + 14 + 7);
+}
+
+TEST(CostModel, ShmOneShotAndTwoShot) {
+  // One-shot on 4 ranks: copy in, two synchronisations, reduce 3 other inputs.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::one_shot, 1, 1e-3, 2e-3), 4, 1000), 2 + 1 + 6);
+  // Two-shot on 2 ranks, 1 MiB: rounds of 2 x 128 KiB -> 4 rounds, 8 syncs.
+  const double s = 1 << 20;
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::two_shot, 1, 1e-3), 2, s), 8 + s * 1e-3);
+  // The backend's choice: one-shot up to 128 KiB on 2 ranks.
+  EXPECT_DOUBLE_EQ(allreduce_us(flat(Algorithm::shm, 1, 1e-3), 2, 1000), allreduce_us(flat(Algorithm::one_shot, 1, 1e-3), 2, 1000));
+}
+
+TEST(CostModel, TcpSwitchesFromRecursiveDoublingToRingAbove64KiB) {
+  const Cluster c = flat(Algorithm::tcp, 10, 1e-3);
+  const double small = 64 * 1024, large = small + 1;
+  EXPECT_DOUBLE_EQ(allreduce_us(c, 8, small), allreduce_us(flat(Algorithm::recursive_doubling, 10, 1e-3), 8, small));
+  EXPECT_DOUBLE_EQ(allreduce_us(c, 8, large), allreduce_us(flat(Algorithm::ring, 10, 1e-3), 8, large));
+}
+
+TEST(CostModel, HierarchicalAddsItsThreePhases) {
+  Cluster c;
+  c.ranks_per_host = 4;
+  c.intra = Link{1, 1e-4};
+  c.inter = Link{10, 1e-2};
+  c.algorithm = Algorithm::hierarchical;
+  // 2 hosts x 4, 8 MB: reduce-scatter inside (3 steps, 3/4 of S), a ring
+  // of 2 hosts on S/4 (2 steps, all of it), allgather inside.
+  const double inside = 3 * 1 + 0.75 * 8e6 * 1e-4;
+  const double between = 2 * 10 + 1.0 * 2e6 * 1e-2;
+  EXPECT_DOUBLE_EQ(allreduce_us(c, 8, 8e6), inside + between + inside);
+}
+
+TEST(CostModel, FlatAlgorithmsAcrossHostsArePacedByTheSlowerLink) {
+  Cluster c = flat(Algorithm::ring, 1, 1e-4, 0, 4);
+  c.inter = Link{10, 1e-2};
+  EXPECT_DOUBLE_EQ(allreduce_us(c, 4, 1e6), 6 * 1 + 1.5 * 1e6 * 1e-4);
+  EXPECT_DOUBLE_EQ(allreduce_us(c, 8, 1e6), 14 * 10 + 1.75 * 1e6 * 1e-2);
+}
+
+TEST(CostModel, OneRankCommunicatesNothing) {
+  EXPECT_EQ(allreduce_us(flat(Algorithm::ring, 10, 1), 1, 1e9), 0);
+}
+
+TEST(CostModel, UnknownAlgorithmNamesTheKnownOnes) {
+  try {
+    parse_algorithm("tree");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("hierarchical"), std::string::npos);
+  }
+  EXPECT_EQ(parse_algorithm("halving_doubling"), Algorithm::halving_doubling);
+}
+
+// --- step simulation --------------------------------------------------------
+
+Workload timeline(double forward, double backward, double other) {
+  Workload w;
+  w.forward_ms = forward;
+  w.backward_ms = backward;
+  w.other_ms = other;
+  return w;
+}
+
+TEST(StepSimulation, ABucketWaitsForItsPredecessorAndTheOverhangIsExposed) {
+  // Backward 10 ms. Bucket 0 ready at 4 takes 3 (4-7); bucket 1 ready at 6
+  // takes 5 but starts at 7 (7-12): 2 ms after backward ends.
+  const std::vector<PlannedBucket> b{{100, 4}, {200, 6}};
+  const auto p = simulate_step(timeline(5, 10, 1), b, [](double bytes) { return bytes == 100 ? 3.0 : 5.0; });
+  ASSERT_EQ(p.buckets.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.buckets[1].start_ms, 7);
+  EXPECT_DOUBLE_EQ(p.buckets[1].end_ms, 12);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 2);
+  EXPECT_DOUBLE_EQ(p.comm_ms, 8);
+  EXPECT_DOUBLE_EQ(p.step_ms, 5 + 10 + 1 + 2);
+}
+
+TEST(StepSimulation, CommunicationThatEndsBeforeBackwardIsHidden) {
+  const std::vector<PlannedBucket> b{{1, 1}, {1, 3}, {1, 5}};
+  const auto p = simulate_step(timeline(2, 10, 0), b, [](double) { return 1.0; });
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 0);
+  EXPECT_DOUBLE_EQ(p.step_ms, 12);
+}
+
+TEST(StepSimulation, OneBucketAtTheEndExposesAllOfIt) {
+  const auto p = simulate_step(timeline(2, 10, 0), {{1, 10}}, [](double) { return 4.0; }, /*straggler_ms=*/1.5);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 4);
+  EXPECT_DOUBLE_EQ(p.step_ms, 2 + 10 + 4 + 1.5);
+}
+
+TEST(StepSimulation, IdleGroupStartsABucketWhenItIsReady) {
+  const auto p = simulate_step(timeline(0, 10, 0), {{1, 2}, {1, 8}}, [](double) { return 1.0; });
+  EXPECT_DOUBLE_EQ(p.buckets[1].start_ms, 8);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 0);
+}
+
+TEST(StepSimulation, StragglersGrowWithTheSquareRootOfLogN) {
+  EXPECT_EQ(straggler_ms(100, 0.05, 1), 0);
+  EXPECT_NEAR(straggler_ms(100, 0.05, 1024), 5 * std::sqrt(2 * std::log(1024.0)), 1e-9);
+}
+
+TEST(StepSimulation, AccumulationAddsComputeOnlyMicroBatches) {
+  Workload w = timeline(10, 20, 0);
+  w.batch = 8;
+  w.gradients = {{1e6, 20}};
+  Scenario s;
+  s.cluster = flat(Algorithm::ring, 0, 1e-3);  // 1 MB at 1 GB/s on 2 ranks: 1 ms
+  s.accumulation = 4;
+  const auto p = predict(w, s, 2);
+  EXPECT_DOUBLE_EQ(p.step.exposed_ms, 1);
+  EXPECT_DOUBLE_EQ(p.step_ms, 3 * 30 + 30 + 1);
+  EXPECT_DOUBLE_EQ(p.samples_per_s, 8 * 4 * 2 * 1000 / p.step_ms);
+  EXPECT_DOUBLE_EQ(p.efficiency, 120 / p.step_ms);
+}
+
+TEST(StepSimulation, RecommendsSmallerBucketsWhenOneBucketIsAllExposed) {
+  // Ten 10 MB gradients ready evenly through a 100 ms backward; one huge
+  // bucket sends everything after backward, 25 MB buckets overlap.
+  Workload w = timeline(50, 100, 0);
+  for (int i = 1; i <= 10; ++i) w.gradients.push_back({10e6, 10.0 * i});
+  Scenario s;
+  s.cluster = flat(Algorithm::ring, 5, 1e-4);
+  s.bucket_cap_mb = 1e6;
+  const auto r = recommend(w, s, 8);
+  EXPECT_LT(r.bucket_cap_mb, 1e6);
+  EXPECT_LT(r.step_ms, r.default_step_ms);
+}
+
+// --- workloads --------------------------------------------------------------
+
+TEST(Workload, PlanMatchesDdpsBucketPlanner) {
+  const Description mlp = builtin_description("mlp");
+  std::vector<ParamSpec> params;
+  for (double p : mlp.layer_parameters) params.push_back({"p", static_cast<std::size_t>(p), DType::f32});
+  const Workload w = from_description(mlp);
+  for (double cap_mb : {1.0, 5.0, 25.0, 40.0, 100.0}) {
+    BucketPlanOptions options;
+    options.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
+    const auto expected = plan_buckets(params, reverse_order(params.size()), options);
+    const auto planned = plan(w.gradients, cap_mb * (1 << 20));
+    ASSERT_EQ(planned.size(), expected.size()) << cap_mb << " MB";
+    for (std::size_t i = 0; i < planned.size(); ++i) EXPECT_DOUBLE_EQ(planned[i].bytes, expected[i].bytes());
+  }
+}
+
+TEST(Workload, DescriptionReadiesGradientsInBackwardOrderByComputeShare) {
+  Description d;
+  d.layer_parameters = {100, 300};
+  d.layer_compute = {3, 1};
+  d.ms_per_sample = 1.5;
+  d.batch = 2;
+  const Workload w = from_description(d);
+  EXPECT_DOUBLE_EQ(w.forward_ms, 1);
+  EXPECT_DOUBLE_EQ(w.backward_ms, 2);
+  ASSERT_EQ(w.gradients.size(), 2u);
+  EXPECT_DOUBLE_EQ(w.gradients[0].bytes, 1200);  // the last layer first
+  EXPECT_DOUBLE_EQ(w.gradients[0].ready_ms, 0.5);
+  EXPECT_DOUBLE_EQ(w.gradients[1].ready_ms, 2);
+}
+
+class ProfileFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("lockstep-simulate-test-{}", ::getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const auto path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+// Three steps of rank 0 (and a rank 1 to ignore): forward 10, backward 20
+// (starting at 10), wait 2, between 3; bucket 0 (1 MiB) launched 5 ms and
+// bucket 1 (2 MiB) 20 ms into backward. The first step is skipped.
+std::string trace_text() {
+  std::string events;
+  for (int step = 0; step < 3; ++step) {
+    const double t = step * 100000 + (step == 0 ? 50000 : 0);  // the first step is slow
+    const auto ev = [&](const char* name, const char* cat, double ts, double dur, int pid) {
+      events += fmt::format("{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":0}},",
+                            name, cat, ts, dur, pid);
+    };
+    ev("forward", "step", t, 10000, 0);
+    ev("backward", "step", t + 10000, 20000, 0);
+    ev("wait for gradients", "step", t + 30000, 2000, 0);
+    ev("bucket 0 (1.00 MiB)", "buckets", t + 15000, 3000, 0);
+    ev("bucket 1 (2.00 MiB)", "buckets", t + 30000, 2000, 0);
+    ev("between steps (optimizer, data, ...)", "step", t + 32000, 3000, 0);
+    ev("forward", "step", t, 99000, 1);
+  }
+  events += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0}";
+  return "{\"traceEvents\":[" + events + "]}";
+}
+
+TEST_F(ProfileFiles, TraceGivesStepPartsAndBucketReadyTimes) {
+  const Workload w = from_trace(write("t.rank0.json", trace_text()), 0, /*skip=*/1);
+  EXPECT_DOUBLE_EQ(w.forward_ms, 10);
+  EXPECT_DOUBLE_EQ(w.backward_ms, 20);
+  EXPECT_DOUBLE_EQ(w.other_ms, 3);
+  ASSERT_EQ(w.gradients.size(), 2u);
+  EXPECT_DOUBLE_EQ(w.gradients[0].bytes, 1 << 20);
+  EXPECT_DOUBLE_EQ(w.gradients[0].ready_ms, 5);
+  EXPECT_DOUBLE_EQ(w.gradients[1].ready_ms, 20);
+}
+
+TEST_F(ProfileFiles, ComputeFromAnotherTraceStretchesReadyTimes) {
+  const Workload timeline = from_trace(write("t.rank0.json", trace_text()), 0, 1);
+  Workload compute = timeline;
+  compute.forward_ms = 15;
+  compute.backward_ms = 40;
+  compute.other_ms = 1;
+  const Workload w = with_compute_of(timeline, compute);
+  EXPECT_DOUBLE_EQ(w.forward_ms, 15);
+  EXPECT_DOUBLE_EQ(w.other_ms, 1);
+  EXPECT_DOUBLE_EQ(w.gradients[0].ready_ms, 10);
+  EXPECT_DOUBLE_EQ(w.gradients[1].ready_ms, 40);
+}
+
+TEST_F(ProfileFiles, NoSyncTraceGivesForwardAndTheRestUpToTheNextForward) {
+  // As DDP writes it under no_sync: backward and the wait untimed (at 0).
+  std::string events;
+  for (int step = 0; step < 4; ++step) {
+    const double t = 1000000 + step * 50000;
+    events += fmt::format(R"({{"name":"forward","cat":"step","ph":"X","ts":{},"dur":10000,"pid":0}},)", t);
+    events += R"({"name":"backward","cat":"step","ph":"X","ts":0,"dur":0,"pid":0},)";
+    events += R"({"name":"wait for gradients","cat":"step","ph":"X","ts":0,"dur":0,"pid":0},)";
+  }
+  events.pop_back();
+  const Workload compute = from_trace(write("ns.rank0.json", "{\"traceEvents\":[" + events + "]}"), 0, 1);
+  EXPECT_DOUBLE_EQ(compute.forward_ms, 10);
+  EXPECT_DOUBLE_EQ(compute.backward_ms, 0);
+  EXPECT_DOUBLE_EQ(compute.other_ms, 40);
+  // Split as the timeline splits backward (20) and rest (3).
+  const Workload timeline = from_trace(write("t.rank0.json", trace_text()), 0, 1);
+  const Workload w = with_compute_of(timeline, compute);
+  EXPECT_NEAR(w.backward_ms, 40.0 * 20 / 23, 1e-12);
+  EXPECT_NEAR(w.other_ms, 40.0 * 3 / 23, 1e-12);
+  EXPECT_NEAR(w.gradients[1].ready_ms, 20 * w.backward_ms / 20, 1e-12);
+}
+
+TEST_F(ProfileFiles, TraceWithoutStepsSaysHowToGetOne) {
+  EXPECT_THROW(from_trace(write("empty.json", "{\"traceEvents\":[]}")), Error);
+  EXPECT_THROW(from_trace((dir_ / "missing.json").string()), ConfigError);
+}
+
+TEST_F(ProfileFiles, RefinedGradientsFollowTheMeasuredCurve) {
+  const Workload measured = from_trace(write("t.rank0.json", trace_text()), 0, 1);
+  Description d;  // three tensors of 0.5, 0.5 and 2 MiB (in backward order: 2 MiB last)
+  d.layer_parameters = {512 * 1024, 128 * 1024, 128 * 1024};
+  const Workload w = refine_gradients(measured, d);
+  ASSERT_EQ(w.gradients.size(), 3u);
+  EXPECT_DOUBLE_EQ(w.gradients[0].ready_ms, 2.5);  // half of bucket 0's MiB: half of its 5 ms
+  EXPECT_DOUBLE_EQ(w.gradients[1].ready_ms, 5);
+  EXPECT_DOUBLE_EQ(w.gradients[2].ready_ms, 20);
+}
+
+TEST_F(ProfileFiles, StatsGiveComputeDataAndBuckets) {
+  const Workload w = from_stats(write("s.rank0.json", R"({"compute_ms": 30, "data_ms": 4,
+      "buckets": [{"parameters": 1, "bytes": 100}, {"parameters": 2, "bytes": 300}]})"));
+  EXPECT_DOUBLE_EQ(w.forward_ms, 10);
+  EXPECT_DOUBLE_EQ(w.backward_ms, 20);
+  EXPECT_DOUBLE_EQ(w.data_ms, 4);
+  ASSERT_EQ(w.gradients.size(), 2u);
+  EXPECT_DOUBLE_EQ(w.gradients[0].ready_ms, 5);
+  EXPECT_DOUBLE_EQ(w.gradients[1].ready_ms, 20);
+}
+
+// --- calibration ------------------------------------------------------------
+
+std::vector<cli::BenchRow> synthetic(Algorithm a, const Link& l, double gamma, std::initializer_list<int> ranks) {
+  std::vector<cli::BenchRow> rows;
+  for (int n : ranks)
+    for (double s = 64 * 1024; s <= 64 << 20; s *= 2)
+      rows.push_back({n, "x", "allreduce", s, cost_us(flat_terms(a, n, s), l, gamma, s)});
+  return rows;
+}
+
+TEST(Calibration, RecoversAlphaAndBetaOfARing) {
+  const Link truth = Link::from_bandwidth(20, 2.5);
+  const Fit f = fit_allreduce(synthetic(Algorithm::ring, truth, 0, {2, 4, 8}), Algorithm::ring);
+  EXPECT_NEAR(f.link.alpha_us, 20, 1e-6);
+  EXPECT_NEAR(f.link.gb_per_s(), 2.5, 1e-9);
+  EXPECT_FALSE(f.gamma_separate);  // a ring reduces half of what it sends at any n
+  EXPECT_LT(f.max_error, 1e-9);
+}
+
+TEST(Calibration, SeparatesTheReductionWhenWorldSizesTellItApart) {
+  const Link truth = Link::from_bandwidth(3, 8);
+  const double gamma = 1e-3 / 4;  // 4 GB/s
+  const Fit f = fit_allreduce(synthetic(Algorithm::one_shot, truth, gamma, {2, 4, 8}), Algorithm::one_shot);
+  EXPECT_TRUE(f.gamma_separate);
+  EXPECT_NEAR(f.link.alpha_us, 3, 1e-6);
+  EXPECT_NEAR(f.link.gb_per_s(), 8, 1e-6);
+  EXPECT_NEAR(f.gamma_us_per_byte, gamma, 1e-12);
+}
+
+TEST(Calibration, FitsTheBackendsLargeMessageRowsWithNoise) {
+  // The shm backend's two-shot at 2 ranks, +-3% noise alternating.
+  auto rows = synthetic(Algorithm::shm, Link::from_bandwidth(4, 6), 0, {2});
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i].time_us *= i % 2 ? 1.03 : 0.97;
+  // Two-shot's per-round latency grows with the size as its bytes do, so
+  // alpha and beta trade off under noise; the predicted times must not.
+  const Link truth = Link::from_bandwidth(4, 6);
+  const Fit f = fit_allreduce(rows, Algorithm::shm, 256 * 1024 + 1);
+  EXPECT_LT(f.mean_error, 0.05);
+  for (double s : {1e6, 16e6, 100e6}) {
+    const double want = cost_us(flat_terms(Algorithm::shm, 2, s), truth, 0, s);
+    EXPECT_NEAR(cost_us(flat_terms(Algorithm::shm, 2, s), f.link, f.gamma_us_per_byte, s), want, 0.04 * want) << s;
+  }
+}
+
+TEST(Calibration, LeavesOutRowsADisturbedMachineMadeFastOrSlow) {
+  // A 2-rank ring at 2.5 GB/s; two of eleven rows measured while the
+  // machine was busy (3x slower) or had a quiet moment (4x faster).
+  auto rows = synthetic(Algorithm::ring, Link::from_bandwidth(20, 2.5), 0, {2});
+  rows[3].time_us *= 3;
+  rows[7].time_us /= 4;
+  const Fit f = fit_allreduce(rows, Algorithm::ring);
+  EXPECT_EQ(f.outliers, 2u);
+  EXPECT_NEAR(f.link.gb_per_s(), 2.5, 1e-6);
+  EXPECT_NEAR(f.link.alpha_us, 20, 1e-4);
+}
+
+TEST(Calibration, TooFewRowsIsAnError) {
+  EXPECT_THROW(fit_allreduce({{2, "shm", "allreduce", 1e6, 100}}, Algorithm::ring), InvalidArgument);
+}
+
+TEST(Calibration, ReadsBenchTablesAndJson) {
+  const std::string table =
+      "# lockstep bench: 2 ranks, backend shm, 20 iterations after 5 warm-up, check on, private buffers\n"
+      "#\n#       size        count     type  redop   root       time    algbw    busbw   #wrong\n"
+      "#        (B)   (elements)                              (us)   (GB/s)   (GB/s)\n"
+      "      262144        65536    float    sum     -1      40.00     6.55     6.55        0\n"
+      "     1048576       262144    float    sum     -1     150.50    6.97     6.97        0\n"
+      "# Out of bounds values : 0 OK\n";
+  const auto rows = cli::parse_bench_output(table);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].ranks, 2);
+  EXPECT_EQ(rows[1].backend, "shm");
+  EXPECT_EQ(rows[1].op, "allreduce");
+  EXPECT_DOUBLE_EQ(rows[1].bytes, 1048576);
+  EXPECT_DOUBLE_EQ(rows[1].time_us, 150.5);
+  const auto json = cli::parse_bench_output(
+      R"({"backend": "tcp", "ranks": 4, "results": [{"op": "allreduce", "size": 1024, "time_us": 12.5}]})");
+  ASSERT_EQ(json.size(), 1u);
+  EXPECT_EQ(json[0].ranks, 4);
+  EXPECT_DOUBLE_EQ(json[0].time_us, 12.5);
+  EXPECT_THROW(cli::parse_bench_output("no rows here"), ConfigError);
+}
+
+TEST(Calibration, ClusterFileRoundTrips) {
+  Cluster c = preset("dgx-h100");
+  const Cluster back = parse_cluster_json(cluster_json(c));
+  EXPECT_EQ(back.name, c.name);
+  EXPECT_EQ(back.ranks_per_host, 8);
+  EXPECT_EQ(back.algorithm, Algorithm::hierarchical);
+  EXPECT_NEAR(back.inter.gb_per_s(), c.inter.gb_per_s(), 1e-9);
+  EXPECT_NEAR(back.intra.alpha_us, c.intra.alpha_us, 1e-12);
+  EXPECT_THROW(preset("nope"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::sim

@@ -1,0 +1,95 @@
+// Checkpoints saved on rank 0 and loaded by rank 0 then broadcast: every
+// rank ends with rank 0's values, a missing file is `false` everywhere, and
+// a bad file or a failed save is an Error on every rank. Ranks are threads.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "harness/thread_world.h"
+#include "lockstep/error.h"
+#include "lockstep/torch/checkpoint.h"
+
+namespace lockstep::torch {
+namespace {
+
+using lockstep::testing::ThreadWorld;
+namespace fs = std::filesystem;
+
+struct TempDir {
+  TempDir() : path(fs::temp_directory_path() / ("lockstep_ckpt_" + std::to_string(::getpid()))) {
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+constexpr int kRanks = 3;
+
+TEST(Checkpoint, SavedOnRankZeroLoadedEverywhere) {
+  TempDir dir;
+  const std::string path = (dir.path / "model.ckpt").string();
+  std::vector<::torch::nn::Linear> nets;
+  for (int r = 0; r < kRanks; ++r) {
+    ::torch::manual_seed(r);
+    nets.emplace_back(4, 3);
+  }
+  const auto want = nets[0]->weight.detach().clone();
+  ThreadWorld world(kRanks, "shm");
+  std::vector<bool> found(kRanks);
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    EXPECT_FALSE(load_checkpoint_broadcast(pg, path, [&](auto& in) { net->load(in); }));  // none yet
+    int writes = 0;
+    save_checkpoint_on_rank0(pg, path, [&](auto& out) {
+      ++writes;
+      net->save(out);
+    });
+    EXPECT_EQ(writes, rank == 0 ? 1 : 0);
+    found[static_cast<std::size_t>(rank)] = load_checkpoint_broadcast(pg, path, [&](auto& in) { net->load(in); });
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(found[static_cast<std::size_t>(r)]);
+    EXPECT_TRUE(nets[static_cast<std::size_t>(r)]->weight.equal(want)) << "rank " << r;
+  }
+}
+
+TEST(Checkpoint, ABadFileIsAnErrorOnEveryRank) {
+  TempDir dir;
+  const std::string path = (dir.path / "bad.ckpt").string();
+  std::ofstream(path) << "not a checkpoint";
+  ThreadWorld world(kRanks, "shm");
+  const auto errors = world.run_collecting([&](int, ProcessGroup& pg) {
+    ::torch::nn::Linear net(4, 3);
+    load_checkpoint_broadcast(pg, path, [&](auto& in) { net->load(in); });
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot be read"), std::string::npos) << e.what();
+      if (r > 0) EXPECT_NE(std::string(e.what()).find("rank 0 could not load"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Checkpoint, AFailedSaveIsAnErrorOnEveryRank) {
+  TempDir dir;
+  const std::string path = (dir.path / "a_directory").string();  // a directory in the file's place
+  fs::create_directories(path);
+  ThreadWorld world(kRanks, "shm");
+  const auto errors = world.run_collecting([&](int, ProcessGroup& pg) {
+    ::torch::nn::Linear net(4, 3);
+    save_checkpoint_on_rank0(pg, path, [&](auto& out) { net->save(out); });
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    EXPECT_THROW(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), Error);
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::torch

@@ -1,0 +1,122 @@
+// PowerSGD on real data: an MLP (784-256-128-10) trained for 2 epochs on
+// the whole Fashion-MNIST training set by 2 ranks (threads), once with the
+// plain all-reduce and once with PowerSGD at rank 2 (error feedback, warm
+// start), reaches a test accuracy within 0.5 points of the plain run while
+// sending a fraction of the gradients. Skipped without the dataset.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "fashion_mnist/dataset.h"
+#include "harness/thread_world.h"
+#include "lockstep/powersgd.h"
+#include "lockstep/torch/ddp.h"
+
+namespace lockstep::torch {
+namespace {
+
+using lockstep::testing::ThreadWorld;
+namespace nn = ::torch::nn;
+
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+constexpr int kRanks = 2;
+constexpr int kEpochs = 2;
+constexpr int kBatchPerRank = 64;
+
+struct MlpImpl : nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", nn::Linear(784, 256));
+    fc2 = register_module("fc2", nn::Linear(256, 128));
+    fc3 = register_module("fc3", nn::Linear(128, 10));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    return fc3(::torch::relu(fc2(::torch::relu(fc1(x.flatten(1))))));
+  }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+struct Split {
+  ::torch::Tensor images, labels;
+};
+
+Split load(bool train) {
+  fashion_mnist::Dataset data(kData, train);
+  const auto n = *data.size();
+  std::vector<::torch::Tensor> images, labels;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto example = data.get(i);
+    images.push_back(example.data);
+    labels.push_back(example.target);
+  }
+  return {::torch::stack(images), ::torch::stack(labels)};
+}
+
+struct Result {
+  double accuracy = 0;  // percent, on the whole test set
+  CompressionStats stats;
+};
+
+Result train_and_test(const Split& train, const Split& test, std::shared_ptr<CommHook> (*make_hook)()) {
+  // The epochs' shuffles, drawn here: ranks share one generator otherwise.
+  std::vector<::torch::Tensor> orders;
+  ::torch::manual_seed(1);
+  for (int e = 0; e < kEpochs; ++e) orders.push_back(::torch::randperm(train.images.size(0)));
+  std::vector<std::shared_ptr<MlpImpl>> models;
+  for (int r = 0; r < kRanks; ++r) models.push_back(std::make_shared<MlpImpl>());
+  Result result;
+  ThreadWorld world(kRanks, "shm", std::chrono::seconds(60));
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = models[static_cast<std::size_t>(rank)];
+    DDPOptions options;
+    options.comm_hook = make_hook ? make_hook() : nullptr;
+    DistributedDataParallel<MlpImpl> ddp(model, std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), options);
+    ::torch::optim::SGD opt(model->parameters(), ::torch::optim::SGDOptions(0.05).momentum(0.9));
+    const std::int64_t global = kBatchPerRank * kRanks;
+    for (int e = 0; e < kEpochs; ++e) {
+      const auto& order = orders[static_cast<std::size_t>(e)];
+      for (std::int64_t start = 0; start + global <= order.size(0); start += global) {
+        auto mine = order.slice(0, start + rank * kBatchPerRank, start + (rank + 1) * kBatchPerRank);
+        opt.zero_grad();
+        ::torch::cross_entropy_loss(ddp.forward(train.images.index_select(0, mine)), train.labels.index_select(0, mine))
+            .backward();
+        opt.step();
+      }
+    }
+    if (rank != 0) return;
+    ::torch::NoGradGuard no_grad;
+    model->eval();
+    const auto predicted = model->forward(test.images).argmax(1);
+    result.accuracy = 100.0 * predicted.eq(test.labels).sum().item<double>() / static_cast<double>(test.labels.size(0));
+    if (auto* psgd = dynamic_cast<PowerSGDHook*>(options.comm_hook.get())) result.stats = psgd->compression_stats();
+  });
+  return result;
+}
+
+std::shared_ptr<CommHook> rank2_powersgd() {
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = 2;
+  o.start_powersgd_iter = 10;
+  return powersgd_hook(o);
+}
+
+TEST(PowerSGDFashionMnist, TwoEpochsAtRank2ReachThePlainAccuracyWithinHalfAPoint) {
+  if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (make test installs it)";
+  ::torch::set_num_threads(1);  // one core per rank thread
+  const Split train = load(true), test = load(false);
+  ::torch::manual_seed(42);
+  const Result plain = train_and_test(train, test, nullptr);
+  ::torch::manual_seed(42);
+  const Result psgd = train_and_test(train, test, &rank2_powersgd);
+  std::printf("test accuracy: plain all-reduce %.2f%%, PowerSGD rank 2 %.2f%%; compression ratio %.1f\n",
+              plain.accuracy, psgd.accuracy, psgd.stats.ratio());
+  EXPECT_GT(plain.accuracy, 80.0);
+  EXPECT_NEAR(psgd.accuracy, plain.accuracy, 0.5);
+  EXPECT_GT(psgd.stats.ratio(), 50.0);
+}
+
+}  // namespace
+}  // namespace lockstep::torch

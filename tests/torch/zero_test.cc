@@ -1,0 +1,297 @@
+// ZeroRedundancyOptimizer: N-rank DDP training with the sharded optimizer
+// gives the parameters of one process training on the global batch with the
+// unsharded optimizer (SGD with momentum, Adam), the consolidated state
+// equals that optimizer's state, a saved unsharded state loads into the
+// shards and training goes on identically, each rank holds about 1/N of
+// the optimizer state, and misuse gives a clear error. Ranks are threads.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "harness/thread_world.h"
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+#include "lockstep/torch/zero.h"
+
+namespace lockstep::torch {
+namespace {
+
+using lockstep::testing::ThreadWorld;
+namespace nn = ::torch::nn;
+using ::torch::Tensor;
+
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
+// Parameters of uneven sizes, so shards differ in size and count.
+nn::Sequential make_mlp(int seed) {
+  ::torch::manual_seed(seed);
+  return nn::Sequential(nn::Linear(8, 32), nn::ReLU(), nn::Linear(32, 24), nn::Tanh(), nn::Linear(24, 16), nn::ReLU(),
+                        nn::Linear(16, 4));
+}
+
+constexpr int kGlobalBatch = 24;
+constexpr int kSteps = 4;
+
+// The global batch of each step, drawn once on the first caller's thread
+// (the reference's, before any rank runs): libtorch's default generator is
+// one per process, and rank threads seeding and drawing from it at once
+// would get each other's numbers.
+std::pair<Tensor, Tensor> batch(int step) {
+  static const std::vector<std::pair<Tensor, Tensor>> batches = [] {
+    std::vector<std::pair<Tensor, Tensor>> out;
+    for (int s = 0; s < kSteps; ++s) {
+      ::torch::manual_seed(100 + s);
+      auto x = ::torch::randn({kGlobalBatch, 8});
+      out.emplace_back(x, ::torch::randn({kGlobalBatch, 4}));
+    }
+    return out;
+  }();
+  return batches.at(static_cast<std::size_t>(step));
+}
+
+using Factory = ZeroRedundancyOptimizer::OptimizerFactory;
+
+Factory sgd() {
+  return [](std::vector<Tensor> p) {
+    return std::make_unique<::torch::optim::SGD>(std::move(p), ::torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+}
+Factory adam() {
+  return [](std::vector<Tensor> p) {
+    return std::make_unique<::torch::optim::Adam>(std::move(p), ::torch::optim::AdamOptions(0.01));
+  };
+}
+
+// The per-parameter state as named tensors (step as a tensor too).
+std::map<std::string, Tensor> state_of(::torch::optim::Optimizer& opt, const Tensor& p) {
+  const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  std::map<std::string, Tensor> out;
+  const auto it = opt.state().find(key);
+  if (it == opt.state().end()) return out;
+  if (auto* s = dynamic_cast<::torch::optim::SGDParamState*>(it->second.get())) out["momentum_buffer"] = s->momentum_buffer();
+  if (auto* s = dynamic_cast<::torch::optim::AdamParamState*>(it->second.get())) {
+    out["exp_avg"] = s->exp_avg();
+    out["exp_avg_sq"] = s->exp_avg_sq();
+    out["step"] = ::torch::tensor(static_cast<double>(s->step()));
+  }
+  return out;
+}
+
+void expect_same_state(::torch::optim::Optimizer& got, const std::vector<Tensor>& got_params,
+                       ::torch::optim::Optimizer& want, const std::vector<Tensor>& want_params) {
+  ASSERT_EQ(got_params.size(), want_params.size());
+  for (std::size_t i = 0; i < want_params.size(); ++i) {
+    const auto g = state_of(got, got_params[i]), w = state_of(want, want_params[i]);
+    ASSERT_FALSE(w.empty());
+    ASSERT_EQ(g.size(), w.size()) << "parameter " << i;
+    for (const auto& [name, t] : w)
+      EXPECT_TRUE(::torch::allclose(g.at(name), t, 1e-5, 1e-6)) << "parameter " << i << " " << name;
+  }
+}
+
+void expect_params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& who) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(::torch::allclose(got[i], want[i], 1e-5, 1e-6))
+        << who << " parameter " << i << " differs by " << (got[i] - want[i]).abs().max().item<double>();
+}
+
+std::vector<Tensor> values(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+struct Reference {
+  nn::Sequential net;
+  std::unique_ptr<::torch::optim::Optimizer> opt;
+};
+
+// One process, the whole batch, the unsharded optimizer; steps [from, to).
+void train_reference(Reference& ref, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    auto [x, y] = batch(s);
+    ref.opt->zero_grad();
+    ::torch::mse_loss(ref.net->forward(x), y).backward();
+    ref.opt->step();
+  }
+}
+
+void train_sharded(DistributedDataParallel<nn::SequentialImpl>& ddp, ZeroRedundancyOptimizer& opt, int rank,
+                   int ranks, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    ::torch::mse_loss(ddp.forward(x.chunk(ranks)[rank]), y.chunk(ranks)[rank]).backward();
+    opt.step();
+  }
+}
+
+class Equivalence : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
+  const int ranks = std::get<0>(GetParam());
+  const Factory make = std::get<1>(GetParam()) == "sgd" ? sgd() : adam();
+  Reference ref{make_mlp(7), nullptr};
+  ref.opt = make(ref.net->parameters());
+  train_reference(ref, 0, kSteps);
+
+  std::vector<nn::Sequential> nets;
+  for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7 + r));  // DDP makes them equal
+  std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
+  ThreadWorld world(ranks, "shm");
+  const int to = ranks - 1;  // consolidate on the last rank, not only rank 0
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    DistributedDataParallel ddp(net, borrow(pg));
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), make);
+    train_sharded(ddp, opt, rank, ranks, 0, kSteps);
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+    opt.consolidate_state_dict(to);
+    if (rank == to) {
+      expect_same_state(opt.consolidated(), net->parameters(), *ref.opt, ref.net->parameters());
+    } else {
+      EXPECT_THROW(opt.consolidated(), InvalidArgument);
+    }
+  });
+  for (int r = 0; r < ranks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r));
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndOptimizers, Equivalence,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
+
+// A checkpoint written by the unsharded optimizer after 2 steps, loaded into
+// the shards (and the consolidated state saved by the shards, loaded into
+// an unsharded optimizer), goes on training exactly as the reference.
+TEST(ZeroRedundancyOptimizer, CheckpointsInterchangeWithTheUnshardedOptimizer) {
+  constexpr int kRanks = 3;
+  Reference ref{make_mlp(7), nullptr};
+  ref.opt = adam()(ref.net->parameters());
+  train_reference(ref, 0, 2);
+  std::ostringstream saved_by_reference;
+  {
+    ::torch::serialize::OutputArchive archive;
+    ref.opt->save(archive);
+    archive.save_to(saved_by_reference);
+  }
+  const auto params_after_2 = values(ref.net->parameters());
+  train_reference(ref, 2, kSteps);
+
+  std::vector<nn::Sequential> nets;
+  for (int r = 0; r < kRanks; ++r) nets.push_back(make_mlp(7));
+  std::vector<std::vector<Tensor>> params(kRanks);
+  std::string saved_by_shards;
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    {
+      ::torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < params_after_2.size(); ++i) net->parameters()[i].copy_(params_after_2[i]);
+    }
+    DistributedDataParallel ddp(net, borrow(pg));
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::AdamOptions(0.01));
+    ::torch::serialize::InputArchive in;
+    const std::string bytes = saved_by_reference.str();
+    in.load_from(bytes.data(), bytes.size());
+    opt.load(in);
+    train_sharded(ddp, opt, rank, kRanks, 2, kSteps);
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+    opt.consolidate_state_dict(0);
+    if (rank == 0) {
+      ::torch::serialize::OutputArchive out;
+      opt.save(out);
+      std::ostringstream stream;
+      out.save_to(stream);
+      saved_by_shards = stream.str();
+    }
+  });
+  for (int r = 0; r < kRanks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r));
+  auto reloaded_net = make_mlp(7);
+  auto reloaded = adam()(reloaded_net->parameters());
+  ::torch::serialize::InputArchive in;
+  in.load_from(saved_by_shards.data(), saved_by_shards.size());
+  reloaded->load(in);
+  expect_same_state(*reloaded, reloaded_net->parameters(), *ref.opt, ref.net->parameters());
+}
+
+// Adam's state (two moments per element) of 8 x Linear(512, 512): each of 4
+// ranks holds about a quarter of it; the shards together hold all of it.
+TEST(ZeroRedundancyOptimizer, EachRankHoldsAboutOneNthOfTheState) {
+  constexpr int kRanks = 4;
+  auto make_net = [] {
+    ::torch::manual_seed(1);
+    nn::Sequential net;
+    for (int i = 0; i < 8; ++i) net->push_back(nn::Linear(512, 512));
+    return net;
+  };
+  auto full_net = make_net();
+  auto full = adam()(full_net->parameters());
+  for (auto& p : full_net->parameters()) p.mutable_grad() = ::torch::ones_like(p);
+  full->step();
+  const std::size_t unsharded = optimizer_state_bytes(*full);
+  std::vector<std::size_t> per_rank(kRanks);
+  std::vector<nn::Sequential> nets;
+  for (int r = 0; r < kRanks; ++r) nets.push_back(make_net());
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    for (auto& p : net->parameters()) p.mutable_grad() = ::torch::ones_like(p);
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), adam());
+    opt.step();
+    per_rank[static_cast<std::size_t>(rank)] = optimizer_state_bytes(*opt.local_optimizer());
+  });
+  std::size_t total = 0, largest = 0;
+  for (const auto b : per_rank) total += b, largest = std::max(largest, b);
+  std::printf("Adam state, 8 x Linear(512, 512): unsharded %zu bytes; per rank of %d: %zu %zu %zu %zu (largest %.3f of it)\n",
+              unsharded, kRanks, per_rank[0], per_rank[1], per_rank[2], per_rank[3],
+              static_cast<double>(largest) / static_cast<double>(unsharded));
+  EXPECT_EQ(total, unsharded);
+  // 8 weights and 8 biases over 4 ranks: 2 of each per rank, a quarter.
+  EXPECT_LE(static_cast<double>(largest), 0.2501 * static_cast<double>(unsharded));
+}
+
+TEST(ZeroRedundancyOptimizer, MisuseIsRefusedClearly) {
+  ThreadWorld world(2, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    EXPECT_THROW(ZeroRedundancyOptimizer({}, borrow(pg), sgd()), InvalidArgument);
+    auto net = make_mlp(1);
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), sgd());
+    try {
+      opt.consolidate_state_dict(2);
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 is not in the group of 2"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(opt.consolidated(), InvalidArgument);  // before any consolidation
+  });
+}
+
+// More ranks than parameters: some shards are empty, training still works.
+TEST(ZeroRedundancyOptimizer, EmptyShardsWhenRanksOutnumberParameters) {
+  constexpr int kRanks = 3;
+  ThreadWorld world(kRanks, "shm");
+  std::vector<Tensor> weights(kRanks);
+  world.run([&](int rank, ProcessGroup& pg) {
+    ::torch::manual_seed(3);
+    nn::Linear fc(nn::LinearOptions(4, 2).bias(false));  // one parameter
+    ZeroRedundancyOptimizer opt(fc->parameters(), borrow(pg), sgd());
+    EXPECT_EQ(opt.owner(0), 0);
+    EXPECT_EQ(opt.local_optimizer() != nullptr, rank == 0);
+    fc->weight.mutable_grad() = ::torch::ones_like(fc->weight);
+    opt.step();
+    opt.consolidate_state_dict(0);
+    weights[static_cast<std::size_t>(rank)] = fc->weight.detach().clone();
+  });
+  for (int r = 1; r < kRanks; ++r) EXPECT_TRUE(weights[static_cast<std::size_t>(r)].equal(weights[0]));
+}
+
+}  // namespace
+}  // namespace lockstep::torch

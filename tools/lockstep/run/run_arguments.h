@@ -1,0 +1,50 @@
+// The launcher's command line beyond what CLI11 parses: where the program
+// starts, and the compound values torchrun users type (--nnodes MIN:MAX,
+// --rdzv-endpoint host:port, --rdzv-conf k=v,..., --tee/--redirects).
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace lockstep::cli {
+
+// `args` is the whole command line; `first` the index just past "run".
+// Inserts "--" before the program's name unless there is one already, so
+// that the program's own options (`prog --foo`, `prog -np 3`) reach it
+// unchanged instead of being read as the launcher's. Only options of `run`
+// (and their values) are skipped to find the program.
+std::vector<std::string> separate_program(const CLI::App& run, std::vector<std::string> args, std::size_t first);
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+  bool elastic() const { return min != max; }
+};
+// "N" or "MIN:MAX"; throws ConfigError.
+NodeRange parse_nnodes(const std::string& text);
+
+struct Endpoint {
+  std::string host;
+  int port = 0;  // 0: not given
+};
+// "host", "host:port", "[v6]:port"; throws ConfigError.
+Endpoint parse_endpoint(const std::string& text);
+
+struct RendezvousConf {
+  double join_timeout = -1;       // < 0: not given
+  double last_call_timeout = -1;  // < 0: not given
+};
+// "join_timeout=600,last_call_timeout=5" (torchrun's --rdzv-conf keys).
+RendezvousConf parse_rdzv_conf(const std::string& text);
+
+// torchrun's --tee/--redirects value: 0 none, 1 stdout, 2 stderr, 3 both,
+// for every rank, or "local_rank:value,..." per local rank. Returns the
+// value for `local_rank` (0 where the map does not name it).
+enum StreamMask : int { kNoStream = 0, kStdout = 1, kStderr = 2, kBothStreams = 3 };
+int stream_mask(const std::string& text, int local_rank, const char* option);
+
+}  // namespace lockstep::cli

@@ -1,0 +1,194 @@
+// Calibration; see calibration.h. Weighted least squares: each row is
+// divided by its measured time, so a 4 KiB row counts as much as a 64 MiB
+// one and the fit minimises relative error.
+#include "simulate/calibration.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/error.h"
+
+namespace lockstep::sim {
+namespace {
+
+using Row3 = std::array<double, 3>;
+
+// Solves the k x k normal equations (k <= 3) by Gaussian elimination with
+// partial pivoting; false when they are (nearly) singular.
+bool solve(std::array<Row3, 3> a, Row3 b, int k, Row3& x) {
+  for (int c = 0; c < k; ++c) {
+    int pivot = c;
+    for (int r = c + 1; r < k; ++r)
+      if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
+    if (std::abs(a[pivot][c]) < 1e-12 * std::max(1.0, std::abs(a[c][c]))) return false;
+    std::swap(a[c], a[pivot]);
+    std::swap(b[c], b[pivot]);
+    for (int r = c + 1; r < k; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (int j = c; j < k; ++j) a[r][j] -= f * a[c][j];
+      b[r] -= f * b[c];
+    }
+  }
+  for (int c = k - 1; c >= 0; --c) {
+    double s = b[c];
+    for (int j = c + 1; j < k; ++j) s -= a[c][j] * x[j];
+    x[c] = s / a[c][c];
+  }
+  return true;
+}
+
+struct Sample {
+  Row3 x;  // steps, wire bytes, reduced bytes; divided by the measured time
+  double y = 1;
+};
+
+// Fits the first k coefficients; the columns are scaled to unit norm first
+// so that microseconds and bytes condition alike.
+bool fit_columns(const std::vector<Sample>& s, int k, Row3& coef) {
+  Row3 norm{0, 0, 0};
+  for (const auto& r : s)
+    for (int j = 0; j < k; ++j) norm[j] += r.x[j] * r.x[j];
+  for (int j = 0; j < k; ++j) {
+    if (norm[j] <= 0) return false;
+    norm[j] = std::sqrt(norm[j]);
+  }
+  std::array<Row3, 3> a{};
+  Row3 b{0, 0, 0};
+  for (const auto& r : s)
+    for (int i = 0; i < k; ++i) {
+      b[i] += r.x[i] / norm[i] * r.y;
+      for (int j = 0; j < k; ++j) a[i][j] += r.x[i] / norm[i] * r.x[j] / norm[j];
+    }
+  // Columns that are (nearly) proportional make the scaled matrix singular.
+  if (k == 2 && a[0][0] * a[1][1] - a[0][1] * a[1][0] < 1e-9) return false;
+  if (k == 3) {
+    const double minor = a[1][1] * a[2][2] - a[1][2] * a[2][1];
+    if (minor < 1e-6) return false;
+  }
+  Row3 x{0, 0, 0};
+  if (!solve(a, b, k, x)) return false;
+  for (int j = 0; j < k; ++j) coef[j] = x[j] / norm[j];
+  for (int j = k; j < 3; ++j) coef[j] = 0;
+  return true;
+}
+
+double relative_error(const Sample& s, const Row3& c) {
+  return std::abs(s.x[0] * c[0] + s.x[1] * c[1] + s.x[2] * c[2] - 1);
+}
+
+double median_error(const std::vector<Sample>& s, const Row3& c) {
+  std::vector<double> e;
+  for (const auto& r : s) e.push_back(relative_error(r, c));
+  std::nth_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2), e.end());
+  return e[e.size() / 2];
+}
+
+// A shared machine makes some rows fast or slow by whatever else ran while
+// they were measured. Of the (alpha, beta) lines through two rows each, the
+// one with the smallest median error over all rows marks the rows that
+// agree; rows more than twice that median (and 5%) off it are left out.
+std::vector<Sample> agreeing_rows(const std::vector<Sample>& s) {
+  if (s.size() < 4) return s;
+  Row3 best{0, 0, 0};
+  double best_error = 1e300;
+  const auto consider = [&](const Row3& c) {
+    const double e = median_error(s, c);
+    if (e < best_error) {
+      best_error = e;
+      best = c;
+    }
+  };
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    // Bandwidth alone through one row (the only choice when latency grows
+    // with the size, as two-shot's per-round synchronisation does).
+    if (s[i].x[1] > 0) consider({0, 1 / s[i].x[1], 0});
+    for (std::size_t j = i + 1; j < s.size(); ++j) {
+      Row3 c{0, 0, 0};
+      if (fit_columns({s[i], s[j]}, 2, c) && c[1] > 0 && c[0] >= 0) consider(c);
+    }
+  }
+  if (best_error >= 1e300) return s;
+  std::vector<Sample> kept;
+  for (const auto& r : s)
+    if (relative_error(r, best) <= std::max(2 * best_error, 0.05)) kept.push_back(r);
+  return kept.size() >= 2 ? kept : s;
+}
+
+}  // namespace
+
+Algorithm backend_algorithm(const std::string& backend) {
+  if (backend == "shm") return Algorithm::shm;
+  if (backend == "tcp") return Algorithm::tcp;
+  return Algorithm::ring;
+}
+
+Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes) {
+  std::vector<Sample> all;
+  for (const auto& r : rows) {
+    if (r.op != "allreduce" || r.ranks < 2 || r.bytes < min_bytes || r.time_us <= 0) continue;
+    const CostTerms t = flat_terms(algorithm, r.ranks, r.bytes);
+    all.push_back({{t.steps / r.time_us, t.wire * r.bytes / r.time_us, t.reduced * r.bytes / r.time_us}, 1});
+  }
+  if (all.size() < 2)
+    throw InvalidArgument(fmt::format("calibrate: {} all-reduce rows of 2 or more ranks at {} bytes or more; measure "
+                                      "a range of sizes, e.g. lockstep bench -np 2 -b 64K -e 64M -f 2 --json FILE",
+                                      all.size(), min_bytes));
+  const std::vector<Sample> samples = agreeing_rows(all);
+  Fit fit;
+  fit.outliers = all.size() - samples.size();
+  Row3 c{0, 0, 0};
+  fit.gamma_separate = fit_columns(samples, 3, c) && c[0] >= 0 && c[1] > 0 && c[2] >= 0;
+  if (!fit.gamma_separate && !(fit_columns(samples, 2, c) && c[0] >= 0 && c[1] > 0)) {
+    // Latency too small to fit (or noise made it negative): bandwidth only.
+    std::vector<Sample> bytes_only = samples;
+    for (auto& s : bytes_only) s.x = {s.x[1], 0, 0};
+    Row3 b{0, 0, 0};
+    if (!fit_columns(bytes_only, 1, b) || b[0] <= 0) throw Error("calibrate: the measurements fit no positive cost");
+    c = {0, b[0], 0};
+  }
+  fit.link = Link{c[0], c[1]};
+  fit.gamma_us_per_byte = c[2];
+  fit.rows = samples.size();
+  for (const auto& r : samples) {
+    const double error = relative_error(r, c);
+    fit.mean_error += error / static_cast<double>(samples.size());
+    fit.max_error = std::max(fit.max_error, error);
+  }
+  return fit;
+}
+
+std::string cluster_json(const Cluster& c) {
+  const auto link = [](const Link& l) { return nlohmann::json{{"alpha_us", l.alpha_us}, {"gb_per_s", l.gb_per_s()}}; };
+  nlohmann::json j = {{"name", c.name},           {"ranks_per_host", c.ranks_per_host},
+                      {"algorithm", to_string(c.algorithm)}, {"intra", link(c.intra)},
+                      {"inter", link(c.inter)},   {"gamma_gb_per_s", c.gamma_us_per_byte > 0 ? 1e-3 / c.gamma_us_per_byte : 0}};
+  return j.dump(1) + "\n";
+}
+
+Cluster parse_cluster_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("cluster file: not valid JSON ({})", e.what()));
+  }
+  const auto link = [&](const char* key) {
+    if (!j.contains(key)) throw ConfigError(fmt::format("cluster file: no \"{}\" link (alpha_us, gb_per_s)", key));
+    return Link::from_bandwidth(j[key].value("alpha_us", 0.0), j[key].value("gb_per_s", 0.0));
+  };
+  Cluster c;
+  c.name = j.value("name", "custom");
+  c.ranks_per_host = j.value("ranks_per_host", 1);
+  c.algorithm = parse_algorithm(j.value("algorithm", "ring"));
+  c.intra = link("intra");
+  c.inter = j.contains("inter") ? link("inter") : c.intra;
+  const double gamma_gbps = j.value("gamma_gb_per_s", 0.0);
+  c.gamma_us_per_byte = gamma_gbps > 0 ? 1e-3 / gamma_gbps : 0;
+  return c;
+}
+
+}  // namespace lockstep::sim

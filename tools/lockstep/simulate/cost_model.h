@@ -1,0 +1,69 @@
+// The time one all-reduce takes, per algorithm, from the latency (alpha),
+// per-byte (beta) and reduction (gamma) terms of the links it crosses: the
+// Hockney model, with each algorithm's step counts and byte volumes as the
+// shm and tcp backends implement them (docs/algorithms.md). Values and pure
+// functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::sim {
+
+// How long a message takes on a link: alpha_us + bytes * beta_us_per_byte.
+struct Link {
+  double alpha_us = 0;
+  double beta_us_per_byte = 0;
+  // Bandwidth in GB/s (1e9 bytes per second) <-> beta.
+  static Link from_bandwidth(double alpha_us, double gb_per_s);
+  double gb_per_s() const;
+};
+
+enum class Algorithm {
+  ring,                // reduce-scatter + allgather around a ring: 2(n-1) steps
+  recursive_doubling,  // log2 n rounds, each exchanging the whole buffer
+  halving_doubling,    // recursive halving reduce-scatter + doubling allgather
+  one_shot,            // every rank reads every input once (shm, small buffers)
+  two_shot,            // each rank reduces its chunk from every input, then all copy (shm, large)
+  hierarchical,        // reduce-scatter inside a host, ring between hosts, allgather inside
+  tcp,                 // the tcp backend's choice: recursive doubling up to 64 KiB, else ring
+  shm,                 // the shm backend's choice: one-shot up to 256 KiB / n, else two-shot
+};
+
+std::string to_string(Algorithm a);
+// Throws InvalidArgument naming the accepted names.
+Algorithm parse_algorithm(const std::string& name);
+
+// Where the ranks are and how they are connected. Ranks fill hosts in order
+// (ranks_per_host on each); `intra` is the link between two ranks of a host,
+// `inter` a rank's share of the network between hosts. `gamma_us_per_byte`
+// is the reduction's cost per byte of input it reads.
+struct Cluster {
+  std::string name = "custom";
+  int ranks_per_host = 1;
+  Link intra;
+  Link inter;
+  double gamma_us_per_byte = 0;
+  Algorithm algorithm = Algorithm::ring;
+};
+
+// The coefficients of one algorithm's cost on a single kind of link:
+// time = steps * alpha + wire * S * beta + reduced * S * gamma.
+struct CostTerms {
+  double steps = 0;
+  double wire = 0;     // bytes each rank sends (or copies) per byte of buffer
+  double reduced = 0;  // bytes each rank reduces per byte of buffer
+};
+
+// For a flat (single-level) algorithm on n ranks. hierarchical and the
+// backends' choices (tcp, shm) resolve to the flat algorithm they run for
+// `bytes`; hierarchical on one level is a ring.
+CostTerms flat_terms(Algorithm a, int n, double bytes);
+double cost_us(const CostTerms& t, const Link& link, double gamma_us_per_byte, double bytes);
+
+// One all-reduce of `bytes` over `world` ranks of the cluster. A flat
+// algorithm spanning hosts is paced by the slower inter-host link; the
+// hierarchical one adds its three phases. 0 for a world of one.
+double allreduce_us(const Cluster& c, int world, double bytes);
+
+}  // namespace lockstep::sim

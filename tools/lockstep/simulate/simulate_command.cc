@@ -1,0 +1,240 @@
+// `lockstep simulate`; see simulate_command.h. Steps: calibrate a cluster
+// from bench results when asked; build the cluster and the workload; predict
+// every world size; write report.md (table, bottleneck, recommendation),
+// scaling.png and, with --json, the numbers.
+#include "simulate/simulate_command.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_command.h"
+#include "common/bench_table.h"
+#include "common/scaling_plot.h"
+#include "lockstep/error.h"
+#include "simulate/calibration.h"
+#include "simulate/cluster_presets.h"
+#include "simulate/step_simulation.h"
+
+namespace lockstep::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<double> parse_numbers(const std::string& text, const char* what) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      out.push_back(std::stod(item));
+    } catch (const std::exception&) {
+      throw InvalidArgument(fmt::format("simulate: {} '{}' is not a number list, e.g. 1,2,4", what, text));
+    }
+  }
+  return out;
+}
+
+// Fits the cluster to bench results, prints the fit, writes cluster.json.
+sim::Cluster calibrate(const SimulateOptions& o, const fs::path& dir) {
+  const auto rows = read_bench_file(o.calibrate);
+  const std::string backend = rows.front().backend;
+  const sim::Algorithm algorithm = o.algorithm.empty() ? sim::backend_algorithm(backend) : sim::parse_algorithm(o.algorithm);
+  // DDP buckets are large: by default fit the large-message algorithm only.
+  const double min_bytes = !o.calibrate_min_bytes.empty() ? static_cast<double>(parse_size(o.calibrate_min_bytes))
+                           : algorithm == sim::Algorithm::tcp ? 64 * 1024 + 1
+                           : algorithm == sim::Algorithm::shm ? 256 * 1024 + 1
+                                                              : 0;
+  const sim::Fit fit = sim::fit_allreduce(rows, algorithm, min_bytes);
+  int ranks = 1;
+  for (const auto& r : rows) ranks = std::max(ranks, r.ranks);
+  sim::Cluster c;
+  c.name = fmt::format("calibrated ({} {}, {} ranks)", backend.empty() ? "?" : backend, sim::to_string(algorithm), ranks);
+  c.ranks_per_host = o.ranks_per_host > 0 ? o.ranks_per_host : ranks;
+  c.intra = c.inter = fit.link;
+  c.gamma_us_per_byte = fit.gamma_us_per_byte;
+  c.algorithm = algorithm;
+  const fs::path file = dir / "cluster.json";
+  std::ofstream(file) << sim::cluster_json(c);
+  std::printf("calibrated %s from %zu rows of %s (%.0f bytes and up; %zu outlier(s) left out): alpha %.2f us, beta %.3f GB/s, %s; mean error "
+              "%.1f%%, max %.1f%%\ncluster: %s\n",
+              sim::to_string(algorithm).c_str(), fit.rows, o.calibrate.c_str(), min_bytes, fit.outliers, fit.link.alpha_us,
+              fit.link.gb_per_s(),
+              fit.gamma_separate ? fmt::format("reduction {:.3f} GB/s", 1e-3 / fit.gamma_us_per_byte).c_str()
+                                 : "reduction included in beta (one ratio of reduced to sent bytes)",
+              100 * fit.mean_error, 100 * fit.max_error, file.string().c_str());
+  return c;
+}
+
+sim::Cluster cluster_for(const SimulateOptions& o) {
+  sim::Cluster c;
+  if (!o.cluster_file.empty()) {
+    std::ifstream in(o.cluster_file);
+    if (!in) throw ConfigError(fmt::format("simulate: cannot open the cluster file {}", o.cluster_file));
+    std::stringstream text;
+    text << in.rdbuf();
+    c = sim::parse_cluster_json(text.str());
+  } else {
+    c = sim::preset(o.preset);
+  }
+  if (o.ranks_per_host > 0) c.ranks_per_host = o.ranks_per_host;
+  if (!o.algorithm.empty()) c.algorithm = sim::parse_algorithm(o.algorithm);
+  return c;
+}
+
+sim::Description description_for(const SimulateOptions& o) {
+  sim::Description d;
+  if (!o.layers.empty()) {
+    d.layer_parameters = parse_numbers(o.layers, "--layers");
+  } else {
+    d = sim::builtin_description(o.model.empty() ? "mlp" : o.model);
+  }
+  if (o.ms_per_sample > 0) d.ms_per_sample = o.ms_per_sample;
+  if (o.batch > 0) d.batch = o.batch;
+  return d;
+}
+
+sim::Workload workload_for(const SimulateOptions& o) {
+  const bool described = !o.model.empty() || !o.layers.empty();
+  sim::Workload w;
+  if (!o.trace.empty()) {
+    w = sim::from_trace(o.trace, o.trace_rank);
+  } else if (!o.stats.empty()) {
+    w = sim::from_stats(o.stats);
+  } else {
+    return sim::from_description(description_for(o));
+  }
+  if (!o.compute_trace.empty()) w = sim::with_compute_of(w, sim::from_trace(o.compute_trace, o.trace_rank));
+  if (described) {
+    const auto d = description_for(o);
+    w = sim::refine_gradients(w, d);
+    w.batch = d.batch;
+  }
+  if (o.batch > 0) w.batch = o.batch;
+  if (o.data_ms >= 0) w.data_ms = o.data_ms;
+  return w;
+}
+
+std::string render(const sim::Workload& w, const sim::Scenario& s, const std::vector<sim::ScalePrediction>& p,
+                   const sim::Recommendation& r) {
+  std::string out = fmt::format(
+      "# lockstep simulate\n\nWorkload: {} (forward {:.1f} ms, backward {:.1f} ms, rest {:.1f} ms, data {:.1f} ms; "
+      "{:.1f} MiB of gradients in {} tensors; batch {} per rank).\nCluster: {} ({} ranks per host, {}; inside a host "
+      "{:.1f} GB/s and {:.1f} us, between hosts {:.2f} GB/s and {:.1f} us).\nBucket cap {} MB, hook {}, {} "
+      "micro-batch(es) per step, compute spread {:.0f}%.\n\n",
+      w.name, w.forward_ms, w.backward_ms, w.other_ms, w.data_ms, w.gradient_bytes() / (1 << 20), w.gradients.size(),
+      w.batch, s.cluster.name, s.cluster.ranks_per_host, sim::to_string(s.cluster.algorithm), s.cluster.intra.gb_per_s(),
+      s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, s.bucket_cap_mb, s.hook,
+      s.accumulation, 100 * s.jitter);
+  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | stragglers (ms) | efficiency | samples/s |\n";
+  out += "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& q : p)
+    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} |\n", q.ranks, q.hosts,
+                       q.step_ms, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms, q.step.straggler_ms,
+                       q.efficiency, q.samples_per_s);
+  const auto& last = p.back();
+  out += fmt::format("\n## Bottleneck at {} ranks\n\n{}\n\n## What to choose at {} ranks\n\n", last.ranks,
+                     sim::bottleneck(w, s, last), last.ranks);
+  if (r.step_ms < r.default_step_ms * 0.99)
+    out += fmt::format("- Bucket cap {} MB with {} gradients: {:.1f} ms per step instead of {:.1f} ms.\n",
+                       r.bucket_cap_mb >= 1e6 ? std::string("unlimited (one bucket)") : fmt::format("{:g}", r.bucket_cap_mb),
+                       r.hook == "none" ? "32-bit" : r.hook + "-compressed", r.step_ms, r.default_step_ms);
+  else
+    out += fmt::format("- Keep bucket cap {} MB and hook {}: no other choice predicts a shorter step.\n",
+                       s.bucket_cap_mb, s.hook);
+  if (r.accumulation_for_90 > 1)
+    out += fmt::format("- Accumulate {} micro-batches per synchronised step (no_sync) for 90% efficiency.\n",
+                       r.accumulation_for_90);
+  else if (r.accumulation_for_90 == 0)
+    out += "- Even 64 accumulated micro-batches do not reach 90% efficiency.\n";
+  return out;
+}
+
+nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const sim::Recommendation& r) {
+  nlohmann::json points = nlohmann::json::array();
+  for (const auto& q : p)
+    points.push_back({{"ranks", q.ranks}, {"hosts", q.hosts}, {"step_ms", q.step_ms},
+                      {"compute_ms", q.step.compute_ms}, {"exposed_ms", q.step.exposed_ms}, {"comm_ms", q.step.comm_ms},
+                      {"straggler_ms", q.step.straggler_ms}, {"data_ms", q.step.data_ms},
+                      {"efficiency", q.efficiency}, {"samples_per_s", q.samples_per_s},
+                      {"buckets", q.step.buckets.size()}});
+  return {{"predictions", points},
+          {"recommendation",
+           {{"bucket_cap_mb", r.bucket_cap_mb}, {"hook", r.hook}, {"step_ms", r.step_ms},
+            {"accumulation_for_90", r.accumulation_for_90}}}};
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app, SimulateOptions& o) {
+  auto* s = app.add_subcommand("simulate", "Predict step time and scaling of a data-parallel job on another cluster");
+  s->add_option("--model", o.model, "Built-in description: mlp, convnet, resnet50 (with --trace: its gradient sizes)");
+  s->add_option("--layers", o.layers, "Describe a model: parameters per layer in forward order, e.g. 4194304,2048");
+  s->add_option("--ms-per-sample", o.ms_per_sample, "Forward+backward time per sample of a described model");
+  s->add_option("--batch", o.batch, "Samples per rank per step");
+  s->add_option("--trace", o.trace, "Profile: a LOCKSTEP_TRACE file of a real run");
+  s->add_option("--trace-rank", o.trace_rank, "The rank to read from a merged trace")->capture_default_str();
+  s->add_option("--compute-trace", o.compute_trace,
+                "Take forward/backward/rest from this trace (e.g. of N ranks under no_sync), the buckets from --trace");
+  s->add_option("--stats", o.stats, "Profile: a LOCKSTEP_STATS file (<prefix>.rank<r>.json)");
+  s->add_option("--data-ms", o.data_ms, "Data loading per step (default: the profile's)");
+  s->add_option("--preset", o.preset, "Cluster preset (--list-presets)")->capture_default_str();
+  s->add_option("--cluster", o.cluster_file, "Cluster file (JSON), e.g. the cluster.json --calibrate writes");
+  s->add_option("--ranks-per-host", o.ranks_per_host, "Override the cluster's ranks per host");
+  s->add_option("--algorithm", o.algorithm,
+                "ring, recursive_doubling, halving_doubling, one_shot, two_shot, hierarchical, tcp, shm");
+  s->add_option("--calibrate", o.calibrate, "Fit the cluster to `lockstep bench` output (table or --json file)");
+  s->add_option("--calibrate-min-bytes", o.calibrate_min_bytes, "Fit rows of at least this size, e.g. 8M: the sizes of the buckets (default: the large-message algorithm's)");
+  s->add_option("--world-sizes", o.world_sizes, "World sizes to predict")->capture_default_str();
+  s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")->capture_default_str();
+  s->add_option("--hook", o.hook, "Gradient compression: none, fp16, bf16")->capture_default_str();
+  s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")->capture_default_str();
+  s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")->capture_default_str();
+  s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
+  s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
+  s->add_option("--json", o.json, "Also write the predictions to this JSON file");
+}
+
+int run_simulate(const SimulateOptions& o) {
+  if (o.list_presets) {
+    for (const auto& p : sim::presets()) std::printf("%-12s %s\n", p.cluster.name.c_str(), p.description.c_str());
+    return 0;
+  }
+  const fs::path dir(o.out);
+  fs::create_directories(dir);
+  sim::Scenario s;
+  const bool has_workload = !o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty();
+  if (!o.calibrate.empty()) {
+    s.cluster = calibrate(o, dir);
+    if (!has_workload) return 0;
+  } else {
+    s.cluster = cluster_for(o);
+  }
+  s.bucket_cap_mb = o.bucket_cap_mb;
+  s.hook = o.hook;
+  s.accumulation = o.accumulation;
+  s.jitter = o.jitter;
+  const sim::Workload w = workload_for(o);
+  std::vector<sim::ScalePrediction> predictions;
+  std::vector<PlotRow> rows;
+  for (double n : parse_numbers(o.world_sizes, "--world-sizes")) {
+    predictions.push_back(sim::predict(w, s, static_cast<int>(n)));
+    const auto& q = predictions.back();
+    const double micro = q.step_ms - q.step.step_ms;  // the no_sync micro-batches: compute
+    rows.push_back({q.ranks, q.step.compute_ms + micro, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
+  }
+  const auto rec = sim::recommend(w, s, predictions.back().ranks);
+  std::string report = render(w, s, predictions, rec);
+  const std::string png = plot_scaling(rows, dir, "lockstep simulate: predicted step time and efficiency", "stragglers");
+  report += png.empty() ? "\n(No plot: gnuplot is not installed.)\n"
+                        : fmt::format("\n![scaling]({})\n", fs::path(png).filename().string());
+  std::ofstream(dir / "report.md") << report;
+  if (!o.json.empty()) std::ofstream(o.json) << to_json(predictions, rec).dump(1) << "\n";
+  std::printf("%s\nreport: %s\n", report.c_str(), (dir / "report.md").string().c_str());
+  return 0;
+}
+
+}  // namespace lockstep::cli

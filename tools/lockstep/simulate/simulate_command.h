@@ -1,0 +1,48 @@
+// `lockstep simulate`: predicts a data-parallel job's step time, exposed
+// communication, efficiency and throughput at many world sizes on a cluster
+// that is not here, from a workload profile (a LOCKSTEP_TRACE or
+// LOCKSTEP_STATS file, or a model description) and a cluster (a preset, a
+// file, or one calibrated from `lockstep bench` results); names the
+// bottleneck and the bucket size and compression that minimise the step.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace lockstep::cli {
+
+struct SimulateOptions {
+  // Workload.
+  std::string model;        // mlp, convnet, resnet50 (description; refines a trace's gradients)
+  std::string layers;       // parameters per layer, forward order: "4194304,2048,..."
+  double ms_per_sample = 0;  // 0: the model's own
+  int batch = 0;             // 0: the model's own
+  std::string trace;        // a LOCKSTEP_TRACE file
+  int trace_rank = 0;
+  std::string compute_trace;  // forward/backward/rest from this trace (e.g. N ranks under no_sync)
+  std::string stats;        // a LOCKSTEP_STATS file
+  double data_ms = -1;      // -1: the profile's
+  // Cluster.
+  std::string preset = "dgx-a100";
+  std::string cluster_file;
+  int ranks_per_host = 0;   // 0: the cluster's
+  std::string algorithm;    // "": the cluster's
+  // Calibration.
+  std::string calibrate;    // `lockstep bench` output or --json file
+  std::string calibrate_min_bytes;  // "8M"; empty: the backend's large-message threshold
+  // What to predict.
+  std::string world_sizes = "1,2,4,8,16,32,64,128,256,512,1024";
+  double bucket_cap_mb = 25;
+  std::string hook = "none";
+  int accumulation = 1;
+  double jitter = 0;
+  bool list_presets = false;
+  std::string out = "lockstep-simulate";
+  std::string json;
+};
+
+void add_simulate_command(CLI::App& app, SimulateOptions& options);
+int run_simulate(const SimulateOptions& options);
+
+}  // namespace lockstep::cli
