@@ -9,8 +9,9 @@
 //                        of rank 0 creating its shm region, while both set up
 //   die-in-shared-alloc  the same once rank 0 has created its copy of the
 //                        first allocate_shared buffer
-//   leave-early  rank 1 leaves after one all-reduce; the others issue a
-//                second and print the error they get to stderr (exit 2)
+//   leave-early  rank 1 leaves after one all-reduce (its process ends
+//                150 ms after its group); the others issue a second and
+//                print the error they get to stderr (exit 2)
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
@@ -65,14 +66,21 @@ void die_once_rank0_created(const std::string& what) {
 // issue a second all-reduce that rank 1 never joins.
 int leave_early(int rank) {
   try {
-    auto pg = lockstep::init_process_group();
-    int value = 1;
-    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
-    if (rank == 1) {
-      std::printf("rank 1 leaving early\n");
-      return 0;
+    bool leaving = false;
+    {
+      auto pg = lockstep::init_process_group();
+      int value = 1;
+      pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+      leaving = rank == 1;
+      if (!leaving) pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
     }
-    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    if (leaving) {
+      std::printf("rank 1 leaving early\n");
+      std::fflush(stdout);
+      // A real program takes a while to end after its group is gone
+      // (destructors, unloading libraries); its peers fail before it exits.
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    }
     return 0;
   } catch (const lockstep::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

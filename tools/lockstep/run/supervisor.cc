@@ -23,6 +23,13 @@ namespace {
 // stray grandchildren before closing them.
 constexpr Duration kPipeDrainLimit = std::chrono::seconds(2);
 
+// After the first failure, how long to watch for a rank that exits cleanly
+// before the others are stopped. A rank that leaves early destroys its
+// group before its process ends (static destructors, unloading libraries);
+// its peers notice the first at once and may fail before the second, so a
+// rank that is still exiting must not be stopped and go unnamed.
+constexpr Duration kCauseSettle = std::chrono::milliseconds(500);
+
 struct FileCloser {
   void operator()(std::FILE* f) const {
     if (f) std::fclose(f);
@@ -80,7 +87,8 @@ class Attempt {
       for (std::size_t f = 1; f < fds.size(); ++f)
         if (fds[f].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(owners[f - 1].first, owners[f - 1].second);
       reap();
-      if (!stopping_ && options_.remote_failure && Clock::now() >= next_remote_check) {
+      if (pending_failure_ >= 0 && (Clock::now() >= settle_deadline_ || all_exited())) record_failure();
+      if (!stopping_ && pending_failure_ < 0 && options_.remote_failure && Clock::now() >= next_remote_check) {
         next_remote_check = Clock::now() + options_.monitor_interval;
         if (auto remote = options_.remote_failure()) {
           RankFailure f;
@@ -187,8 +195,17 @@ class Attempt {
     if (!stopping_ && !result_.first_failure && first_clean_exit_ < 0) first_clean_exit_ = static_cast<int>(i);
   }
 
+  // The first failure is recorded after kCauseSettle, or when every rank
+  // has exited, whichever comes first (see kCauseSettle).
   void note_failure(std::size_t i) {
-    if (result_.first_failure || result_.interrupted_by != 0 || stopping_) return;
+    if (result_.first_failure || pending_failure_ >= 0 || result_.interrupted_by != 0 || stopping_) return;
+    pending_failure_ = static_cast<int>(i);
+    settle_deadline_ = Clock::now() + kCauseSettle;
+  }
+
+  void record_failure() {
+    const auto i = static_cast<std::size_t>(pending_failure_);
+    pending_failure_ = -1;
     RankProcess& r = ranks_[i];
     // Drain what it already wrote, so the summary shows its last words.
     while (r.stderr_fd() >= 0 && read_stream(i, true)) {
@@ -223,6 +240,8 @@ class Attempt {
   bool killed_ = false;
   Clock::time_point stop_deadline_{};
   int first_clean_exit_ = -1;  // index of the first rank that exited 0 before any failure
+  int pending_failure_ = -1;   // index of the first failed rank, not yet recorded
+  Clock::time_point settle_deadline_{};
 
 };
 

@@ -24,7 +24,8 @@ struct RankFailure {
   std::vector<std::string> last_stderr;  // its last lines
   std::string reported_by;               // non-empty: another node's report
   // A rank of this node that exited cleanly (code 0) before this failure,
-  // while this one still ran: a rank that left early (it issued fewer
+  // or within half a second after it (a rank still exiting), while others
+  // still ran: a rank that left early (it issued fewer
   // collectives), the likely cause of the others' failure. -1: none.
   int left_early = -1;
   double left_early_seconds = 0;  // how long it ran
