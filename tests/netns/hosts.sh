@@ -25,10 +25,11 @@ in_host_pids() {
   done
 }
 
-# new_host [SECONDS]: a new host, appended to holders (it lives at most
-# SECONDS, default 900, should the test itself be killed without cleanup).
+# new_host [SECONDS]: a new host, appended to holders. Should the test
+# itself be killed without cleanup, the holder dies with it (parent-death
+# signal) or, at the latest, after SECONDS (default 900).
 new_host() {
-  unshare --net --uts sleep "${1:-900}" &
+  setpriv --pdeathsig KILL unshare --net --uts sleep "${1:-900}" &
   local holder=$!
   holders+=("$holder")
   for _ in $(seq 50); do
