@@ -49,8 +49,10 @@ def run_rank(rank, args, port):
     if args.pin:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.np)
-    n = args.np
+    local_rank = rank
+    rank = args.node_rank * args.np + local_rank
+    n = args.nnodes * args.np
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=n)
     if rank == 0:
         print(f"# gloo (torch {torch.__version__}): {n} ranks, {args.iters} iterations after {args.warmup} warm-up")
         print(f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
@@ -87,8 +89,14 @@ def main():
     parser.add_argument("-n", "--iters", type=int, default=20)
     parser.add_argument("-w", "--warmup", type=int, default=5)
     parser.add_argument("--pin", type=int, default=1)
+    # Across hosts: one invocation per host, like `torchrun --nnodes`.
+    parser.add_argument("--nnodes", type=int, default=1, help="hosts, each running -np ranks")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
+    parser.add_argument("--master-port", type=int, default=0, help="default: a free port (one host only)")
     args = parser.parse_args()
-    mp.spawn(run_rank, args=(args, free_port()), nprocs=args.np, join=True)
+    port = args.master_port or free_port()
+    mp.spawn(run_rank, args=(args, port), nprocs=args.np, join=True)
 
 
 if __name__ == "__main__":

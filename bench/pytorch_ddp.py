@@ -60,9 +60,11 @@ def run_rank(rank, args, port):
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
-    distributed = args.np > 1
+    world = args.nnodes * args.np
+    rank = args.node_rank * args.np + rank
+    distributed = world > 1
     if distributed:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.np)
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world)
     torch.manual_seed(1)
     model = Mlp() if args.model == "mlp" else ConvNet()
     net = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.bucket_view) if distributed else model
@@ -90,10 +92,10 @@ def run_rank(rank, args, port):
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"model {args.model} ({params / 1e6:.1f}M parameters), {args.np} rank(s), PyTorch {torch.__version__} "
+        print(f"model {args.model} ({params / 1e6:.1f}M parameters), {world} rank(s), PyTorch {torch.__version__} "
               f"{'DDP gloo' if distributed else 'no DDP'}, batch {args.batch} per rank, "
               f"{'no_sync' if args.no_sync else 'synchronised'}")
-        print(f"step_ms {median.item():.2f} samples_per_s {args.batch * args.np * 1000 / median.item():.1f}", flush=True)
+        print(f"step_ms {median.item():.2f} samples_per_s {args.batch * world * 1000 / median.item():.1f}", flush=True)
     if distributed:
         dist.destroy_process_group()
 
@@ -107,11 +109,17 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-sync", action="store_true")
     parser.add_argument("--bucket-view", action="store_true")
+    # Across hosts: one invocation per host, like `torchrun --nnodes`.
+    parser.add_argument("--nnodes", type=int, default=1, help="hosts, each running -np ranks")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
+    parser.add_argument("--master-port", type=int, default=0, help="default: a free port (one host only)")
     args = parser.parse_args()
-    if args.np == 1:
+    port = args.master_port or free_port()
+    if args.np * args.nnodes == 1:
         run_rank(0, args, 0)
     else:
-        mp.spawn(run_rank, args=(args, free_port()), nprocs=args.np, join=True)
+        mp.spawn(run_rank, args=(args, port), nprocs=args.np, join=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # UTS namespaces, see hosts.sh), each named node<i>, joined through a
 # bridge in a further namespace ("the switch"), each host's link shaped
 # with tc in both directions (tbf for the rate; netem for delay and loss,
-# only where the kernel has it). Host i has the address 10.$net.0.(i+1).
+# only where the kernel has it). Host i has the address 10.$net.0.(i+1) on
+# its eth0. $work/cluster-hosts lists "address holder-pid cores" per host.
 #
 # Everything lives inside namespaces that die with their holder processes:
 # killing the holders removes the bridge, the veth pairs and their qdiscs.
@@ -94,12 +95,16 @@ cluster_up() {
     ip link add $host_dev type veth peer name $switch_dev || skip "cannot create a veth pair"
     ip link set $host_dev netns $h
     ip link set $switch_dev netns $cluster_switch
+    # Inside the host its link is eth0, as on a real one (programs that
+    # are told an interface, such as Gloo, find it under one name).
+    host_dev=eth0
+    on_host $h ip link set h$i-$cluster_tag name $host_dev
     on_host $cluster_switch ip link set $switch_dev master br-$cluster_tag up
     on_host $h hostname node$i
     on_host $h ip addr add "$(cluster_ip $i)/24" dev $host_dev
     on_host $h ip link set lo up
     on_host $h ip link set $host_dev up
-    echo "$(cluster_ip $i) $h" >> "$work/cluster-hosts"
+    echo "$(cluster_ip $i) $h $(cluster_cores $i)" >> "$work/cluster-hosts"
     # Both directions: the host's egress and the switch port's (the
     # host's ingress).
     on_host $h bash -c "$(declare -f cluster_shape tc_rate_bits); cluster_shape $host_dev $rate $delay $loss" \
@@ -138,7 +143,7 @@ cluster_node() {
 }
 
 cluster_link_down() {
-  on_host "${cluster_hosts[$1]}" ip link set h$1-$cluster_tag down
+  on_host "${cluster_hosts[$1]}" ip link set eth0 down
 }
 
 # Whatever of this cluster exists: holder processes, processes inside its

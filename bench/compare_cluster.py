@@ -1,0 +1,246 @@
+#!/usr/bin/python3
+"""Across hosts: lockstep against Open MPI and Gloo on the emulated cluster.
+
+Brings up tests/netns/cluster.sh's cluster (hosts as network namespaces
+through a bridge, each link shaped with tc tbf, each host's ranks pinned to
+its share of the cores) for every combination of link rate and ranks per
+host, and measures on the same links:
+  all-reduce busbw (float32 sum, in place), one table per configuration:
+    lockstep tcp          `lockstep run` per host, `lockstep bench --backend tcp`
+    lockstep auto, hier   the same with --backend auto / hier (when the build has hier)
+    Open MPI              mpirun on host 0 reaching the others through
+                          tests/netns/host_agent.sh, build/bench/mpi_allreduce
+    Gloo                  bench/gloo_allreduce.py per host (torch.distributed)
+  the DDP MLP step time (examples/ddp_throughput against bench/pytorch_ddp.py,
+  PyTorch's DDP over Gloo).
+Needs root (namespaces, tc). Prints markdown tables for docs/performance.md.
+
+Usage: sudo bench/compare_cluster.py [--build build] [--quick] [--rates 1gbit,10gbit]
+           [--ranks 1,2] [--hosts 2] [--python /usr/bin/python3] [--out FILE]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLUSTER_SH = os.path.join(HERE, "..", "tests", "netns", "cluster.sh")
+HOST_AGENT = os.path.join(HERE, "..", "tests", "netns", "host_agent.sh")
+
+
+class Cluster:
+    """The emulated cluster for as long as the `with` block runs: a bash
+    session that sourced cluster.sh holds it and tears it down (its exit
+    trap) when its stdin closes, which also happens should this script die."""
+
+    def __init__(self, hosts, rate):
+        script = ('set -u; skip() { echo "SKIP: $*"; exit 77; }; work=$(mktemp -d); '
+                  f'source "{CLUSTER_SH}"; cluster_up "$1" "$2"; echo "work $work"; cat "$work/cluster-hosts"; '
+                  'echo ready; read -r _')
+        self.session = subprocess.Popen(["bash", "-c", script, "cluster", str(hosts), rate], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        self.hosts = []  # (address, holder pid, cores)
+        self.work = None
+        for line in self.session.stdout:
+            fields = line.split()
+            if fields == ["ready"]:
+                return
+            if fields and fields[0] == "work":
+                self.work = fields[1]
+            elif len(fields) == 3:
+                self.hosts.append(tuple(fields))
+            else:
+                print(f"# cluster: {line.rstrip()}", file=sys.stderr)
+        raise SystemExit(f"the emulated cluster did not come up (exit {self.session.wait()}); see above")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.session.stdin.close()
+        try:
+            self.session.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.session.kill()
+
+    def address(self, i):
+        return self.hosts[i][0]
+
+    def on_host(self, i, cmd):
+        _, holder, cores = self.hosts[i]
+        return ["nsenter", "-t", holder, "--net", "--uts", "taskset", "-c", cores] + cmd
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.port = 29700
+
+    def next_port(self):
+        self.port += 1
+        return self.port
+
+    def on_every_host(self, cluster, command_for, env=None, timeout=900):
+        """Runs command_for(i) on every host i at once; host 0's output, or
+        None (with the reason on stderr) if any host failed."""
+        procs = [subprocess.Popen(cluster.on_host(i, command_for(i)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=dict(os.environ, **(env or {})))
+                 for i in range(len(cluster.hosts))]
+        outputs, failed = [], False
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                out, _ = p.communicate()
+                p.returncode = "timeout"
+            outputs.append(out)
+            failed = failed or p.returncode != 0
+        if failed:
+            print(f"# failed: {' '.join(command_for(0))}\n" + "\n".join(o[-1500:] for o in outputs), file=sys.stderr)
+            return None
+        return outputs[0]
+
+    def lockstep_run(self, cluster, ranks, program, env=None):
+        a, port, hosts = self.args, self.next_port(), len(cluster.hosts)
+        return self.on_every_host(cluster, lambda i: [
+            os.path.join(a.build, "lockstep"), "run", "--nnodes", str(hosts), "--node-rank", str(i), "--master-addr",
+            cluster.address(0), "--master-port", str(port), "--nproc-per-node", str(ranks), "--"] + program, env)
+
+    def bench_args(self):
+        a = self.args
+        return ["-b", "1M", "-e", a.max_size, "-f", "4", "-n", str(a.iters), "-w", "1", "-c", "0"]
+
+    def lockstep_bench(self, cluster, ranks, backend):
+        return self.lockstep_run(cluster, ranks, [os.path.join(self.args.build, "lockstep"), "bench", "--backend",
+                                                  backend] + self.bench_args())
+
+    def mpi_bench(self, cluster, ranks):
+        hosts = len(cluster.hosts)
+        mpirun = ["mpirun", "--mca", "plm_rsh_agent", HOST_AGENT,
+                  "--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0",
+                  "--mca", "btl", "self,vader,tcp", "--mca", "btl_vader_single_copy_mechanism", "none",
+                  "--mca", "pml", "ob1", "--bind-to", "none",
+                  "--host", ",".join(f"{cluster.address(i)}:{ranks}" for i in range(hosts)), "-np", str(hosts * ranks),
+                  os.path.join(self.args.build, "bench", "mpi_allreduce")] + self.bench_args()
+        env = dict(os.environ, LOCKSTEP_CLUSTER_HOSTS=os.path.join(cluster.work, "cluster-hosts"),
+                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PMIX_MCA_gds="hash")
+        proc = subprocess.run(cluster.on_host(0, mpirun), capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode != 0:
+            print(f"# Open MPI failed: {proc.stdout[-800:]} {proc.stderr[-800:]}", file=sys.stderr)
+            return None
+        return proc.stdout
+
+    def gloo_bench(self, cluster, ranks):
+        a, port, hosts = self.args, self.next_port(), len(cluster.hosts)
+        bench = [a.python, os.path.join(HERE, "gloo_allreduce.py"), "-np", str(ranks), "--nnodes", str(hosts),
+                 "--master-addr", cluster.address(0), "--master-port", str(port)] + self.bench_args()[:-2]
+        return self.on_every_host(cluster, lambda i: bench + ["--node-rank", str(i)], {"GLOO_SOCKET_IFNAME": "eth0"})
+
+    def ddp_step(self, cluster, ranks, which):
+        a = self.args
+        model = ["--model", "mlp", "--batch", "32", "--steps", str(a.steps)]
+        if which == "lockstep":
+            out = self.lockstep_run(cluster, ranks, [os.path.join(a.build, "examples", "ddp_throughput")] + model)
+        else:
+            port, hosts = self.next_port(), len(cluster.hosts)
+            ddp = [a.python, os.path.join(HERE, "pytorch_ddp.py"), "-np", str(ranks), "--nnodes", str(hosts),
+                   "--master-addr", cluster.address(0), "--master-port", str(port)] + model
+            out = self.on_every_host(cluster, lambda i: ddp + ["--node-rank", str(i)], {"GLOO_SOCKET_IFNAME": "eth0"})
+        match = out and re.search(r"step_ms ([0-9.]+)", out)
+        return float(match.group(1)) if match else None
+
+
+def parse_table(output, world):
+    """{bytes: busbw in GB/s} from a lockstep-bench-style table (launcher
+    prefixes removed). busbw is recomputed from the time column: the tables
+    round it to 0.01 GB/s, too coarse for a 1 Gbit/s link."""
+    rows = {}
+    for line in (output or "").splitlines():
+        fields = re.sub(r"^\[\d+\] ", "", line).split()
+        if len(fields) == 9 and fields[0].isdigit():
+            size, us = int(fields[0]), float(fields[5])
+            rows[size] = size / (us * 1e3) * 2 * (world - 1) / world
+    return rows
+
+
+def rate_gbytes(rate):
+    n, unit = re.fullmatch(r"(\d+)([gmk]?bit)", rate.lower()).groups()
+    return int(n) * {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1}[unit] / 8e9
+
+
+def backends_in_build(build):
+    out = subprocess.run([os.path.join(build, "lockstep"), "bench", "--backend", "hier", "-b", "4", "-e", "4", "-n", "1",
+                          "-w", "0"], capture_output=True, text=True, timeout=60)
+    return ["tcp", "auto", "hier"] if "unknown backend" not in out.stdout + out.stderr else ["tcp"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--quick", action="store_true", help="1 Gbit/s only, sizes to 64 MiB, fewer iterations")
+    parser.add_argument("--rates", help="comma-separated tc rates (default 1gbit,10gbit)")
+    parser.add_argument("--ranks", default="1,2", help="ranks per host, comma-separated")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
+    parser.add_argument("--out", help="also write the markdown here")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces and tc)", file=sys.stderr)
+        return 77
+    args.build = os.path.abspath(args.build)
+    args.rates = args.rates or ("1gbit" if args.quick else "1gbit,10gbit")
+    args.max_size = "64M" if args.quick else "256M"
+    args.iters = 3 if args.quick else 5
+    args.steps = 5 if args.quick else 10
+    have_mpi = shutil.which("mpirun") and os.path.exists(os.path.join(args.build, "bench", "mpi_allreduce"))
+    have_torch = subprocess.run([args.python, "-c", "import torch.distributed"], capture_output=True).returncode == 0
+    backends = backends_in_build(args.build)
+    runner = Runner(args)
+
+    lines = [f"{args.hosts} hosts (network namespaces through a bridge, tc tbf on each link, both ways), ranks pinned "
+             f"to their host's share of {os.cpu_count()} cores; float32 sum in place, busbw in GB/s (mean of "
+             f"{args.iters} iterations after 1 warm-up); DDP: MLP 6x2048, batch 32 per rank, median step of "
+             f"{args.steps}.", ""]
+    ddp_rows = []
+    for rate in args.rates.split(","):
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            with Cluster(args.hosts, rate) as cluster:
+                print(f"# {rate}, {args.hosts} hosts x {ranks} rank(s)", file=sys.stderr)
+                world = args.hosts * ranks
+                tables = {f"lockstep {b}": parse_table(runner.lockstep_bench(cluster, ranks, b), world)
+                          for b in backends}
+                if have_mpi:
+                    tables["Open MPI"] = parse_table(runner.mpi_bench(cluster, ranks), world)
+                if have_torch:
+                    tables["Gloo"] = parse_table(runner.gloo_bench(cluster, ranks), world)
+                ours = runner.ddp_step(cluster, ranks, "lockstep")
+                theirs = runner.ddp_step(cluster, ranks, "torch") if have_torch else None
+            link = rate_gbytes(rate)
+            names = list(tables)
+            lines += [f"**{rate}, {args.hosts} hosts × {ranks} rank(s)** (link {link:.3f} GB/s)", "",
+                      "| size | " + " | ".join(names) + " | lockstep tcp / link |", "|---|" + "---|" * (len(names) + 1)]
+            for size in sorted(set().union(*tables.values())):
+                cells = [f"{tables[n][size]:.3f}" if size in tables[n] else "n/a" for n in names]
+                tcp = tables["lockstep tcp"].get(size)
+                share = f"{tcp / link:.2f}" if tcp else "n/a"
+                lines.append(f"| {size >> 20} MiB | " + " | ".join(cells) + f" | {share} |")
+            lines.append("")
+            ratio = f"{ours / theirs:.2f}" if ours and theirs else "n/a"
+            ddp_rows.append(f"| {rate} | {args.hosts} × {ranks} | {ours or 'n/a'} | {theirs or 'n/a'} | {ratio} |")
+    lines += ["DDP MLP step time (ms, lower is better):", "",
+              "| link | hosts × ranks | lockstep | PyTorch DDP (Gloo) | lockstep / PyTorch |", "|---|---|---|---|---|"]
+    lines += ddp_rows
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
