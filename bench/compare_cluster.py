@@ -10,6 +10,8 @@ host, and measures on the same links:
     lockstep auto, hier   the same with --backend auto / hier (when the build has hier)
     Open MPI              mpirun on host 0 reaching the others through
                           tests/netns/host_agent.sh, build/bench/mpi_allreduce
+    Open MPI ring         the same with coll_tuned's ring algorithm forced
+                          (against its own choice of algorithm)
     Gloo                  bench/gloo_allreduce.py per host (torch.distributed)
   the DDP MLP step time (examples/ddp_throughput against bench/pytorch_ddp.py,
   PyTorch's DDP over Gloo).
@@ -118,9 +120,18 @@ class Runner:
         return self.lockstep_run(cluster, ranks, [os.path.join(self.args.build, "lockstep"), "bench", "--backend",
                                                   backend] + self.bench_args())
 
-    def mpi_bench(self, cluster, ranks):
+    def mpi_bench(self, cluster, ranks, algorithm=None):
+        """Open MPI's MPI_Allreduce; with `algorithm`, coll_tuned's algorithm
+        of that number instead of its own choice (4 is the ring)."""
         hosts = len(cluster.hosts)
-        mpirun = ["mpirun", "--mca", "plm_rsh_agent", HOST_AGENT,
+        tuned = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm",
+                 str(algorithm)] if algorithm else []
+        # More ranks than the host has cores: Open MPI's ranks must yield
+        # while they poll, or they take the core from the one with work.
+        first, last = cluster.hosts[0][2].split("-")
+        if ranks > int(last) - int(first) + 1:
+            tuned += ["--mca", "mpi_yield_when_idle", "1"]
+        mpirun = ["mpirun"] + tuned + ["--mca", "plm_rsh_agent", HOST_AGENT,
                   "--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0",
                   "--mca", "btl", "self,vader,tcp", "--mca", "btl_vader_single_copy_mechanism", "none",
                   "--mca", "pml", "ob1", "--bind-to", "none",
@@ -186,6 +197,7 @@ def main():
     parser.add_argument("--ranks", default="1,2", help="ranks per host, comma-separated")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
+    parser.add_argument("--max-size", help="largest all-reduce (default 256M, 64M with --quick)")
     parser.add_argument("--out", help="also write the markdown here")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -193,7 +205,7 @@ def main():
         return 77
     args.build = os.path.abspath(args.build)
     args.rates = args.rates or ("1gbit" if args.quick else "1gbit,10gbit")
-    args.max_size = "64M" if args.quick else "256M"
+    args.max_size = args.max_size or ("64M" if args.quick else "256M")
     args.iters = 3 if args.quick else 5
     args.steps = 5 if args.quick else 10
     have_mpi = shutil.which("mpirun") and os.path.exists(os.path.join(args.build, "bench", "mpi_allreduce"))
@@ -215,6 +227,7 @@ def main():
                           for b in backends}
                 if have_mpi:
                     tables["Open MPI"] = parse_table(runner.mpi_bench(cluster, ranks), world)
+                    tables["Open MPI ring"] = parse_table(runner.mpi_bench(cluster, ranks, algorithm=4), world)
                 if have_torch:
                     tables["Gloo"] = parse_table(runner.gloo_bench(cluster, ranks), world)
                 ours = runner.ddp_step(cluster, ranks, "lockstep")

@@ -25,8 +25,9 @@
 #   cluster_link_down I               host I's link goes down (no FIN, no RST)
 #   cluster_has_netem                 true where netem exists
 #   cluster_leftovers                 prints what of the cluster is still there
-#   cluster_mpirun I ARGS...          mpirun on host I reaching every host
-#                                     through host_agent.sh (foreground)
+#   cluster_mpirun I ARGS...          mpirun (or $cluster_mpirun_path) on host I
+#                                     reaching every host through
+#                                     host_agent.sh (foreground)
 # Needs $cli (path of the lockstep binary) for cluster_node.
 
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
@@ -166,7 +167,7 @@ cluster_mpirun() {
   local i=$1
   shift
   LOCKSTEP_CLUSTER_HOSTS=$work/cluster-hosts OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    PMIX_MCA_gds=hash on_host "${cluster_hosts[$i]}" setpriv --pdeathsig KILL mpirun \
+    PMIX_MCA_gds=hash on_host "${cluster_hosts[$i]}" setpriv --pdeathsig KILL "${cluster_mpirun_path:-mpirun}" \
     --mca plm_rsh_agent "$(dirname "${BASH_SOURCE[0]}")/host_agent.sh" \
     --mca oob_tcp_if_include "10.$cluster_net.0.0/24" --mca btl_tcp_if_include "10.$cluster_net.0.0/24" \
     --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none --mca pml ob1 \

@@ -87,6 +87,7 @@ for backend in "${backends[@]}"; do
 done
 if [ -n "$mpirun" ]; then
   start=$(date +%s)
+  cluster_mpirun_path=$mpirun
   cluster_mpirun 0 --timeout 100 --host "$(cluster_ip 0):2,$(cluster_ip 1):2" -np 4 -x LOCKSTEP_BACKEND=mpi \
     -x MASTER_ADDR="$(cluster_ip 0)" -x MASTER_PORT=$cluster_port -x LOCKSTEP_CONNECT_TIMEOUT "$sweep" \
     > "$work/sweep-mpi.log" 2>&1 || { cat "$work/sweep-mpi.log"; fail "the mpi sweep failed"; }

@@ -16,12 +16,13 @@ cleanup() {
 trap cleanup EXIT
 
 # in_host_pids HOLDER: the processes in that host's network namespace,
-# other than the holder itself.
+# other than the holder itself. (test -ef compares the namespaces' inodes
+# without a readlink process per entry: this runs on loaded machines.)
 in_host_pids() {
-  local target p
-  target=$(readlink /proc/$1/ns/net) || return
+  local p
+  [ -e /proc/$1/ns/net ] || return
   for p in /proc/[0-9]*; do
-    [ "${p#/proc/}" != "$1" ] && [ "$(readlink $p/ns/net 2> /dev/null)" = "$target" ] && echo "${p#/proc/}"
+    [ "${p#/proc/}" != "$1" ] && [ $p/ns/net -ef /proc/$1/ns/net ] && echo "${p#/proc/}"
   done
 }
 
