@@ -24,7 +24,6 @@
 #                                     background; its pid in $cluster_node_pid
 #   cluster_link_down I               host I's link goes down (no FIN, no RST)
 #   cluster_has_netem                 true where netem exists
-#   cluster_leftovers                 prints what of the cluster is still there
 #   cluster_mpirun I ARGS...          mpirun (or $cluster_mpirun_path) on host I
 #                                     reaching every host through
 #                                     host_agent.sh (foreground)
@@ -147,28 +146,16 @@ cluster_link_down() {
   on_host "${cluster_hosts[$1]}" ip link set eth0 down
 }
 
-# Whatever of this cluster exists: holder processes, processes inside its
-# hosts, and links in this namespace carrying its tag.
-cluster_leftovers() {
-  local h
-  for h in $cluster_switch "${cluster_hosts[@]}"; do
-    [ -d /proc/$h ] && echo "holder $h"
-    [ -d /proc/$h ] && in_host_pids $h | sed 's/^/process /'
-  done
-  ip -o link show | grep -- "-$cluster_tag" | sed 's/^/link /'
-}
-
 # mpirun as on a real cluster: started on host I, it reaches the others
-# through host_agent.sh (its remote-shell agent) and its daemons and ranks
-# talk over the cluster's links only (TCP, not shared memory, between
-# ranks: each rank its own "host" for the byte path would be wrong, so
-# ranks on one host keep shared memory).
+# through host_agent.sh (its remote-shell agent, where it would use ssh).
+# Between hosts its daemons and ranks use TCP on the cluster's subnet only;
+# ranks on one host share memory (vader), as they would on real hosts.
 cluster_mpirun() {
   local i=$1
   shift
   LOCKSTEP_CLUSTER_HOSTS=$work/cluster-hosts OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     PMIX_MCA_gds=hash on_host "${cluster_hosts[$i]}" setpriv --pdeathsig KILL "${cluster_mpirun_path:-mpirun}" \
-    --mca plm_rsh_agent "$(dirname "${BASH_SOURCE[0]}")/host_agent.sh" \
+    --mca plm_rsh_agent "$(realpath "$(dirname "${BASH_SOURCE[0]}")")/host_agent.sh" \
     --mca oob_tcp_if_include "10.$cluster_net.0.0/24" --mca btl_tcp_if_include "10.$cluster_net.0.0/24" \
     --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none --mca pml ob1 \
     --bind-to none "$@"
