@@ -187,6 +187,17 @@ std::vector<Case> cases() {
        [](int step, int rank) { return (step + rank) % 2 == 0; }, 1e-5, true},
       {"no_sync_4_micro_batches", {}, 4},
       {"static_graph", with([](DDPOptions& o) { o.static_graph = true; })},
+      // kSteps = 4: the buckets are re-planned before the last step.
+      {"autotune_bucket_cap", with([](DDPOptions& o) { o.autotune_bucket_cap = true; })},
+      {"autotune_from_tiny_buckets_set_to_none", with([](DDPOptions& o) {
+         o.autotune_bucket_cap = true;
+         o.bucket_cap_mb = o.first_bucket_mb = 0.0005;
+       }), 1, nullptr, 1e-5, true},
+      {"autotune_bucket_view", with([](DDPOptions& o) {
+         o.autotune_bucket_cap = true;
+         o.gradient_as_bucket_view = true;
+         o.bucket_cap_mb = o.first_bucket_mb = 0.0005;
+       })},
       {"unused_branch_some_steps", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
        [](int step, int) { return step % 2 == 1; }},
       {"unused_branch_some_ranks", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
