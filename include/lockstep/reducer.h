@@ -170,8 +170,9 @@ struct BucketAutotune {
   double predicted_exposed_ms = 0;       // communication after backward, predicted with the chosen cap
   double configured_exposed_ms = 0;      // ... and with the configured one
   double backward_ms = 0;                // measured, slowest rank
-  double alpha_us = 0;                   // fitted all-reduce cost: per message ...
+  double alpha_us = 0;                   // all-reduce cost in the step: per message ...
   double beta_us_per_byte = 0;           // ... and per byte on the wire
+  double contention = 1;                 // in-step bucket time / the idle probe's prediction (in alpha and beta)
   std::string algorithm;                 // the cost model's algorithm for the group's backend
 };
 

@@ -1,13 +1,16 @@
 // Bucket autotuning; see bucket_autotune.h.
 //
 // The collective, step by step (every rank, same order):
-//   1. probe: all-reduce f32 buffers of up to three sizes (the whole
-//      gradient, 1/8 and 1/64 of it, within 1 KiB..64 MiB), three times
-//      each; a rank keeps its fastest time per size;
+//   1. probe: all-reduce f32 buffers of up to four sizes (the whole
+//      gradient, 1/8 and 1/64 of it, and 4 KiB, within 1 KiB..64 MiB),
+//      three times each; a rank keeps its fastest time per size;
 //   2. one all-reduce(max) of [backward, each parameter's ready time,
-//      each probe time]: the slowest rank decides when a bucket can go;
-//   3. rank 0 fits alpha/beta, simulates each candidate cap and
-//      broadcasts its choice (so no rank can differ by rounding).
+//      each probe time, minus each bucket's in-step time]: the slowest
+//      rank decides when a bucket can go; the fastest rank's bucket times
+//      are the collectives' own (the others waited for it);
+//   3. alpha/beta fitted to the probe, scaled by the in-step contention;
+//      rank 0 simulates each candidate cap and broadcasts its choice (so
+//      no rank can differ by rounding).
 #include "ddp/bucket_autotune.h"
 
 #include <algorithm>
@@ -26,11 +29,15 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-// Probe sizes (bytes, multiples of 4) for `total` bytes of gradients.
+// Probe sizes (bytes, multiples of 4) for `total` bytes of gradients:
+// three the size of buckets, which tell the per-byte cost,
+// and one of 4 KiB, which is mostly latency. Without the small one a
+// backend whose large-message algorithm synchronises once per chunk (shm's
+// two-shot) could not tell its latency from its per-byte cost.
 std::vector<double> probe_sizes(double total) {
   std::vector<double> sizes;
-  for (double divisor : {1.0, 8.0, 64.0}) {
-    const double bytes = std::clamp(total / divisor, 1024.0, 64 * kMiB);
+  for (double bytes : {total, total / 8, total / 64, 4096.0}) {
+    bytes = std::clamp(bytes, 1024.0, 64 * kMiB);
     const double rounded = std::max(4.0, std::floor(bytes / 4) * 4);
     if (std::find(sizes.begin(), sizes.end(), rounded) == sizes.end()) sizes.push_back(rounded);
   }
@@ -133,6 +140,17 @@ BucketCapChoice choose_bucket_cap(const std::vector<sim::Gradient>& gradients, d
   return best;
 }
 
+double contention_factor(const std::vector<AllreduceSample>& in_step, const sim::Cluster& cost, int world,
+                         double wire_fraction) {
+  double measured = 0, predicted = 0;
+  for (const auto& b : in_step) {
+    if (b.us <= 0) continue;
+    measured += b.us;
+    predicted += sim::allreduce_us(cost, world, b.bytes * wire_fraction);
+  }
+  return predicted > 0 ? std::max(1.0, measured / predicted) : 1.0;
+}
+
 BucketAutotune autotune_bucket_cap(ProcessGroup& pg, const std::vector<ParamSpec>& params,
                                    const std::vector<std::size_t>& order, const GradientTimeline& mine,
                                    const BucketPlanOptions& configured, double wire_fraction) {
@@ -142,7 +160,7 @@ BucketAutotune autotune_bucket_cap(ProcessGroup& pg, const std::vector<ParamSpec
 
   // 1. The probe.
   std::vector<double> fastest_us(sizes.size(), std::numeric_limits<double>::infinity());
-  std::vector<float> buffer(static_cast<std::size_t>(sizes.front() / 4));
+  std::vector<float> buffer(static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()) / 4));
   for (int repeat = 0; repeat < 3; ++repeat)
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       const auto count = static_cast<std::size_t>(sizes[k] / 4);
@@ -157,6 +175,8 @@ BucketAutotune autotune_bucket_cap(ProcessGroup& pg, const std::vector<ParamSpec
   measured.insert(measured.end(), mine.ready_ms.begin(), mine.ready_ms.end());
   measured.resize(1 + params.size(), 0.0);
   measured.insert(measured.end(), fastest_us.begin(), fastest_us.end());
+  const std::size_t buckets_at = measured.size();
+  for (const auto& b : mine.buckets) measured.push_back(b.us > 0 ? -b.us : -std::numeric_limits<double>::infinity());
   pg.allreduce(Buffer{measured.data(), measured.size(), DType::f64}, ReduceOp::max)->wait();
 
   // 3. Rank 0 decides; everyone plans with its choice.
@@ -167,7 +187,14 @@ BucketAutotune autotune_bucket_cap(ProcessGroup& pg, const std::vector<ParamSpec
   out.algorithm = sim::to_string(algorithm);
   std::vector<AllreduceSample> samples;
   for (std::size_t k = 0; k < sizes.size(); ++k) samples.push_back({sizes[k], measured[1 + params.size() + k]});
-  const sim::Cluster cost = fit_allreduce_cost(samples, algorithm, pg.size());
+  sim::Cluster cost = fit_allreduce_cost(samples, algorithm, pg.size());
+  std::vector<AllreduceSample> in_step;
+  for (std::size_t k = 0; k < mine.buckets.size(); ++k)
+    if (std::isfinite(measured[buckets_at + k])) in_step.push_back({mine.buckets[k].bytes, -measured[buckets_at + k]});
+  out.contention = contention_factor(in_step, cost, pg.size(), wire_fraction);
+  cost.intra.alpha_us *= out.contention;
+  cost.intra.beta_us_per_byte *= out.contention;
+  cost.inter = cost.intra;
   out.alpha_us = cost.intra.alpha_us;
   out.beta_us_per_byte = cost.intra.beta_us_per_byte;
   double decided[3] = {0, 0, 0};  // cap, predicted exposed, configured exposed

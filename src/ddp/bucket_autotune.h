@@ -54,12 +54,23 @@ BucketCapChoice choose_bucket_cap(const std::vector<sim::Gradient>& gradients, d
 struct GradientTimeline {
   std::vector<double> ready_ms;  // per parameter (model order), after backward began
   double backward_ms = 0;
+  // Each bucket of the plan in use: its bytes and how long its all-reduce
+  // took inside the step (0: not measured on this rank).
+  std::vector<AllreduceSample> buckets;
 };
+
+// How much slower the steps' bucket all-reduces ran than `cost` predicts
+// for the idle group (on CPUs, backward and the collectives share cores
+// and memory): the ratio of the sums, at least 1; 1 without samples.
+double contention_factor(const std::vector<AllreduceSample>& in_step, const sim::Cluster& cost, int world,
+                         double wire_fraction);
 
 // Collective, on every rank at the same point: times all-reduces of a few
 // sizes (a short probe), takes the slowest rank's timeline and probe times
-// (collectives wait for the last rank), and rank 0 decides and broadcasts
-// the cap, so every rank plans the same buckets. `order`: the agreed
+// (collectives wait for the last rank) and the fastest rank's in-step
+// bucket times (the others include waiting for it), fits the cost and
+// scales it by the contention the steps showed, and rank 0 decides and
+// broadcasts the cap, so every rank plans the same buckets. `order`: the agreed
 // planning order; `wire_fraction`: bytes on the wire per gradient byte
 // (0.5 under fp16/bf16 compression).
 BucketAutotune autotune_bucket_cap(ProcessGroup& pg, const std::vector<ParamSpec>& params,

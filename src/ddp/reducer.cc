@@ -138,6 +138,7 @@ struct Reducer::State {
   std::size_t synced_iterations = 0;  // synchronised backward passes (shadowed ones included)
   // Autotuning's measurements, summed over the iterations it measures.
   std::vector<double> ready_ms_sum;
+  std::vector<double> bucket_us_sum;  // per bucket: its all-reduce inside the step
   double backward_ms_sum = 0;
   std::size_t measured_iterations = 0;
   std::vector<std::size_t> first_ready_order;  // of the first synchronised iteration
@@ -258,6 +259,9 @@ bool Reducer::maybe_rebuild_buckets() {
     const double iterations = static_cast<double>(std::max<std::size_t>(1, s.measured_iterations));
     mine.backward_ms = s.backward_ms_sum / iterations;
     for (double sum : s.ready_ms_sum) mine.ready_ms.push_back(sum / iterations);
+    s.bucket_us_sum.resize(buckets_.size(), 0.0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      mine.buckets.push_back({static_cast<double>(buckets_[b].bytes()), s.bucket_us_sum[b] / iterations});
     const std::string hook = options_.comm_hook->name();
     const double wire_fraction = hook == "fp16_compress" || hook == "bf16_compress" ? 0.5 : 1.0;
     autotune_ = autotune_bucket_cap(*pg_, params_, agreed, mine, options_.buckets, wire_fraction);
@@ -558,6 +562,9 @@ void Reducer::record_timeline() {
     s.ready_ms_sum[i] += static_cast<double>(std::clamp(at, start, end) - start) / 1000.0;
   }
   s.backward_ms_sum += static_cast<double>(end - start) / 1000.0;
+  s.bucket_us_sum.resize(buckets_.size(), 0.0);
+  for (std::size_t b = 0; b < buckets_.size() && b < s.timings.size(); ++b)
+    s.bucket_us_sum[b] += static_cast<double>(s.timings[b].finished_us - s.timings[b].started_us);
   ++s.measured_iterations;
 }
 

@@ -138,12 +138,12 @@ struct DataParallelCore::State {
     constexpr double kMiB = 1 << 20;
     if (pg->rank() == 0)
       log.info("bucket autotuning chose a {:.2f} MiB cap ({} buckets): {:.2f} ms of communication predicted after "
-               "backward instead of {:.2f} ms with {:.2f} MiB (backward {:.1f} ms; all-reduce fitted as {} with "
-               "{:.1f} us per message, {:.2f} GB/s)",
+               "backward instead of {:.2f} ms with {:.2f} MiB (backward {:.1f} ms; all-reduce in the step fitted as "
+               "{} with {:.1f} us per message, {:.2f} GB/s, {:.1f}x the idle group's time)",
                static_cast<double>(tuned->bucket_cap_bytes) / kMiB, tuned->buckets, tuned->predicted_exposed_ms,
                tuned->configured_exposed_ms, static_cast<double>(tuned->configured_cap_bytes) / kMiB,
                tuned->backward_ms, tuned->algorithm, tuned->alpha_us,
-               tuned->beta_us_per_byte > 0 ? 1e-3 / tuned->beta_us_per_byte : 0.0);
+               tuned->beta_us_per_byte > 0 ? 1e-3 / tuned->beta_us_per_byte : 0.0, tuned->contention);
   }
 
   // The end of backward: timeline events for it and its buckets.
@@ -345,7 +345,8 @@ nlohmann::json DataParallelCore::State::autotune_json() const {
           {"backward_ms", t->backward_ms},
           {"algorithm", t->algorithm},
           {"alpha_us", t->alpha_us},
-          {"beta_us_per_byte", t->beta_us_per_byte}};
+          {"beta_us_per_byte", t->beta_us_per_byte},
+          {"contention", t->contention}};
 }
 
 void DataParallelCore::State::write_stats_file() const {

@@ -108,6 +108,21 @@ TEST(BucketAutotune, FitNeverGoesNegative) {
   EXPECT_THROW(fit_allreduce_cost({}, sim::Algorithm::ring, 2), InvalidArgument);
 }
 
+TEST(BucketAutotune, ContentionIsTheInStepSlowdownOverTheIdlePrediction) {
+  sim::Cluster idle;
+  idle.ranks_per_host = 2;
+  idle.intra = idle.inter = sim::Link{10, 1e-3};
+  idle.algorithm = sim::Algorithm::ring;
+  // Ring on 2 ranks: 2 x 10 us + S x 1e-3: 1 MB -> 1020 us, 3 MB -> 3020 us;
+  // measured 2040 + 6040: twice. Unmeasured buckets (0) do not count.
+  EXPECT_DOUBLE_EQ(contention_factor({{1e6, 2040}, {3e6, 6040}, {5e6, 0}}, idle, 2, 1.0), 2.0);
+  // Under fp16 compression half the bytes move: 1 MB -> 520 us predicted.
+  EXPECT_DOUBLE_EQ(contention_factor({{1e6, 1560}}, idle, 2, 0.5), 3.0);
+  // Faster than the idle group (noise) is no contention; nothing measured neither.
+  EXPECT_DOUBLE_EQ(contention_factor({{1e6, 500}}, idle, 2, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(contention_factor({}, idle, 2, 1.0), 1.0);
+}
+
 // --- on ranks ----------------------------------------------------------------
 
 class VectorGradients final : public GradientSource {
@@ -185,6 +200,8 @@ TEST_P(AutotuneOnRanks, EveryRankChoosesTheSameCapThoughTheirTimingsDiffer) {
   EXPECT_GT(chosen[0].bucket_cap_bytes, 0u);
   EXPECT_EQ(chosen[0].configured_cap_bytes, 25u << 20);
   EXPECT_EQ(chosen[0].buckets, layouts[0].size());
+  EXPECT_GE(chosen[0].contention, 1.0);
+  EXPECT_EQ(chosen[0].contention, chosen[1].contention);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AutotuneOnRanks, ::testing::Values("shm", "tcp"));

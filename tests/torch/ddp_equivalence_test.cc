@@ -144,6 +144,11 @@ std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case
       }
       opt.step();
     }
+    if (c.options.autotune_bucket_cap && n > 1) {  // chosen before the last step, and in effect
+      ASSERT_TRUE(ddp.bucket_autotune().has_value());
+      EXPECT_EQ(ddp.bucket_cap_mb(), static_cast<double>(ddp.bucket_autotune()->bucket_cap_bytes) / (1 << 20));
+      EXPECT_EQ(ddp.bucket_autotune()->buckets, ddp.bucket_layout().size());
+    }
     out[static_cast<std::size_t>(rank)] = snapshot(*model);
   });
   return out;
