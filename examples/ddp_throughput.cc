@@ -36,6 +36,7 @@ struct Options {
   bool no_sync = false;
   bool bucket_view = false;
   double bucket_cap_mb = 25;
+  bool autotune = false;
   std::string hook = "none";
   int powersgd_rank = 1;
 };
@@ -47,6 +48,7 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   lockstep::torch::DDPOptions ddp_options;
   ddp_options.gradient_as_bucket_view = o.bucket_view;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.autotune_bucket_cap = o.autotune;
   if (o.hook == "fp16") ddp_options.comm_hook = lockstep::fp16_compress_hook();
   if (o.hook == "bf16") ddp_options.comm_hook = lockstep::bf16_compress_hook();
   std::shared_ptr<lockstep::PowerSGDHook> powersgd;
@@ -102,6 +104,10 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
     std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", median, exposed,
                 o.batch * pg->size() * 1000.0 / median);
     if (powersgd) std::printf("compression_ratio %.1f\n", powersgd->compression_stats().ratio());
+    if (const auto& tuned = ddp.bucket_autotune())
+      std::printf("autotuned bucket_cap_mb %.2f buckets %zu (predicted exposed %.2f ms, %.2f ms at %.0f MB)\n",
+                  ddp.bucket_cap_mb(), tuned->buckets, tuned->predicted_exposed_ms, tuned->configured_exposed_ms,
+                  o.bucket_cap_mb);
   }
   return 0;
 }
@@ -115,7 +121,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Untimed steps first");
   app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
   app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap");
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap (with --autotune: of the measured first steps)");
+  app.add_flag("--autotune", o.autotune, "Choose the bucket cap from the first steps' measurements");
   app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd", "batched_powersgd"}));
   app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks");

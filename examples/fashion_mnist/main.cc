@@ -50,6 +50,7 @@ struct Options {
   double lr = 0.05;
   double momentum = 0.9;
   double bucket_cap_mb = 25;
+  bool autotune_buckets = false;
   std::string backend;
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string checkpoint = "fashion_mnist.ckpt";
@@ -211,6 +212,7 @@ int train(const Options& o) {
   }
   lockstep::torch::DDPOptions ddp_options;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.autotune_bucket_cap = o.autotune_buckets;
   lockstep::torch::DistributedDataParallel<ConvNetImpl> ddp(model, pg, ddp_options);
 
   if (start.samples_done >= *train_set.size()) start = {start.epoch + 1, 0};  // saved at the epoch's very end
@@ -316,6 +318,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap")->capture_default_str();
+  app.add_flag("--autotune-buckets", o.autotune_buckets,
+               "Choose the bucket cap from the first steps' measurements (DDPOptions::autotune_bucket_cap)");
   app.add_option("--backend", o.backend, "auto, shm, tcp, mpi (default: LOCKSTEP_BACKEND or auto)");
   app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint, "Checkpoint file (written each epoch, resumed from)")->capture_default_str();

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,29 @@ struct ReducerOptions {
   // gradients actually became ready (rank 0's order, shared with all).
   bool rebuild_buckets = true;
   std::shared_ptr<CommHook> comm_hook;  // null: allreduce_hook()
+  // Choose bucket_cap_bytes from measurements instead of taking it as
+  // given: after `autotune_iterations` synchronised iterations (the first
+  // left out as warm-up when there are more) the ranks time a few
+  // all-reduces, combine when each gradient became ready, and re-plan the
+  // buckets once (in the observed order, as the rebuild does) with the cap
+  // the step model predicts to leave the least communication exposed.
+  // Collective and identical on every rank; see bucket_autotune().
+  bool autotune_bucket_cap = false;
+  std::size_t autotune_iterations = 3;
+};
+
+// What bucket autotuning measured and chose.
+struct BucketAutotune {
+  std::size_t bucket_cap_bytes = 0;      // chosen: the buckets are planned with it
+  std::size_t configured_cap_bytes = 0;  // the cap of the measured iterations
+  std::size_t buckets = 0;               // planned with the chosen cap
+  double predicted_exposed_ms = 0;       // communication after backward, predicted with the chosen cap
+  double configured_exposed_ms = 0;      // ... and with the configured one
+  double backward_ms = 0;                // measured, slowest rank
+  double alpha_us = 0;                   // all-reduce cost in the step: per message ...
+  double beta_us_per_byte = 0;           // ... and per byte on the wire
+  double contention = 1;                 // in-step bucket time / the idle probe's prediction (in alpha and beta)
+  std::string algorithm;                 // the cost model's algorithm for the group's backend
 };
 
 // Timings of one backward pass (steady-clock microseconds; see now_us).
@@ -227,6 +251,10 @@ class Reducer {
   void* bucket_slot(std::size_t i) const;
   const StepStats& last_step() const { return last_step_; }
   bool buckets_rebuilt() const { return rebuilt_; }
+  // The cap the buckets are planned with (the chosen one once autotuning ran).
+  std::size_t bucket_cap_bytes() const { return options_.buckets.bucket_cap_bytes; }
+  // Set once autotuning has chosen (ReducerOptions::autotune_bucket_cap).
+  const std::optional<BucketAutotune>& bucket_autotune() const { return autotune_; }
   // Backward passes finished so far (synchronised or not).
   std::uint64_t iterations() const;
   ProcessGroup& group() const { return *pg_; }
@@ -245,6 +273,8 @@ class Reducer {
   std::size_t trailer_elements() const;
   bool solo() const;
   void finish_iteration();
+  bool measuring() const;
+  void record_timeline();
 
   std::shared_ptr<ProcessGroup> pg_;
   std::vector<ParamSpec> params_;
@@ -254,6 +284,7 @@ class Reducer {
   bool sync_ = true;
   bool rebuilt_ = false;
   int contributing_ranks_ = 0;
+  std::optional<BucketAutotune> autotune_;
   StepStats last_step_;
   std::unique_ptr<State> state_;
 };

@@ -44,6 +44,7 @@
 
 #include "common/clock.h"
 #include "common/half.h"
+#include "ddp/bucket_autotune.h"
 #include "lockstep/error.h"
 #include "lockstep/reducer.h"
 
@@ -129,10 +130,17 @@ struct Reducer::State {
   std::vector<std::size_t> ready_order;
   std::vector<std::size_t> missing;  // filled with zeros although not declared unused
   std::vector<bool> produced;        // a gradient arrived through mark_ready
+  std::vector<std::int64_t> ready_us;  // while autotuning measures: when each gradient became ready
 
   // Across iterations.
   std::uint64_t iterations = 0;  // backward passes finished
   bool synced_once = false;
+  std::size_t synced_iterations = 0;  // synchronised backward passes (shadowed ones included)
+  // Autotuning's measurements, summed over the iterations it measures.
+  std::vector<double> ready_ms_sum;
+  std::vector<double> bucket_us_sum;  // per bucket: its all-reduce inside the step
+  double backward_ms_sum = 0;
+  std::size_t measured_iterations = 0;
   std::vector<std::size_t> first_ready_order;  // of the first synchronised iteration
   std::vector<int> expected_calls;            // static_graph: from the first iteration
   bool static_learned = false;
@@ -230,7 +238,9 @@ void* Reducer::bucket_slot(std::size_t i) const { return slot_in(state_->input_s
 
 bool Reducer::maybe_rebuild_buckets() {
   auto& s = *state_;
-  if (rebuilt_ || !options_.rebuild_buckets || !s.synced_once) return false;
+  const bool tune = options_.autotune_bucket_cap && !solo();
+  if (rebuilt_ || !(options_.rebuild_buckets || tune) || !s.synced_once) return false;
+  if (tune && s.synced_iterations < options_.autotune_iterations) return false;
   rebuilt_ = true;
   // Rank 0's observed order, shared with everyone, so all plan alike.
   std::vector<std::int64_t> order(params_.size());
@@ -244,7 +254,21 @@ bool Reducer::maybe_rebuild_buckets() {
     if (!listed[i]) order[k++] = static_cast<std::int64_t>(i);
   pg_->broadcast(view(std::span(order)), 0)->wait();
   std::vector<std::size_t> agreed(order.begin(), order.end());
+  if (tune) {
+    GradientTimeline mine;
+    const double iterations = static_cast<double>(std::max<std::size_t>(1, s.measured_iterations));
+    mine.backward_ms = s.backward_ms_sum / iterations;
+    for (double sum : s.ready_ms_sum) mine.ready_ms.push_back(sum / iterations);
+    s.bucket_us_sum.resize(buckets_.size(), 0.0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      mine.buckets.push_back({static_cast<double>(buckets_[b].bytes()), s.bucket_us_sum[b] / iterations});
+    const std::string hook = options_.comm_hook->name();
+    const double wire_fraction = hook == "fp16_compress" || hook == "bf16_compress" ? 0.5 : 1.0;
+    autotune_ = autotune_bucket_cap(*pg_, params_, agreed, mine, options_.buckets, wire_fraction);
+    options_.buckets.bucket_cap_bytes = autotune_->bucket_cap_bytes;
+  }
   std::vector<Bucket> plan = plan_buckets(params_, agreed, options_.buckets);
+  if (autotune_) autotune_->buckets = plan.size();
   bool same = plan.size() == buckets_.size();
   for (std::size_t b = 0; same && b < plan.size(); ++b) same = plan[b].params == buckets_[b].params;
   if (same) return false;
@@ -292,6 +316,7 @@ void Reducer::prepare_for_backward(const std::vector<std::size_t>& unused) {
   s.ready_order.clear();
   s.missing.clear();
   s.produced.assign(params_.size(), false);
+  if (measuring()) s.ready_us.assign(params_.size(), 0);
   std::vector<std::size_t> declared = unused;
   if (options_.static_graph && s.static_learned) {
     declared.clear();
@@ -304,6 +329,7 @@ void Reducer::prepare_for_backward(const std::vector<std::size_t>& unused) {
     if (i >= params_.size() || s.ready[i]) continue;
     zero_slot(i);
     s.ready[i] = true;
+    if (measuring()) s.ready_us[i] = last_step_.backward_start_us;
     --s.pending[s.where[i].first];
   }
   launch_ready_buckets();
@@ -315,7 +341,10 @@ void Reducer::mark_ready(std::size_t i) {
   if (i >= params_.size()) throw InvalidArgument(fmt::format("mark_ready({}): there are {} parameters", i, params_.size()));
   if (!s.prepared) prepare_for_backward();
   const int calls = ++s.calls[i];
-  if (calls == 1) s.ready_order.push_back(i);
+  if (calls == 1) {
+    s.ready_order.push_back(i);
+    if (measuring()) s.ready_us[i] = now_us();
+  }
   // The first iteration of a static graph only learns how often each
   // gradient arrives; its buckets all go at the end.
   if (options_.static_graph && !s.static_learned) return;
@@ -509,6 +538,34 @@ void Reducer::shadow_backward() {
   // synchronised backward; a rank that joined before its first one must
   // take part in that rebuild (with rank 0's order, like everyone).
   s.synced_once = true;
+  ++s.synced_iterations;
+}
+
+// Whether this synchronised backward's timeline goes into autotuning: the
+// iterations before it runs, the first (warm-up) left out when there are
+// more.
+bool Reducer::measuring() const {
+  const auto& s = *state_;
+  if (!options_.autotune_bucket_cap || autotune_ || rebuilt_ || solo()) return false;
+  return s.synced_iterations < options_.autotune_iterations &&
+         (s.synced_iterations > 0 || options_.autotune_iterations <= 1);
+}
+
+// Adds this backward's ready times (a gradient that never came: at the end
+// of backward) and its length to autotuning's sums.
+void Reducer::record_timeline() {
+  auto& s = *state_;
+  const std::int64_t start = last_step_.backward_start_us, end = last_step_.backward_end_us;
+  s.ready_ms_sum.resize(params_.size(), 0.0);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::int64_t at = i < s.ready_us.size() && s.ready_us[i] != 0 ? s.ready_us[i] : end;
+    s.ready_ms_sum[i] += static_cast<double>(std::clamp(at, start, end) - start) / 1000.0;
+  }
+  s.backward_ms_sum += static_cast<double>(end - start) / 1000.0;
+  s.bucket_us_sum.resize(buckets_.size(), 0.0);
+  for (std::size_t b = 0; b < buckets_.size() && b < s.timings.size(); ++b)
+    s.bucket_us_sum[b] += static_cast<double>(s.timings[b].finished_us - s.timings[b].started_us);
+  ++s.measured_iterations;
 }
 
 void Reducer::finish_iteration() {
@@ -521,6 +578,8 @@ void Reducer::finish_iteration() {
     s.first_ready_order = s.ready_order;
     s.synced_once = true;
   }
+  if (measuring()) record_timeline();
+  ++s.synced_iterations;
   last_step_.finalize_end_us = now_us();
   last_step_.buckets = s.timings;
   s.works.assign(buckets_.size(), nullptr);

@@ -80,6 +80,7 @@ std::vector<std::pair<std::string, std::string>> describe_options(const DDPOptio
           {"static_graph", fmt::format("{}", o.static_graph)},
           {"gradient_as_bucket_view", fmt::format("{}", o.gradient_as_bucket_view)},
           {"broadcast_buffers", fmt::format("{}", o.broadcast_buffers)},
+          {"autotune_bucket_cap", fmt::format("{}", o.autotune_bucket_cap)},
           {"comm_hook", o.comm_hook ? o.comm_hook->name() : std::string("none")},
           {"stats_window", fmt::format("{}", o.stats_window)}};
 }
@@ -92,6 +93,7 @@ ReducerOptions reducer_options(const DDPOptions& o) {
   r.static_graph = o.static_graph;
   r.gradient_as_bucket_view = o.gradient_as_bucket_view;
   r.comm_hook = o.comm_hook;
+  r.autotune_bucket_cap = o.autotune_bucket_cap;
   return r;
 }
 
@@ -124,6 +126,25 @@ struct DataParallelCore::State {
   std::vector<int> stragglers;
 
   bool tracing() const { return pg->tracing(); }
+  bool autotune_reported = false;
+
+  // At a training forward (or its shadow under a Join): the Reducer's
+  // one rebuild, and autotuning's choice said once.
+  void rebuild_buckets() {
+    reducer->maybe_rebuild_buckets();
+    const auto& tuned = reducer->bucket_autotune();
+    if (!tuned || autotune_reported) return;
+    autotune_reported = true;
+    constexpr double kMiB = 1 << 20;
+    if (pg->rank() == 0)
+      log.info("bucket autotuning chose a {:.2f} MiB cap ({} buckets): {:.2f} ms of communication predicted after "
+               "backward instead of {:.2f} ms with {:.2f} MiB (backward {:.1f} ms; all-reduce in the step fitted as "
+               "{} with {:.1f} us per message, {:.2f} GB/s, {:.1f}x the idle group's time)",
+               static_cast<double>(tuned->bucket_cap_bytes) / kMiB, tuned->buckets, tuned->predicted_exposed_ms,
+               tuned->configured_exposed_ms, static_cast<double>(tuned->configured_cap_bytes) / kMiB,
+               tuned->backward_ms, tuned->algorithm, tuned->alpha_us,
+               tuned->beta_us_per_byte > 0 ? 1e-3 / tuned->beta_us_per_byte : 0.0, tuned->contention);
+  }
 
   // The end of backward: timeline events for it and its buckets.
   void trace_backward() {
@@ -197,6 +218,7 @@ struct DataParallelCore::State {
   }
 
   void write_stats_file() const;
+  nlohmann::json autotune_json() const;
   Logger log;
 
   // Under a Join, the rank with the largest number among those whose flag
@@ -310,6 +332,23 @@ DataParallelCore::~DataParallelCore() {
 }
 
 // LOCKSTEP_STATS=<prefix>: this rank's statistics as <prefix>.rank<r>.json.
+// Autotuning's measurements and choice for the statistics file; null when
+// it did not run.
+nlohmann::json DataParallelCore::State::autotune_json() const {
+  const auto& t = reducer->bucket_autotune();
+  if (!t) return nullptr;
+  return {{"chosen_cap_mb", static_cast<double>(t->bucket_cap_bytes) / (1 << 20)},
+          {"configured_cap_mb", static_cast<double>(t->configured_cap_bytes) / (1 << 20)},
+          {"buckets", t->buckets},
+          {"predicted_exposed_ms", t->predicted_exposed_ms},
+          {"configured_exposed_ms", t->configured_exposed_ms},
+          {"backward_ms", t->backward_ms},
+          {"algorithm", t->algorithm},
+          {"alpha_us", t->alpha_us},
+          {"beta_us_per_byte", t->beta_us_per_byte},
+          {"contention", t->contention}};
+}
+
 void DataParallelCore::State::write_stats_file() const {
   const auto prefix = env_string(env::kStats);
   if (!prefix) return;
@@ -327,7 +366,8 @@ void DataParallelCore::State::write_stats_file() const {
       {"steps", s.steps},          {"step_ms", s.step_ms},      {"compute_ms", s.compute_ms},
       {"exposed_ms", s.exposed_ms}, {"comm_ms", s.comm_ms},     {"data_ms", s.data_ms},
       {"overlap", s.overlap()},    {"bytes_per_step", s.bytes}, {"parameters", parameters},
-      {"bucket_cap_mb", options.bucket_cap_mb}, {"buckets", buckets}, {"compression", options.comm_hook ? options.comm_hook->name() : "none"},
+      {"bucket_cap_mb", static_cast<double>(reducer->bucket_cap_bytes()) / (1 << 20)}, {"buckets", buckets},
+      {"bucket_autotune", autotune_json()}, {"compression", options.comm_hook ? options.comm_hook->name() : "none"},
       {"last_window", window_json}, {"stragglers", stragglers}};
   write_file_atomically(fmt::format("{}.rank{}.json", *prefix, pg->rank()), doc.dump(1) + "\n");
 }
@@ -357,7 +397,7 @@ void DataParallelCore::before_forward() {
   // Collective (every rank reaches its first training forward after the
   // first synchronised step at the same point); gradient views, if any, are
   // re-pointed by the Reducer.
-  if (training) s.reducer->maybe_rebuild_buckets();
+  if (training) s.rebuild_buckets();
   // Only training forwards broadcast buffers: an evaluation forward issues
   // no collective, so evaluating on some ranks only cannot hang the group.
   // Under a Join, rank 0 may have joined: the buffers come from the highest
@@ -377,7 +417,7 @@ class DataParallelCore::Shadow final : public JoinHook {
   void main_hook() override {
     s_.close_step(now_us());
     s_.maybe_compare_ranks();
-    s_.reducer->maybe_rebuild_buckets();
+    s_.rebuild_buckets();
     if (s_.options.broadcast_buffers && !s_.buffers.empty())
       broadcast_coalesced(*s_.pg, s_.buffers, s_.highest_rank_with(false));
     if (s_.any_rank_syncs(false)) s_.reducer->shadow_backward();
@@ -438,6 +478,14 @@ void DataTimer::stop() {
 }
 
 void DataTimer::restart() { start_us_ = now_us(); }
+
+double DataParallelCore::bucket_cap_mb() const {
+  return static_cast<double>(state_->reducer->bucket_cap_bytes()) / (1 << 20);
+}
+
+const std::optional<BucketAutotune>& DataParallelCore::bucket_autotune() const {
+  return state_->reducer->bucket_autotune();
+}
 
 std::vector<std::vector<std::string>> DataParallelCore::bucket_layout() const {
   std::vector<std::vector<std::string>> out;

@@ -144,6 +144,11 @@ std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case
       }
       opt.step();
     }
+    if (c.options.autotune_bucket_cap && n > 1) {  // chosen before the last step, and in effect
+      ASSERT_TRUE(ddp.bucket_autotune().has_value());
+      EXPECT_EQ(ddp.bucket_cap_mb(), static_cast<double>(ddp.bucket_autotune()->bucket_cap_bytes) / (1 << 20));
+      EXPECT_EQ(ddp.bucket_autotune()->buckets, ddp.bucket_layout().size());
+    }
     out[static_cast<std::size_t>(rank)] = snapshot(*model);
   });
   return out;
@@ -187,6 +192,17 @@ std::vector<Case> cases() {
        [](int step, int rank) { return (step + rank) % 2 == 0; }, 1e-5, true},
       {"no_sync_4_micro_batches", {}, 4},
       {"static_graph", with([](DDPOptions& o) { o.static_graph = true; })},
+      // kSteps = 4: the buckets are re-planned before the last step.
+      {"autotune_bucket_cap", with([](DDPOptions& o) { o.autotune_bucket_cap = true; })},
+      {"autotune_from_tiny_buckets_set_to_none", with([](DDPOptions& o) {
+         o.autotune_bucket_cap = true;
+         o.bucket_cap_mb = o.first_bucket_mb = 0.0005;
+       }), 1, nullptr, 1e-5, true},
+      {"autotune_bucket_view", with([](DDPOptions& o) {
+         o.autotune_bucket_cap = true;
+         o.gradient_as_bucket_view = true;
+         o.bucket_cap_mb = o.first_bucket_mb = 0.0005;
+       })},
       {"unused_branch_some_steps", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,
        [](int step, int) { return step % 2 == 1; }},
       {"unused_branch_some_ranks", with([](DDPOptions& o) { o.find_unused_parameters = true; }), 1,

@@ -32,6 +32,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -46,6 +47,7 @@ namespace lockstep::torch {
 // The comm hooks, where a DDP user looks for them (they live in lockstep::,
 // beside the Reducer, which runs them): DDPOptions::comm_hook takes one.
 using ::lockstep::allreduce_hook;
+using ::lockstep::BucketAutotune;
 using ::lockstep::bf16_compress_hook;
 using ::lockstep::CommHook;
 using ::lockstep::fp16_compress_hook;
@@ -54,6 +56,16 @@ using ::lockstep::GradBucket;
 struct DDPOptions {
   // Gradients are all-reduced in buckets of about this size (MiB).
   double bucket_cap_mb = 25.0;
+  // Choose bucket_cap_mb from this job's measurements instead: the first
+  // synchronised steps run with bucket_cap_mb while DDP records when each
+  // gradient becomes ready; before the fourth training forward the ranks
+  // time a few all-reduces (fitting the group's latency and bandwidth), and
+  // the buckets are re-planned once with the cap that the step model of
+  // `lockstep simulate` predicts to leave the least communication exposed
+  // after backward. The choice is collective (the slowest rank's timings,
+  // rank 0's decision, broadcast), logged at INFO, and available from
+  // bucket_cap_mb() and bucket_autotune(). See docs/performance.md.
+  bool autotune_bucket_cap = false;
   // The first bucket (the last layers' gradients, ready first) is smaller,
   // so communication starts early; it never exceeds bucket_cap_mb, so a
   // small cap alone (bucket_cap_mb = 0.01) gives small buckets throughout.
@@ -107,6 +119,12 @@ class DataParallelCore : public Joinable {
   const StepTimes& last_step() const;
   // Names of the parameters in each bucket, bucket by bucket.
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // The bucket cap in effect (MiB): the configured one, or the one
+  // autotuning chose once it has run.
+  double bucket_cap_mb() const;
+  // What autotuning measured and chose; empty before it runs (or without
+  // DDPOptions::autotune_bucket_cap, or in a world of one).
+  const std::optional<BucketAutotune>& bucket_autotune() const;
 
   // This rank's averages over its steps so far (the first two, warm-up,
   // left out).
@@ -213,6 +231,8 @@ class DistributedDataParallel {
   Reducer& reducer() { return core_.reducer(); }
   const StepTimes& last_step() const { return core_.last_step(); }
   std::vector<std::vector<std::string>> bucket_layout() const { return core_.bucket_layout(); }
+  double bucket_cap_mb() const { return core_.bucket_cap_mb(); }
+  const std::optional<BucketAutotune>& bucket_autotune() const { return core_.bucket_autotune(); }
 
  private:
   std::shared_ptr<ModuleImpl> module_;

@@ -120,12 +120,6 @@ std::vector<Sample> agreeing_rows(const std::vector<Sample>& s) {
 
 }  // namespace
 
-Algorithm backend_algorithm(const std::string& backend) {
-  if (backend == "shm") return Algorithm::shm;
-  if (backend == "tcp") return Algorithm::tcp;
-  return Algorithm::ring;
-}
-
 Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes) {
   std::vector<Sample> all;
   for (const auto& r : rows) {

@@ -30,9 +30,6 @@ struct Fit {
 // Throws InvalidArgument when fewer than two rows remain.
 Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes = 0);
 
-// The algorithm a backend runs (shm, tcp); ring for others.
-Algorithm backend_algorithm(const std::string& backend);
-
 // A single-host cluster with the fitted link inside and between hosts, for
 // `lockstep simulate --cluster`, as JSON text; and back.
 std::string cluster_json(const Cluster& c);

@@ -262,7 +262,8 @@ std::vector<PlannedBucket> plan(const std::vector<Gradient>& gradients, double b
     open.bytes += g.bytes;
     open.ready_ms = std::max(open.ready_ms, g.ready_ms);
     open_has = true;
-    if (open.bytes >= (out.empty() ? first_bucket_bytes : bucket_cap_bytes)) {
+    // As plan_buckets: the cap bounds the first bucket too.
+    if (open.bytes >= (out.empty() ? std::min(first_bucket_bytes, bucket_cap_bytes) : bucket_cap_bytes)) {
       out.push_back(open);
       open = {};
       open_has = false;

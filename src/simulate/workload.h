@@ -73,7 +73,7 @@ Workload from_stats(const std::string& path, double backward_share = 2.0 / 3);
 Workload refine_gradients(const Workload& measured, const Description& d);
 
 // A bucket as DDP plans it: gradients in backward order, the first bucket
-// closed at `first_bucket_bytes`, the others at the cap (plan_buckets in
+// closed at `first_bucket_bytes` (or the cap, if smaller), the others at the cap (plan_buckets in
 // src/ddp/bucket_plan.cc); ready when its last gradient is.
 struct PlannedBucket {
   double bytes = 0;

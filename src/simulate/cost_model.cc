@@ -54,6 +54,12 @@ std::string to_string(Algorithm a) {
   return "?";
 }
 
+Algorithm backend_algorithm(const std::string& backend) {
+  if (backend == "shm") return Algorithm::shm;
+  if (backend == "tcp") return Algorithm::tcp;
+  return Algorithm::ring;
+}
+
 Algorithm parse_algorithm(const std::string& name) {
   for (const auto& n : kAlgorithms)
     if (name == n.name) return n.algorithm;

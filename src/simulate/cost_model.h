@@ -31,6 +31,8 @@ enum class Algorithm {
 };
 
 std::string to_string(Algorithm a);
+// The algorithm a backend runs (shm, tcp); ring for others.
+Algorithm backend_algorithm(const std::string& backend);
 // Throws InvalidArgument naming the accepted names.
 Algorithm parse_algorithm(const std::string& name);
 
