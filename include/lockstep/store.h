@@ -164,8 +164,9 @@ struct TcpStoreOptions {
   // with a ConfigError.
   Duration connect_timeout = std::chrono::seconds(60);
   Duration timeout = Store::kDefaultTimeout;
-  // Client: the system calls its socket I/O and clock go through; null is
-  // the real ones. Tests inject faults here; it must outlive the client.
+  // The system calls a client's or a server's socket I/O and clock go
+  // through; null is the real ones. Tests inject faults here; it must
+  // outlive the client or server.
   Os* os = nullptr;
 };
 

@@ -134,5 +134,32 @@ TEST_F(StoreFaults, RefusedConnectionIsAConfigErrorAfterTheConnectTimeout) {
   EXPECT_LT(seconds, 1.0);
 }
 
+// accept(2) fails on the server (out of descriptors): it pauses accepting
+// instead of failing or spinning, and the waiting client is served after.
+TEST(StoreServerFaults, FailedAcceptPausesThenServesTheClient) {
+  FaultyOs os;
+  os.fail(Call::accept, 1, EMFILE);
+  TcpStoreOptions server_options;
+  server_options.os = &os;
+  TcpStoreServer server("127.0.0.1", 0, server_options);
+  TcpStore store("127.0.0.1", server.port());
+  store.set("key", "served");
+  EXPECT_EQ(store.get("key"), "served");
+  EXPECT_GE(os.calls(Call::accept), 2);
+}
+
+TEST(StoreServerFaults, ShortWritesOfRepliesStillDeliverThem) {
+  FaultyOs os;
+  os.shorten(Call::send, 1, 3);
+  TcpStoreOptions server_options;
+  server_options.os = &os;
+  TcpStoreServer server("127.0.0.1", 0, server_options);
+  TcpStore store("127.0.0.1", server.port());
+  const std::string value(1000, 'r');
+  store.set("key", value);
+  EXPECT_EQ(store.get("key"), value);
+  EXPECT_GT(os.calls(Call::send), 333);
+}
+
 }  // namespace
 }  // namespace lockstep
