@@ -24,6 +24,8 @@
 
 namespace lockstep {
 
+class Os;  // the system calls (private: src/common/os.h)
+
 class Store {
  public:
   static constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
@@ -162,6 +164,10 @@ struct TcpStoreOptions {
   // with a ConfigError.
   Duration connect_timeout = std::chrono::seconds(60);
   Duration timeout = Store::kDefaultTimeout;
+  // The system calls a client's or a server's socket I/O and clock go
+  // through; null is the real ones. Tests inject faults here; it must
+  // outlive the client or server.
+  Os* os = nullptr;
 };
 
 // The server side of TcpStore: a single thread with an event loop serving any

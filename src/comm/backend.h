@@ -17,6 +17,7 @@
 #include "comm/block_counts.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/os.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "lockstep/types.h"
@@ -63,6 +64,7 @@ struct BackendContext {
   std::string listen_address;         // tcp: resolved by the front end
   std::size_t tcp_small_bytes = 0;    // tcp: algorithm crossover
   Logger log;
+  Os* os = &Os::real();               // the system calls (tests inject faults); outlives the backend
 };
 
 class Backend {

@@ -45,18 +45,24 @@ class Deadline {
   static Deadline never() { return Deadline(Clock::time_point::max()); }
 
   bool is_never() const { return at_ == Clock::time_point::max(); }
-  bool expired() const { return !is_never() && Clock::now() >= at_; }
+  bool expired() const { return expired_at(Clock::now()); }
+  // Whether it has passed at `now` (a time read on another clock of the
+  // same epoch: a test's, see common/os.h).
+  bool expired_at(Clock::time_point now) const { return !is_never() && now >= at_; }
   Clock::time_point at() const { return at_; }
 
-  Duration remaining() const {
+  Duration remaining() const { return remaining_at(Clock::now()); }
+  Duration remaining_at(Clock::time_point now) const {
     if (is_never()) return Duration::max();
-    return std::max(Duration(0), std::chrono::duration_cast<Duration>(at_ - Clock::now()));
+    return std::max(Duration(0), std::chrono::duration_cast<Duration>(at_ - now));
   }
 
   // A timeout for poll(2): milliseconds left, rounded up, at most `cap` (-1: no cap).
-  int poll_timeout_ms(int cap = -1) const {
+  int poll_timeout_ms(int cap = -1) const { return poll_timeout_ms_at(Clock::now(), cap); }
+  // The same, with the time read by the caller.
+  int poll_timeout_ms_at(Clock::time_point now, int cap = -1) const {
     if (is_never()) return cap;
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(at_ - Clock::now()).count();
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(at_ - now).count();
     if (left <= 0) return 0;
     const std::int64_t ms = (left + 999) / 1000;
     const std::int64_t bounded = cap < 0 ? ms : std::min<std::int64_t>(ms, cap);

@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -59,20 +58,20 @@ bool retryable_connect_error(int err) {
 
 // One non-blocking connect attempt bounded by `deadline`. Returns the socket
 // or an invalid one with *err set.
-Socket try_connect(const addrinfo& ai, Deadline deadline, int* err) {
+Socket try_connect(const addrinfo& ai, Deadline deadline, Os& os, int* err) {
   Socket s(::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC, ai.ai_protocol));
   if (!s.valid()) {
     *err = errno;
     return {};
   }
   set_nonblocking(s.fd());
-  if (::connect(s.fd(), ai.ai_addr, ai.ai_addrlen) == 0) return s;
+  if (os.connect(s.fd(), ai.ai_addr, ai.ai_addrlen) == 0) return s;
   if (errno != EINPROGRESS) {
     *err = errno;
     return {};
   }
   pollfd p{s.fd(), POLLOUT, 0};
-  const int rc = ::poll(&p, 1, deadline.poll_timeout_ms());
+  const int rc = os.poll(&p, 1, poll_timeout_ms(os, deadline));
   if (rc == 0) {
     *err = ETIMEDOUT;
     return {};
@@ -152,7 +151,7 @@ Socket listen_tcp(const std::string& host, std::uint16_t port, int backlog) {
                                 std::strerror(last_errno), hint));
 }
 
-Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadline) {
+Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadline, Os& os) {
   auto backoff = std::chrono::milliseconds(10);
   std::string reason = "no address";
   for (;;) {
@@ -162,7 +161,8 @@ Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadlin
       for (const addrinfo* ai = addrs.get(); ai != nullptr; ai = ai->ai_next) {
         int err = 0;
         // Bound each attempt so a black-holed address does not eat the whole deadline.
-        Socket s = try_connect(*ai, Deadline::earlier(deadline, Deadline::after(std::chrono::seconds(5))), &err);
+        const Deadline attempt = Deadline::starting_at(os.now(), std::chrono::seconds(5));
+        Socket s = try_connect(*ai, Deadline::earlier(deadline, attempt), os, &err);
         if (s.valid()) {
           set_nodelay(s.fd());
           return s;
@@ -173,18 +173,18 @@ Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadlin
     } else {
       reason = "cannot resolve '" + host + "': " + error;
     }
-    if (deadline.expired()) break;
-    std::this_thread::sleep_for(std::min<Duration>(backoff, deadline.remaining()));
+    if (expired(os, deadline)) break;
+    os.sleep_for(std::min<Duration>(backoff, deadline.remaining_at(os.now())));
     backoff = std::min<Duration>(backoff * 2, std::chrono::seconds(1));
-    if (deadline.expired()) break;
+    if (expired(os, deadline)) break;
   }
   throw ConfigError(fmt::format("cannot connect to {}: {} (gave up after the connect timeout)",
                                 format_endpoint(host, port), reason));
 }
 
-Socket accept_tcp(const Socket& listener, Deadline deadline) {
+Socket accept_tcp(const Socket& listener, Deadline deadline, Os& os) {
   for (;;) {
-    const int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = os.accept(listener.fd(), SOCK_CLOEXEC);
     if (fd >= 0) {
       set_nodelay(fd);
       return Socket(fd);
@@ -192,7 +192,7 @@ Socket accept_tcp(const Socket& listener, Deadline deadline) {
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       throw PeerError(fmt::format("accept failed: {}", std::strerror(errno)));
     pollfd p{listener.fd(), POLLIN, 0};
-    const int rc = ::poll(&p, 1, deadline.poll_timeout_ms());
+    const int rc = os.poll(&p, 1, poll_timeout_ms(os, deadline));
     if (rc == 0) return {};
   }
 }
@@ -251,10 +251,10 @@ std::string format_endpoint(const std::string& host, std::uint16_t port) {
   return fmt::format("{}:{}", host.empty() ? "*" : host, port);
 }
 
-IoResult send_all(int fd, const void* data, std::size_t len, Deadline deadline) {
+IoResult send_all(int fd, const void* data, std::size_t len, Deadline deadline, Os& os) {
   const auto* p = static_cast<const char*>(data);
   while (len > 0) {
-    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = os.send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       p += n;
       len -= static_cast<std::size_t>(n);
@@ -265,16 +265,16 @@ IoResult send_all(int fd, const void* data, std::size_t len, Deadline deadline) 
       return {IoStatus::error, errno};
     }
     pollfd p_fd{fd, POLLOUT, 0};
-    const int rc = ::poll(&p_fd, 1, deadline.poll_timeout_ms());
+    const int rc = os.poll(&p_fd, 1, poll_timeout_ms(os, deadline));
     if (rc == 0) return {IoStatus::timeout, 0};
   }
   return {};
 }
 
-IoResult recv_all(int fd, void* data, std::size_t len, Deadline deadline) {
+IoResult recv_all(int fd, void* data, std::size_t len, Deadline deadline, Os& os) {
   auto* p = static_cast<char*>(data);
   while (len > 0) {
-    const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    const ssize_t n = os.recv(fd, p, len, MSG_DONTWAIT);
     if (n > 0) {
       p += n;
       len -= static_cast<std::size_t>(n);
@@ -286,7 +286,7 @@ IoResult recv_all(int fd, void* data, std::size_t len, Deadline deadline) {
       return {IoStatus::error, errno};
     }
     pollfd p_fd{fd, POLLIN, 0};
-    const int rc = ::poll(&p_fd, 1, deadline.poll_timeout_ms());
+    const int rc = os.poll(&p_fd, 1, poll_timeout_ms(os, deadline));
     if (rc == 0) return {IoStatus::timeout, 0};
   }
   return {};

@@ -10,9 +10,13 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/os.h"
 #include "common/unique_fd.h"
 
 namespace lockstep {
+
+// The calls that wait or move bytes take the Os to make them on (tests
+// inject faults there); the deadlines are read on its clock.
 
 // A TCP socket is an owning fd.
 using Socket = UniqueFd;
@@ -34,11 +38,11 @@ Socket listen_tcp(const std::string& host, std::uint16_t port, int backlog = 102
 // Connects, retrying while the server is not up yet (refused, unreachable,
 // timed out) until the deadline. Throws ConfigError naming the address and the
 // last reason when the deadline passes.
-Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadline);
+Socket connect_tcp(const std::string& host, std::uint16_t port, Deadline deadline, Os& os = Os::real());
 
 // Accepts one connection, waiting up to the deadline. Returns an invalid
 // Socket on timeout.
-Socket accept_tcp(const Socket& listener, Deadline deadline);
+Socket accept_tcp(const Socket& listener, Deadline deadline, Os& os = Os::real());
 
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
@@ -58,8 +62,8 @@ std::string format_endpoint(const std::string& host, std::uint16_t port);
 
 // Send or receive exactly `len` bytes on a non-blocking socket, waiting with
 // poll(2) until the deadline.
-IoResult send_all(int fd, const void* data, std::size_t len, Deadline deadline);
-IoResult recv_all(int fd, void* data, std::size_t len, Deadline deadline);
+IoResult send_all(int fd, const void* data, std::size_t len, Deadline deadline, Os& os = Os::real());
+IoResult recv_all(int fd, void* data, std::size_t len, Deadline deadline, Os& os = Os::real());
 
 // Peer hang-up check without consuming data: true if the peer has closed or
 // reset the connection.

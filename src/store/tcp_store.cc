@@ -28,13 +28,21 @@ struct TcpStore::State {
   std::string host;
   std::uint16_t port = 0;
   TcpStoreOptions options;
+  Os& os;
   std::mutex mutex;
   Socket socket;
 
+  State(std::string host_, std::uint16_t port_, TcpStoreOptions options_)
+      : host(std::move(host_)),
+        port(port_),
+        options(std::move(options_)),
+        os(options.os ? *options.os : Os::real()) {}
+
   std::string endpoint() const { return format_endpoint(host, port); }
+  Deadline after(Duration d) { return Deadline::starting_at(os.now(), d); }
 
   void connect() {
-    socket = connect_tcp(host, port, Deadline::after(options.connect_timeout));
+    socket = connect_tcp(host, port, after(options.connect_timeout), os);
     set_nonblocking(socket.fd());
     set_keepalive(socket.fd());
     // Always authenticate: the server checks the magic number even without a
@@ -42,7 +50,7 @@ struct TcpStore::State {
     std::string reply = round_trip(proto::Writer().u8(static_cast<std::uint8_t>(Opcode::auth))
                                        .u32(proto::kMagic)
                                        .str(options.token),
-                                   Deadline::after(options.connect_timeout));
+                                   after(options.connect_timeout));
     proto::Reader rr(reply);
     if (rr.u8() != static_cast<std::uint8_t>(Status::ok)) {
       auto message = rr.str(reply.size());
@@ -56,10 +64,10 @@ struct TcpStore::State {
   std::string round_trip(const proto::Writer& request, Deadline deadline) {
     if (!socket.valid()) connect();
     const std::string frame = request.frame();
-    IoResult r = send_all(socket.fd(), frame.data(), frame.size(), deadline);
+    IoResult r = send_all(socket.fd(), frame.data(), frame.size(), deadline, os);
     std::uint32_t len = 0;
     char header[4];
-    if (r.status == IoStatus::ok) r = recv_all(socket.fd(), header, sizeof header, deadline);
+    if (r.status == IoStatus::ok) r = recv_all(socket.fd(), header, sizeof header, deadline, os);
     if (r.status == IoStatus::ok) {
       len = *proto::Reader(std::string_view(header, 4)).u32();
       if (len > options.max_value_bytes + 2 * options.max_key_bytes + 64) {
@@ -69,7 +77,7 @@ struct TcpStore::State {
       }
     }
     std::string payload(len, '\0');
-    if (r.status == IoStatus::ok) r = recv_all(socket.fd(), payload.data(), len, deadline);
+    if (r.status == IoStatus::ok) r = recv_all(socket.fd(), payload.data(), len, deadline, os);
     if (r.status == IoStatus::ok) return payload;
     socket.close();  // the stream is no longer at a message boundary
     if (r.status == IoStatus::timeout)
@@ -84,7 +92,7 @@ struct TcpStore::State {
   proto::Reader call(const proto::Writer& request, std::string& reply_storage, const char* what,
                      Duration wait = Duration(0)) {
     std::lock_guard lock(mutex);
-    reply_storage = round_trip(request, Deadline::after(wait + kReplyGrace));
+    reply_storage = round_trip(request, after(wait + kReplyGrace));
     proto::Reader r(reply_storage);
     const auto status = r.u8();
     if (status == static_cast<std::uint8_t>(Status::ok)) return r;
@@ -103,10 +111,7 @@ struct TcpStore::State {
 };
 
 TcpStore::TcpStore(const std::string& host, std::uint16_t port, TcpStoreOptions options)
-    : state_(std::make_unique<State>()) {
-  state_->host = host;
-  state_->port = port;
-  state_->options = std::move(options);
+    : state_(std::make_unique<State>(host, port, std::move(options))) {
   set_timeout(state_->options.timeout);
   std::lock_guard lock(state_->mutex);
   state_->connect();

@@ -98,6 +98,7 @@ struct TcpStoreServer::State {
   std::atomic<std::size_t> client_count{0};
   std::thread loop;
   Logger log;
+  Os* os = &Os::real();  // the system calls the loop makes (options.os when given)
 
   // Loop-thread state.
   std::list<Client> clients;
@@ -147,6 +148,7 @@ struct TcpStoreServer::State {
 TcpStoreServer::TcpStoreServer(const std::string& host, std::uint16_t port, TcpStoreOptions options)
     : state_(std::make_unique<State>()) {
   state_->options = std::move(options);
+  if (state_->options.os) state_->os = state_->options.os;
   if (state_->options.max_buffered_bytes < state_->max_frame() + 4)
     throw InvalidArgument(fmt::format("TcpStoreOptions: max_buffered_bytes ({}) must hold at least one largest "
                                       "request ({} bytes, from max_value_bytes and max_key_bytes); raise it or "
@@ -177,7 +179,7 @@ void TcpStoreServer::State::run() {
     polled.clear();
     fds.push_back({wake.fd(), POLLIN, 0});
     // A negative fd is skipped by poll: the listener rests after accept failed.
-    fds.push_back({Clock::now() >= accept_paused_until ? listener.fd() : -1, POLLIN, 0});
+    fds.push_back({os->now() >= accept_paused_until ? listener.fd() : -1, POLLIN, 0});
     for (auto& c : clients) {
       short events = 0;
       // Stop reading from a client whose buffers are full: it must first
@@ -187,7 +189,7 @@ void TcpStoreServer::State::run() {
       fds.push_back({c.socket.fd(), events, 0});
       polled.push_back(&c);
     }
-    const int rc = ::poll(fds.data(), fds.size(), next_timeout_ms());
+    const int rc = os->poll(fds.data(), fds.size(), next_timeout_ms());
     if (rc < 0 && errno != EINTR) {
       // Out of memory for poll's table: wait and retry rather than stop serving.
       log.error("TcpStoreServer: poll failed: {}; retrying", std::strerror(errno));
@@ -224,15 +226,15 @@ void TcpStoreServer::State::run() {
 
 int TcpStoreServer::State::next_timeout_ms() const {
   int timeout = -1;
-  const auto now = Clock::now();
+  const auto now = os->now();
   if (accept_paused_until > now)
     timeout = Deadline::starting_at(now, std::chrono::duration_cast<Duration>(accept_paused_until - now))
-                  .poll_timeout_ms();
+                  .poll_timeout_ms_at(now);
   for (const auto& c : clients) {
     // A deferred request goes on as soon as the replies fit again.
     if (c.waiting_for_room && reply_bytes <= options.max_buffered_bytes) return 0;
     if (!c.blocked) continue;
-    const int t = c.blocked->deadline.poll_timeout_ms();
+    const int t = c.blocked->deadline.poll_timeout_ms_at(now);
     if (t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
   }
   return timeout;
@@ -244,7 +246,7 @@ int TcpStoreServer::State::next_timeout_ms() const {
 // the kernel until descriptors are free again).
 void TcpStoreServer::State::accept_clients() {
   for (;;) {
-    const int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = os->accept(listener.fd(), SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       // The connection failed on its way in (see accept(2), "Error handling").
@@ -279,7 +281,7 @@ void TcpStoreServer::State::refuse(Socket s, const std::string& reason) {
   if (!refusing_clients) log.warn("TcpStoreServer: refusing new connections: {}", reason);
   refusing_clients = true;
   const std::string frame = proto::Writer().u8(static_cast<std::uint8_t>(Status::error)).str(reason).frame();
-  [[maybe_unused]] auto n = ::send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  [[maybe_unused]] auto n = os->send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 // Leaves the listener out of poll for a while: the failing accept would
@@ -298,7 +300,7 @@ void TcpStoreServer::State::pause_accepting(int error) {
   } else {
     accept_pause = std::min(kLongestPause, accept_pause * 2);
   }
-  accept_paused_until = Clock::now() + accept_pause;
+  accept_paused_until = os->now() + accept_pause;
 }
 
 void TcpStoreServer::State::forget(Client& c) {
@@ -326,7 +328,7 @@ void TcpStoreServer::State::read_from(Client& c) {
   for (;;) {
     const std::size_t room = std::min(sizeof buf, readable_bytes(c));
     if (room == 0) return;  // parse (or wait for room) before reading more
-    const ssize_t n = ::recv(c.socket.fd(), buf, room, MSG_DONTWAIT);
+    const ssize_t n = os->recv(c.socket.fd(), buf, room, MSG_DONTWAIT);
     if (n > 0) {
       c.in.append(buf, static_cast<std::size_t>(n));
       hold(c, std::max(c.held, c.in.size()));
@@ -339,7 +341,7 @@ void TcpStoreServer::State::read_from(Client& c) {
 
 void TcpStoreServer::State::write_to(Client& c) {
   while (!c.out.empty()) {
-    const ssize_t n = ::send(c.socket.fd(), c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = os->send(c.socket.fd(), c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out.erase(0, static_cast<std::size_t>(n));
       reply_bytes -= static_cast<std::size_t>(n);
@@ -428,7 +430,8 @@ void TcpStoreServer::State::handle(Client& c, std::string_view payload) {
       }
       auto timeout_ms = r.i64();
       if (!timeout_ms) break;
-      c.blocked = BlockedRequest{std::move(keys), Deadline::after(Duration(std::max<std::int64_t>(0, *timeout_ms))), is_get};
+      const Duration wait(std::max<std::int64_t>(0, *timeout_ms));
+      c.blocked = BlockedRequest{std::move(keys), Deadline::starting_at(os->now(), wait), is_get};
       return release_blocked(c);
     }
     case Opcode::add: {
@@ -476,7 +479,7 @@ void TcpStoreServer::State::release_blocked(Client& c) {
     if (b.is_get) w.str(*map.get(b.keys.front()));
     reply(c, w);
     c.blocked.reset();
-  } else if (b.deadline.expired()) {
+  } else if (expired(*os, b.deadline)) {
     reply(c, proto::Writer().u8(static_cast<std::uint8_t>(Status::timeout)).strings(missing));
     c.blocked.reset();
   }

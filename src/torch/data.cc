@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/file.h"
 #include "lockstep/error.h"
 
 namespace lockstep::torch {
@@ -57,15 +58,6 @@ void DistributedSampler::load(::torch::serialize::InputArchive& archive) {
 
 namespace {
 
-void sync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) throw Error(fmt::format("checkpoint: cannot open {} to flush it: {}", path, std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(fmt::format("checkpoint: cannot flush {}: {}", path, std::strerror(err)));
-}
-
 // Deletes the temporary files of saves that were killed before their
 // rename (`<name>.tmp.<pid>` whose process is gone), so they do not pile up
 // beside the checkpoint. A live process's file is left alone: two writers
@@ -73,7 +65,7 @@ void sync_path(const std::string& path, int flags) {
 void remove_stale_temporaries(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string prefix = target.filename().string() + ".tmp.";
+  const std::string prefix = target.filename().string() + ".tmp.";  // see temporary_path (common/file.h)
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -105,24 +97,19 @@ void save_checkpoint(const std::string& path, const std::function<void(::torch::
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   fs::create_directories(dir);
   remove_stale_temporaries(target);
-  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
-  try {
-    ::torch::serialize::OutputArchive archive;
-    write(archive);
-    archive.save_to(temp);
-    sync_path(temp, O_RDONLY);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(temp, ec);
-    throw;
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::error_code ec;
-    fs::remove(temp, ec);
-    throw Error(fmt::format("checkpoint: cannot rename {} to {}: {}", temp, path, std::strerror(err)));
-  }
-  sync_path(dir.string(), O_RDONLY | O_DIRECTORY);  // make the rename itself durable
+  ::torch::serialize::OutputArchive archive;
+  write(archive);
+  // Through write_file_atomically: a full disk or a crash mid-save leaves
+  // the previous checkpoint whole and no partial file (tests/faults).
+  write_file_atomically(
+      path,
+      [&](const ByteWriter& out) {
+        archive.save_to([&](const void* data, std::size_t len) {
+          out(data, len);
+          return len;
+        });
+      },
+      FileSync::to_disk);
 }
 
 bool load_checkpoint(const std::string& path, const std::function<void(::torch::serialize::InputArchive&)>& read) {

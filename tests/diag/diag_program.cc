@@ -4,7 +4,7 @@
 //             allreduce (what DETAIL mode can see: the next collective differs)
 //   stuck     rank 1 idles before its first collective
 //   mismatch  rank 1 issues a broadcast where the others issue an allreduce
-//   idle      one allreduce, then idle (to be sent SIGUSR1)
+//   idle      one allreduce, then idle (to be sent SIGUSR1); rank<r>.ready in PID_DIR says it is idle
 // Errors are printed to stderr and make the rank exit 1. Each rank writes
 // its pid to $PID_DIR/rank<R>.pid.
 #include <lockstep/process_group.h>
@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
         pg->allreduce(lockstep::view(std::span(v)))->wait();
     } else if (mode == "idle") {
       pg->allreduce(lockstep::view(std::span(v)))->wait();
+      if (const char* dir = std::getenv("PID_DIR")) lockstep::testing::write_rank_file(dir, rank, "ready");
       std::printf("ready\n");
       std::fflush(stdout);
       idle();

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -138,22 +139,25 @@ TEST(FlightRecorder, Sigusr1DumpsItWithoutStoppingTheRank) {
   TempDir dir;
   Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "2", "--", DIAG_PROGRAM, "idle"},
                     {{"PID_DIR", dir.path()}, {"LOCKSTEP_FLIGHT_DIR", dir.path()}});
-  ASSERT_TRUE(testing::wait_for_file(dir.path() + "/rank1.pid", 30s));
-  std::this_thread::sleep_for(500ms);  // past its allreduce, idling
+  ASSERT_TRUE(testing::wait_for_file(dir.path() + "/rank1.ready", 30s));  // past its allreduce, idling
   pid_t pid = 0;
-  std::ifstream(dir.path() + "/rank1.pid") >> pid;
+  std::ifstream(dir.path() + "/rank1.ready") >> pid;
   ASSERT_GT(pid, 0);
   ::kill(pid, SIGUSR1);
+  // The dump is written to a temporary (<name>.json.tmp.<pid>) and renamed:
+  // only a name ending in .json is a whole file.
+  const std::string wanted = fmt::format("-rank1-pid{}.json", pid);
   std::string dump;
-  const Deadline deadline = Deadline::after(10s);
-  while (dump.empty() && !deadline.expired()) {
-    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
-      if (contains(e.path().filename().string(), "lockstep-flight-") && contains(e.path().filename().string(), "rank1"))
+  for (const Deadline deadline = Deadline::after(10s); dump.empty() && !deadline.expired();) {
+    for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("lockstep-flight-", 0) == 0 && name.size() > wanted.size() &&
+          name.compare(name.size() - wanted.size(), wanted.size(), wanted) == 0)
         dump = e.path().string();
-    std::this_thread::sleep_for(20ms);
+    }
+    if (dump.empty()) std::this_thread::sleep_for(10ms);  // polling for the file, with a deadline
   }
   ASSERT_FALSE(dump.empty()) << "no flight recorder dump after SIGUSR1";
-  std::this_thread::sleep_for(100ms);
   const auto j = nlohmann::json::parse(std::ifstream(dump));
   ASSERT_TRUE(j.contains("operations"));
   EXPECT_EQ(j["operations"][0]["op"], "allreduce");

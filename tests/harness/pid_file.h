@@ -11,11 +11,14 @@
 
 namespace lockstep::testing {
 
-inline void write_pid_file(const std::string& dir, int rank) {
-  const std::string path = dir + "/rank" + std::to_string(rank) + ".pid";
+// dir/rank<rank>.<suffix>, holding this process's pid.
+inline void write_rank_file(const std::string& dir, int rank, const std::string& suffix) {
+  const std::string path = dir + "/rank" + std::to_string(rank) + "." + suffix;
   const std::string tmp = path + ".tmp";
   std::ofstream(tmp) << ::getpid() << '\n';
   std::rename(tmp.c_str(), path.c_str());
 }
+
+inline void write_pid_file(const std::string& dir, int rank) { write_rank_file(dir, rank, "pid"); }
 
 }  // namespace lockstep::testing

@@ -5,9 +5,9 @@
 #include <atomic>
 #include <filesystem>
 #include <limits>
-#include <thread>
 
 #include "common/clock.h"
+#include "harness/blocking_call.h"
 #include "harness/thread_world.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
@@ -84,12 +84,12 @@ TEST_P(StoreContract, ValuesMayHoldAnyBytes) {
 
 TEST_P(StoreContract, GetWaitsForALaterSet) {
   auto other = backing_->open();
-  std::thread setter([&] {
-    std::this_thread::sleep_for(50ms);
-    other->set("late", "here");
-  });
-  EXPECT_EQ(store_->get("late"), "here");
-  setter.join();
+  std::string value;
+  testing::BlockingCall get([&] { value = store_->get("late"); });
+  EXPECT_TRUE(get.blocked()) << "get returned (or never blocked) before the key was set";
+  other->set("late", "here");
+  get.join();
+  EXPECT_EQ(value, "here");
 }
 
 TEST_P(StoreContract, GetTimesOutNamingTheKey) {
@@ -161,13 +161,11 @@ TEST_P(StoreContract, CompareSetFollowsTheContract) {
 
 TEST_P(StoreContract, WaitForSeveralKeys) {
   auto other = backing_->open();
-  std::thread setter([&] {
-    other->set("w1", "1");
-    std::this_thread::sleep_for(30ms);
-    other->set("w2", "2");
-  });
-  EXPECT_NO_THROW(store_->wait({"w1", "w2"}, 10s));
-  setter.join();
+  other->set("w1", "1");
+  testing::BlockingCall wait([&] { store_->wait({"w1", "w2"}, 10s); });
+  EXPECT_TRUE(wait.blocked()) << "the wait returned with one of its two keys set";
+  other->set("w2", "2");
+  EXPECT_NO_THROW(wait.join());
 }
 
 TEST_P(StoreContract, WaitTimesOutNamingTheMissingKeys) {
@@ -195,16 +193,18 @@ TEST_P(StoreContract, CheckDeleteAndCount) {
   EXPECT_EQ(store_->num_keys(), before + 1);
 }
 
+// The clone works while the original handle is blocked in a long wait,
+// and it is the clone's own set that ends that wait.
 TEST_P(StoreContract, ACloneSeesTheSameDataAndIsNotBlockedByAWaitingHandle) {
   auto clone = store_->clone();
   EXPECT_EQ(clone->timeout(), store_->timeout());
-  std::thread waiter([&] { EXPECT_THROW(store_->wait({"never"}, 1500ms), TimeoutError); });
-  std::this_thread::sleep_for(100ms);  // the original handle is now inside a long wait
-  const auto start = Clock::now();
+  testing::BlockingCall wait([&] { store_->wait({"release"}, 60s); });
+  EXPECT_TRUE(wait.blocked());
   clone->set("via-clone", "1");
   EXPECT_EQ(clone->get("via-clone"), "1");
-  EXPECT_LT(seconds_between(start, Clock::now()), 1.0);
-  waiter.join();
+  EXPECT_FALSE(wait.returned()) << "the original handle's wait ended before anything released it";
+  clone->set("release", "1");
+  EXPECT_NO_THROW(wait.join());
   EXPECT_EQ(store_->get("via-clone"), "1");
 }
 

@@ -23,11 +23,17 @@ namespace lockstep::shm {
 
 Region::~Region() {
   unlink();
-  if (data_) ::munmap(data_, bytes_);
+  unmap();
+}
+
+void Region::unmap() {
+  if (data_) os_->munmap(data_, bytes_);
+  data_ = nullptr;
 }
 
 Region::Region(Region&& other) noexcept
-    : name_(std::move(other.name_)),
+    : os_(other.os_),
+      name_(std::move(other.name_)),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       linked_(std::exchange(other.linked_, false)) {}
@@ -35,7 +41,8 @@ Region::Region(Region&& other) noexcept
 Region& Region::operator=(Region&& other) noexcept {
   if (this != &other) {
     unlink();
-    if (data_) ::munmap(data_, bytes_);
+    unmap();
+    os_ = other.os_;
     name_ = std::move(other.name_);
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
@@ -44,8 +51,8 @@ Region& Region::operator=(Region&& other) noexcept {
   return *this;
 }
 
-Region Region::create(const std::string& name, std::size_t bytes) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+Region Region::create(const std::string& name, std::size_t bytes, Os& os) {
+  const int fd = os.shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST)
     throw Error(fmt::format(
         "shm: cannot create /dev/shm{}: a segment of that name already exists, most likely left by a crashed job "
@@ -55,27 +62,29 @@ Region Region::create(const std::string& name, std::size_t bytes) {
     throw Error(fmt::format("shm: cannot create /dev/shm{} ({}); is /dev/shm mounted and writable?", name,
                             std::strerror(errno)));
   Region r;
+  r.os_ = &os;
   r.name_ = name;
   r.linked_ = true;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  if (os.ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
-    ::close(fd);
+    os.close(fd);
     throw Error(fmt::format("shm: cannot size {} to {} bytes ({}); /dev/shm may be too small", name, bytes,
                             std::strerror(err)));
   }
   // Reserve the pages now: on a full tmpfs the first write to an unreserved
   // page kills the process with SIGBUS, with no word of why (the "bus error"
   // of containers with a 64 MiB /dev/shm).
-  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    ::close(fd);
+  if (const int err = os.allocate(fd, static_cast<off_t>(bytes)); err != 0) {
+    os.close(fd);
     throw ConfigError(fmt::format(
         "shm: /dev/shm has no room for {} more MiB ({}: {}). It is full or too small: free space there, give the "
         "container more (e.g. docker run --shm-size=2g), or choose another backend with {}=tcp",
         (bytes + (1 << 20) - 1) >> 20, name, std::strerror(err), env::kBackend));
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(errno)));
+  void* p = os.mmap_shared(fd, bytes);
+  const int map_error = errno;
+  os.close(fd);
+  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(map_error)));
   r.data_ = static_cast<std::byte*>(p);
   r.bytes_ = bytes;
   // First touch by the owner: the pages are allocated near this core.
@@ -83,18 +92,20 @@ Region Region::create(const std::string& name, std::size_t bytes) {
   return r;
 }
 
-Region Region::open(const std::string& name, std::size_t bytes) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+Region Region::open(const std::string& name, std::size_t bytes, Os& os) {
+  const int fd = os.shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw PeerError(fmt::format("shm: cannot open a peer's region {} ({})", name, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
-    ::close(fd);
+    os.close(fd);
     throw PeerError(fmt::format("shm: a peer's region {} is smaller than expected", name));
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(errno)));
+  void* p = os.mmap_shared(fd, bytes);
+  const int map_error = errno;
+  os.close(fd);
+  if (p == MAP_FAILED) throw Error(fmt::format("shm: cannot map {}: {}", name, std::strerror(map_error)));
   Region r;
+  r.os_ = &os;
   r.name_ = name;
   r.data_ = static_cast<std::byte*>(p);
   r.bytes_ = bytes;
@@ -102,7 +113,7 @@ Region Region::open(const std::string& name, std::size_t bytes) {
 }
 
 void Region::unlink() {
-  if (linked_) ::shm_unlink(name_.c_str());
+  if (linked_) os_->shm_unlink(name_.c_str());
   linked_ = false;
 }
 

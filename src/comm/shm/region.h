@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <string>
 
+#include "common/os.h"
+
 namespace lockstep::shm {
 
 class Region {
@@ -25,10 +27,12 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
-  // Creates, sizes, maps and zero-fills a new region. Throws Error.
-  static Region create(const std::string& name, std::size_t bytes);
+  // Creates, sizes, maps and zero-fills a new region. Throws Error, or
+  // ConfigError when /dev/shm has no room. The system calls go through `os`,
+  // which must outlive the region.
+  static Region create(const std::string& name, std::size_t bytes, Os& os = Os::real());
   // Maps an existing region. Throws PeerError if it is gone.
-  static Region open(const std::string& name, std::size_t bytes);
+  static Region open(const std::string& name, std::size_t bytes, Os& os = Os::real());
   // Removes the name (mappings stay valid). Safe to call twice.
   void unlink();
 
@@ -37,6 +41,9 @@ class Region {
   const std::string& name() const { return name_; }
 
  private:
+  void unmap();
+
+  Os* os_ = &Os::real();
   std::string name_;
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;

@@ -49,6 +49,7 @@ Mesh::Mesh(const BackendContext& ctx)
     : rank_(ctx.rank),
       size_(ctx.size),
       log_(ctx.log),
+      os_(*ctx.os),
       peers_(static_cast<std::size_t>(ctx.size)),
       departed_(static_cast<std::size_t>(ctx.size), false) {
   if (size_ == 1) return;
@@ -57,7 +58,7 @@ Mesh::Mesh(const BackendContext& ctx)
   ctx.store->set(address_key(rank_), format_endpoint(ctx.listen_address, port));
   log_.debug("tcp: listening on {}", format_endpoint(ctx.listen_address, port));
 
-  const Deadline deadline = Deadline::after(ctx.connect_timeout);
+  const Deadline deadline = Deadline::starting_at(os_.now(), ctx.connect_timeout);
   connect_lower(ctx, deadline);
   accept_higher(ctx, listener, deadline);
   for (int p = 0; p < size_; ++p) {
@@ -76,12 +77,12 @@ void Mesh::connect_lower(const BackendContext& ctx, Deadline deadline) {
   for (int peer = 0; peer < rank_; ++peer) {
     const std::string endpoint = ctx.store->get(address_key(peer));
     const auto [host, port] = split_endpoint(endpoint);
-    Socket s = connect_tcp(host, port, deadline);
+    Socket s = connect_tcp(host, port, deadline, os_);
     set_nonblocking(s.fd());
     const Hello hello{kHelloMagic, static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), 0, group_hash};
     Hello ack{};
-    IoResult r = send_all(s.fd(), &hello, sizeof hello, deadline);
-    if (r.status == IoStatus::ok) r = recv_all(s.fd(), &ack, sizeof ack, deadline);
+    IoResult r = send_all(s.fd(), &hello, sizeof hello, deadline, os_);
+    if (r.status == IoStatus::ok) r = recv_all(s.fd(), &ack, sizeof ack, deadline, os_);
     if (r.status != IoStatus::ok)
       throw PeerError(fmt::format("{}: connecting to rank {} at {} failed during the handshake: {}", self(), peer,
                                   endpoint, r.describe()),
@@ -98,7 +99,7 @@ void Mesh::accept_higher(const BackendContext& ctx, const Socket& listener, Dead
   const std::uint64_t group_hash = hash_key(ctx.group_key);
   int expected = size_ - 1 - rank_;
   while (expected > 0) {
-    Socket s = accept_tcp(listener, deadline);
+    Socket s = accept_tcp(listener, deadline, os_);
     if (!s.valid()) {
       std::string missing;
       for (int p = rank_ + 1; p < size_; ++p)
@@ -109,7 +110,7 @@ void Mesh::accept_higher(const BackendContext& ctx, const Socket& listener, Dead
     }
     set_nonblocking(s.fd());
     Hello hello{};
-    if (recv_all(s.fd(), &hello, sizeof hello, deadline).status != IoStatus::ok) continue;  // a stray connection
+    if (recv_all(s.fd(), &hello, sizeof hello, deadline, os_).status != IoStatus::ok) continue;  // a stray connection
     const int peer = static_cast<int>(hello.rank);
     if (hello.magic != kHelloMagic || hello.group_hash != group_hash) {
       log_.warn("tcp: refused a connection from {} that belongs to another job or group", peer_host(s.fd()));
@@ -123,7 +124,7 @@ void Mesh::accept_higher(const BackendContext& ctx, const Socket& listener, Dead
       throw ConfigError(fmt::format("{}: a second process claims to be rank {}; every rank needs a distinct RANK",
                                     self(), peer));
     const Hello ack{kHelloMagic, static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), 0, group_hash};
-    if (send_all(s.fd(), &ack, sizeof ack, deadline).status != IoStatus::ok) continue;
+    if (send_all(s.fd(), &ack, sizeof ack, deadline, os_).status != IoStatus::ok) continue;
     peers_[static_cast<std::size_t>(peer)] = std::move(s);
     --expected;
   }
@@ -133,7 +134,7 @@ void Mesh::goodbye(Deadline deadline) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !peers_[static_cast<std::size_t>(p)].valid()) continue;
     const unsigned char bye = kGoodbyeByte;
-    (void)send_all(fd(p), &bye, 1, deadline);
+    (void)send_all(fd(p), &bye, 1, deadline, os_);
   }
   // Wait for every peer's goodbye (or its hang-up), so no peer still inside
   // an operation sees this rank vanish. After a clean run the goodbye is the
@@ -143,7 +144,7 @@ void Mesh::goodbye(Deadline deadline) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !peers_[static_cast<std::size_t>(p)].valid()) continue;
     unsigned char byte = 0;
-    if (!deadline.expired()) (void)recv_all(fd(p), &byte, 1, deadline);
+    if (!expired(os_, deadline)) (void)recv_all(fd(p), &byte, 1, deadline, os_);
     ::shutdown(fd(p), SHUT_RDWR);
   }
   for (auto& s : peers_) s.close();

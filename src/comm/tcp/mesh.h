@@ -32,6 +32,8 @@ class Mesh {
   int size() const { return size_; }
   int fd(int peer) const { return peers_[static_cast<std::size_t>(peer)].fd(); }
   const Logger& log() const { return log_; }
+  // The system calls every transfer on these connections makes.
+  Os& os() const { return os_; }
 
   // True once the peer was seen to leave with a goodbye (see transfer.cc).
   bool departed(int peer) const { return departed_[static_cast<std::size_t>(peer)]; }
@@ -51,6 +53,7 @@ class Mesh {
   int rank_;
   int size_;
   Logger log_;
+  Os& os_;
   std::vector<Socket> peers_;  // peers_[rank_] is unused
   std::vector<bool> departed_;
 };

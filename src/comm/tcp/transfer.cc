@@ -72,7 +72,8 @@ void check_idle_peer(Mesh& mesh, const OpContext& op, int peer, std::vector<bool
   ioctl(mesh.fd(peer), FIONREAD, &pending);
   if (pending == 0) throw lost_peer(mesh, op, peer, "its connection closed while this rank waited on others");
   unsigned char first = 0;
-  if (pending == 1 && ::recv(mesh.fd(peer), &first, 1, MSG_PEEK | MSG_DONTWAIT) == 1 && first == Mesh::kGoodbyeByte)
+  if (pending == 1 && mesh.os().recv(mesh.fd(peer), &first, 1, MSG_PEEK | MSG_DONTWAIT) == 1 &&
+      first == Mesh::kGoodbyeByte)
     mesh.mark_departed(peer);
   ignored[static_cast<std::size_t>(peer)] = true;
 }
@@ -180,7 +181,7 @@ void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channe
         all_done = false;
         const auto bytes = ch.send->ready();
         if (!bytes.empty()) {
-          const ssize_t n = ::send(mesh.fd(ch.peer), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+          const ssize_t n = mesh.os().send(mesh.fd(ch.peer), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
           if (n > 0) {
             ch.send->consumed(static_cast<std::size_t>(n));
             progressed = true;
@@ -193,7 +194,7 @@ void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channe
         all_done = false;
         const auto space = ch.recv->space();
         LOCKSTEP_ENFORCE(!space.empty(), "{}: a sink that is not finished offered no space", op.description());
-        const ssize_t n = ::recv(mesh.fd(ch.peer), space.data(), space.size(), MSG_DONTWAIT);
+        const ssize_t n = mesh.os().recv(mesh.fd(ch.peer), space.data(), space.size(), MSG_DONTWAIT);
         if (n > 0) {
           ch.recv->filled(static_cast<std::size_t>(n));
           progressed = true;
@@ -230,11 +231,12 @@ void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channe
     }
     // Wake now and then to see whether the group aborted meanwhile (another
     // rank failed): then this operation is cancelled, not left to its deadline.
-    const int rc = ::poll(fds.data(), fds.size(), op.deadline.poll_timeout_ms(op.cancel ? kCancelCheckMs : -1));
+    const int wait_ms = poll_timeout_ms(mesh.os(), op.deadline, op.cancel ? kCancelCheckMs : -1);
+    const int rc = mesh.os().poll(fds.data(), fds.size(), wait_ms);
     if (rc < 0 && errno != EINTR) throw Error(fmt::format("{}: poll failed: {}", mesh.self(), std::strerror(errno)));
     if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", mesh.self(), op.description()));
     if (rc == 0) {
-      if (op.deadline.expired()) throw timed_out(mesh, op, channels);
+      if (expired(mesh.os(), op.deadline)) throw timed_out(mesh, op, channels);
       continue;
     }
     for (std::size_t i = first_watch; i < fds.size(); ++i) {
