@@ -405,7 +405,7 @@ TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm", "hier2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
