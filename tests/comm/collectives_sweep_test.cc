@@ -134,6 +134,7 @@ TEST_P(BlockSweep, EveryCountAndDType) {
   const bool slots = p.backend == "shm-slots";
   if (slots) ::setenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0", 1);
   ThreadWorld world(p.world_size, slots ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   if (slots) ::unsetenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES");
   std::mutex mutex;
   std::vector<std::string> failures;
