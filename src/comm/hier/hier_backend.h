@@ -54,14 +54,14 @@ class HierBackend final : public Backend {
 
   int size_;
   HostLayout layout_;
-  TcpBackend flat_;                     // the mesh over every rank
-  std::unique_ptr<Backend> local_;      // shm over this host's ranks; null when alone on the host
+  TcpBackend flat_;                        // the mesh over every rank
+  std::unique_ptr<Backend> local_;         // shm over this host's ranks; null when alone on the host
   std::optional<TransportSubset> across_;  // this local rank's ring across hosts (uniform layouts)
-  Scratch padded_;   // the input widened to fp32 and/or padded to a multiple of the local size
-  Scratch shard_;    // this rank's shard in the accumulation type
-  Scratch narrow_;   // the finished shard in the caller's 16-bit type
-  Scratch gathered_; // the padded result before it is copied out
-  Scratch staging_;  // received data waiting to be reduced (cross-host step)
+  Scratch padded_;                         // the input in fp32 and/or padded to a multiple of the local size
+  Scratch shard_;                          // this rank's shard in the accumulation type
+  Scratch narrow_;                         // the finished shard in the caller's 16-bit type
+  Scratch gathered_;                       // the padded result before it is copied out
+  Scratch staging_;                        // received data waiting to be reduced (cross-host step)
 };
 
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);

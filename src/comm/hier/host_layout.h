@@ -13,12 +13,12 @@ namespace lockstep {
 struct HostLayout {
   HostLayout(const std::vector<std::string>& host_ids, int rank);
 
-  int hosts = 0;       // distinct hosts, numbered by their lowest rank
-  int host = 0;        // this rank's host
-  int local_rank = 0;  // index among the ranks of this host (by rank)
-  std::vector<int> host_of;      // per group rank: its host
+  int hosts = 0;                   // distinct hosts, numbered by their lowest rank
+  int host = 0;                    // this rank's host
+  int local_rank = 0;              // index among the ranks of this host (by rank)
+  std::vector<int> host_of;        // per group rank: its host
   std::vector<int> local_rank_of;  // per group rank: its local rank
-  std::vector<int> local_ranks;  // group ranks on this host, ascending
+  std::vector<int> local_ranks;    // group ranks on this host, ascending
   // Group ranks with this rank's local rank, one per host that has one, in
   // rank order (this rank among them).
   std::vector<int> across;
