@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap")->capture_default_str();
   app.add_flag("--autotune-buckets", o.autotune_buckets,
                "Choose the bucket cap from the first steps' measurements (DDPOptions::autotune_bucket_cap)");
-  app.add_option("--backend", o.backend, "auto, shm, tcp, mpi (default: LOCKSTEP_BACKEND or auto)");
+  app.add_option("--backend", o.backend, "auto, shm, tcp, hier, mpi (default: LOCKSTEP_BACKEND or auto)");
   app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint, "Checkpoint file (written each epoch, resumed from)")->capture_default_str();
   app.add_flag("--fresh", o.fresh, "Ignore an existing checkpoint on the first attempt (restarts still resume)");

@@ -95,7 +95,9 @@ class Work {
 // the launcher set (lockstep run, torchrun, mpirun, srun); see docs/env.md.
 struct GroupOptions {
   // "auto" (default, or LOCKSTEP_BACKEND): shared memory when every rank is on
-  // one host, TCP otherwise. Or "tcp", "shm", "mpi" (when built).
+  // one host; "hier" (shared memory inside each host, TCP across) when the
+  // ranks span hosts and some host runs several; TCP when every host runs
+  // one. Or "tcp", "shm", "hier" (on one host it is shm), "mpi" (when built).
   std::string backend;
   // Rank and world size; -1: from the environment (RANK / WORLD_SIZE,
   // OMPI_COMM_WORLD_*, SLURM_*). With neither set anywhere, the program runs
@@ -120,6 +122,11 @@ struct GroupOptions {
   // algorithm, larger ones the bandwidth-optimal one (default
   // LOCKSTEP_TCP_SMALL_BYTES, else a measured crossover).
   std::optional<std::size_t> tcp_small_bytes;
+  // This rank's host identity (default LOCKSTEP_HOST_ID, else hostname +
+  // boot id). Ranks with equal identities share memory, so this may only
+  // group ranks that really run on one machine: it lets ranks of one machine
+  // pose as several hosts (testing hier), never the reverse.
+  std::string host_id;
   // Distinguishes independent groups that share one store.
   std::string name = "world";
 };

@@ -1,4 +1,4 @@
-// The interface every backend folder (tcp/, shm/, mpi/) implements. A backend
+// The interface every backend folder (tcp/, shm/, hier/, mpi/) implements. A backend
 // runs one operation at a time, synchronously, on the group's progress
 // thread; the ProcessGroup front end owns queueing, sequence numbers,
 // argument checks and Work completion. Arguments reaching a backend are
@@ -119,6 +119,8 @@ class Backend {
 // Factories, one per backend folder.
 std::unique_ptr<Backend> make_tcp_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
+// shm inside each host, tcp across (hier/hier_backend.h).
+std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);
 // Throws ConfigError when lockstep was built without MPI.
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);
 

@@ -30,6 +30,9 @@ struct GroupSpec {
   Duration connect_timeout{0};
   std::string listen_address;  // empty: choose
   std::size_t tcp_small_bytes = 0;
+  // This rank's host identity as given (GroupOptions::host_id,
+  // LOCKSTEP_HOST_ID); empty: hostname + boot id.
+  std::string host_id;
   // Keeps the store server (if this process hosts it) alive while any group
   // uses it.
   std::shared_ptr<void> keepalive;

@@ -2,6 +2,7 @@
 // world or sub-group): store, rendezvous, backend choice, connection.
 #include <netdb.h>
 
+#include <algorithm>
 #include <functional>
 #include <thread>
 
@@ -68,6 +69,12 @@ bool all_same(const std::vector<std::string>& v) {
   return std::all_of(v.begin(), v.end(), [&](const std::string& s) { return s == v.front(); });
 }
 
+bool some_host_runs_several(const std::vector<std::string>& host_ids) {
+  std::vector<std::string> sorted = host_ids;
+  std::sort(sorted.begin(), sorted.end());
+  return std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
+}
+
 // The address peers should connect to for the tcp backend.
 std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::string>& host_ids) {
   if (!spec.listen_address.empty()) return spec.listen_address;
@@ -99,18 +106,28 @@ DiagnosticsSettings diagnostics_settings(Duration timeout) {
 
 }  // namespace
 
+// auto: shm on one host; hier when the ranks span hosts and some host runs
+// several (their traffic then crosses the wire once per host); tcp when every
+// host runs one rank. An explicit hier on one host degenerates to shm (a
+// sub-group of a hier world that lies inside one host).
 std::string resolve_backend(const std::string& requested, const std::vector<std::string>& host_ids) {
-  if (requested.empty() || requested == "auto") return all_same(host_ids) ? "shm" : "tcp";
-  if (requested == "shm" && !all_same(host_ids))
-    throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto' "
-                      "or 'tcp'");
+  const bool one_host = all_same(host_ids);
+  if (requested.empty() || requested == "auto") {
+    if (one_host) return "shm";
+    return some_host_runs_several(host_ids) ? "hier" : "tcp";
+  }
+  if (requested == "shm" && !one_host)
+    throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto', "
+                      "'hier' or 'tcp'");
+  if (requested == "hier") return one_host ? "shm" : "hier";
   if (requested == "tcp" || requested == "shm" || requested == "mpi") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm or mpi", requested));
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm, hier or mpi", requested));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
   if (name == "tcp") return make_tcp_backend(ctx);
   if (name == "shm") return make_shm_backend(ctx);
+  if (name == "hier") return make_hier_backend(ctx);
   if (name == "mpi") return make_mpi_backend(ctx);
   throw ConfigError(fmt::format("unknown backend '{}'", name));
 }
@@ -120,7 +137,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   impl->log = spec.log;
   impl->store = std::make_shared<PrefixStore>(spec.key, spec.root_store);
   impl->store->set_timeout(spec.timeout);
-  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout);
+  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout, spec.host_id);
   impl->backend_name = resolve_backend(spec.backend, impl->host_ids);
 
   BackendContext ctx;
@@ -167,6 +184,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.timeout = launch.timeout;
   spec.connect_timeout = launch.connect_timeout;
   spec.listen_address = options.listen_address;
+  spec.host_id = !options.host_id.empty() ? options.host_id : env_string(env::kHostId).value_or("");
   spec.tcp_small_bytes = options.tcp_small_bytes.value_or(
       static_cast<std::size_t>(env_int(env::kTcpSmallBytes, 0, kMaxTcpSmallBytes).value_or(0)));
   spec.key = fmt::format("{}/{}", launch.run_id, options.name);

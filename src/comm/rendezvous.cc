@@ -32,7 +32,8 @@ std::string host_identity() {
   return fmt::format("{}/{}", host_name(), boot_id);
 }
 
-std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout) {
+std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout,
+                                    const std::string& host_id) {
   if (store.add(fmt::format("rendezvous/claims/{}", rank), 1) > 1)
     fail(store, fmt::format("two processes were started as rank {}; every rank needs a distinct RANK (or the store "
                             "still holds an earlier run's keys: give each run its own MASTER_PORT or LOCKSTEP_RUN_ID)",
@@ -43,7 +44,7 @@ std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Dura
     fail(store, fmt::format("rank {} was started with world size {} but another rank registered world size {}; "
                             "every rank must get the same WORLD_SIZE",
                             rank, world_size, agreed));
-  store.set(host_key(rank), host_identity());
+  store.set(host_key(rank), host_id.empty() ? host_identity() : host_id);
 
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(host_key(r));

@@ -19,7 +19,11 @@ namespace lockstep {
 // if their identities are equal.
 std::string host_identity();
 
-// Returns every rank's host identity, indexed by rank.
-std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout);
+// Returns every rank's host identity, indexed by rank. `host_id`, when not
+// empty, is published in place of host_identity(): ranks on one machine can
+// then pose as several hosts (tests of hier), or ranks in containers that
+// share memory can say so.
+std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout,
+                                    const std::string& host_id = {});
 
 }  // namespace lockstep

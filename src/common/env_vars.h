@@ -46,6 +46,7 @@ inline constexpr char kStoreToken[] = "LOCKSTEP_STORE_TOKEN";
 inline constexpr char kStoreHosted[] = "LOCKSTEP_STORE_HOSTED";
 inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
 inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
+inline constexpr char kHostId[] = "LOCKSTEP_HOST_ID";
 inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
 inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";

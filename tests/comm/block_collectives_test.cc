@@ -2,7 +2,7 @@
 // (the sweep checks those): bad arguments are InvalidArgument before
 // anything is sent, and ranks that disagree on per-rank counts or on the
 // collective fail with a MismatchError naming the ranks, never with wrong
-// data. On tcp and shm, thread ranks.
+// data. On tcp, shm and hier (pretend hosts of two ranks), thread ranks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -159,7 +159,7 @@ TEST_P(BlockCollectivesTest, DetailChecksAcceptPerRankTotalsAndCompareRoots) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BlockCollectivesTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Backends, BlockCollectivesTest, ::testing::Values("tcp", "shm", "hier2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -3,7 +3,8 @@
 // broadcast, allgather and reduce_scatter, each checked element by element.
 // One test per (backend, collective, world size). The same for the block
 // collectives (gather, scatter, all_to_all with equal and per-rank counts,
-// allgather with per-rank counts) and for premul_sum.
+// allgather with per-rank counts) and for premul_sum. hier runs on pretend
+// hosts (hier_layouts()).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -24,14 +25,41 @@ using testing::run_premul_case;
 using testing::run_collective_case;
 using testing::ThreadWorld;
 
+// hier runs on pretend hosts (GroupOptions::host_id): these layouts give
+// ranks per host. Two hosts of two, two of one (no shared memory), three
+// uneven hosts (the flat fallback), and 2+2 interleaved (ranks 0 and 2 on
+// one host), so hosts need not hold consecutive ranks.
+struct HierLayout {
+  const char* name;
+  std::vector<std::string> hosts;
+};
+const std::vector<HierLayout>& hier_layouts() {
+  static const std::vector<HierLayout> layouts = {
+      {"2x2", testing::pretend_hosts({2, 2})},
+      {"2x1", testing::pretend_hosts({1, 1})},
+      {"1p2p2", testing::pretend_hosts({1, 2, 2})},
+      {"2x2interleaved", {"host0", "host1", "host0", "host1"}},
+      {"2x3", testing::pretend_hosts({3, 3})},
+  };
+  return layouts;
+}
+
 struct SweepParam {
   std::string backend;
   Collective collective;
   int world_size;
+  std::vector<std::string> hosts;  // hier: each rank's pretend host
+  std::string layout;              // hier: the layout's name
 };
 
 void PrintTo(const SweepParam& p, std::ostream* os) {
   *os << p.backend << " " << p.collective << " over " << p.world_size << " ranks";
+  if (!p.layout.empty()) *os << " on hosts " << p.layout;
+}
+
+std::string param_name(std::string_view backend, std::string_view what, int world_size, const std::string& layout) {
+  if (!layout.empty()) return fmt::format("{}_{}_{}", backend, what, layout);
+  return fmt::format("{}_{}_{}ranks", backend, what, world_size);
 }
 
 bool takes_op(Collective c) {
@@ -43,7 +71,8 @@ class CollectiveSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(CollectiveSweep, EveryCountDTypeAndOp) {
   const auto& p = GetParam();
-  ThreadWorld world(p.world_size, p.backend);
+  ThreadWorld world(p.world_size, p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   std::mutex mutex;
   std::vector<std::string> failures;
   int cases = 0;
@@ -72,18 +101,24 @@ std::vector<SweepParam> all_params() {
   for (const char* backend : {"tcp", "shm"})
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})
-      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n});
+      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n, {}, {}});
+  for (const auto& layout : hier_layouts())
+    for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
+                         Collective::reduce_scatter})
+      out.push_back({"hier", c, static_cast<int>(layout.hosts.size()), layout.hosts, layout.name});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveSweep, ::testing::ValuesIn(all_params()), [](const auto& info) {
-  return fmt::format("{}_{}_{}ranks", info.param.backend, to_string(info.param.collective), info.param.world_size);
+  return param_name(info.param.backend, to_string(info.param.collective), info.param.world_size, info.param.layout);
 });
 
 struct BlockParam {
   std::string backend;
   BlockCase block_case;
   int world_size;
+  std::vector<std::string> hosts;  // hier: each rank's pretend host
+  std::string layout;
 };
 
 void PrintTo(const BlockParam& p, std::ostream* os) {
@@ -98,7 +133,8 @@ TEST_P(BlockSweep, EveryCountAndDType) {
   const auto& p = GetParam();
   const bool slots = p.backend == "shm-slots";
   if (slots) ::setenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0", 1);
-  ThreadWorld world(p.world_size, slots ? "shm" : p.backend);
+  ThreadWorld world(p.world_size, slots ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   if (slots) ::unsetenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES");
   std::mutex mutex;
   std::vector<std::string> failures;
@@ -122,20 +158,24 @@ std::vector<BlockParam> block_params() {
   std::vector<BlockParam> out;
   for (const char* backend : {"tcp", "shm", "shm-slots"})
     for (BlockCase c : kAllBlockCases)
-      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n});
+      for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n, {}, {}});
+  for (const auto& layout : hier_layouts())
+    for (BlockCase c : kAllBlockCases)
+      out.push_back({"hier", c, static_cast<int>(layout.hosts.size()), layout.hosts, layout.name});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, BlockSweep, ::testing::ValuesIn(block_params()), [](const auto& info) {
-  return fmt::format("{}_{}_{}ranks", info.param.backend == "shm-slots" ? "shm_slots" : info.param.backend,
-                     to_string(info.param.block_case), info.param.world_size);
+  return param_name(info.param.backend == "shm-slots" ? "shm_slots" : info.param.backend,
+                    to_string(info.param.block_case), info.param.world_size, info.param.layout);
 });
 
 class PremulSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(PremulSweep, EveryCountAndFloatingDType) {
   const auto& p = GetParam();
-  ThreadWorld world(p.world_size, p.backend);
+  ThreadWorld world(p.world_size, p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   std::mutex mutex;
   std::vector<std::string> failures;
   int cases = 0;
@@ -159,12 +199,15 @@ std::vector<SweepParam> premul_params() {
   std::vector<SweepParam> out;
   for (const char* backend : {"tcp", "shm"})
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter})
-      for (int n : {1, 2, 3, 5, 8}) out.push_back({backend, c, n});
+      for (int n : {1, 2, 3, 5, 8}) out.push_back({backend, c, n, {}, {}});
+  for (const auto& layout : hier_layouts())
+    for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter})
+      out.push_back({"hier", c, static_cast<int>(layout.hosts.size()), layout.hosts, layout.name});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, PremulSweep, ::testing::ValuesIn(premul_params()), [](const auto& info) {
-  return fmt::format("{}_{}_{}ranks", info.param.backend, to_string(info.param.collective), info.param.world_size);
+  return param_name(info.param.backend, to_string(info.param.collective), info.param.world_size, info.param.layout);
 });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The object collectives on bytes: objects of different sizes (empty ones
-// included) arrive whole and in rank order, on tcp and shm thread ranks.
+// included) arrive whole and in rank order, on tcp, shm and hier thread ranks.
 #include <gtest/gtest.h>
 
 #include "harness/thread_world.h"
@@ -52,7 +52,7 @@ TEST_P(ObjectCollectivesTest, BroadcastObjectListReplacesEveryRanksList) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ObjectCollectivesTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Backends, ObjectCollectivesTest, ::testing::Values("tcp", "shm", "hier2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

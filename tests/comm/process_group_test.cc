@@ -405,7 +405,43 @@ TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm"),
+// Backend choice across (pretend) hosts: auto takes hier where a host runs
+// several ranks and tcp where every host runs one; hier on one host is shm.
+TEST(HierSelection, AutoPicksHierWhenAHostRunsSeveralRanks) {
+  ThreadWorld world(4, "auto", 10s, {}, testing::pretend_hosts({2, 2}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(world.group(r).backend(), "hier");
+}
+
+TEST(HierSelection, AutoPicksTcpWhenEveryHostRunsOneRank) {
+  ThreadWorld world(2, "auto", 10s, {}, testing::pretend_hosts({1, 1}));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(world.group(r).backend(), "tcp");
+}
+
+TEST(HierSelection, HierOnOneHostIsShm) {
+  ThreadWorld world(2, "hier", 10s);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(world.group(r).backend(), "shm");
+}
+
+TEST(HierSelection, SubGroupsInsideAHostUseShmAndAcrossHostsHier) {
+  ThreadWorld world(4, "hier", 10s, {}, testing::pretend_hosts({2, 2}));
+  world.run([](int rank, ProcessGroup& pg) {
+    const std::vector<int> same_host = rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    const std::vector<int> across = rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    auto local = pg.new_group(same_host);
+    auto spanning = pg.new_group(across);
+    EXPECT_EQ(local->backend(), "shm");
+    EXPECT_EQ(spanning->backend(), "hier");
+    std::vector<std::int32_t> a{rank}, b{rank};
+    local->allreduce(view(std::span(a)))->wait();
+    spanning->allreduce(view(std::span(b)))->wait();
+    EXPECT_EQ(a[0], rank < 2 ? 0 + 1 : 2 + 3);
+    EXPECT_EQ(b[0], rank % 2 == 0 ? 0 + 2 : 1 + 3);
+  });
+}
+
+// hier1: every rank its own pretend host (the cross-host path alone);
+// hier2: hosts of two ranks (shm inside, uneven hosts with 3 ranks).
+INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm", "hier1", "hier2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

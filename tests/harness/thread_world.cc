@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 
@@ -41,8 +42,31 @@ void rethrow_first(const std::vector<std::exception_ptr>& errors) {
 
 }  // namespace
 
-ThreadWorld::ThreadWorld(int size, std::string backend, Duration timeout, GroupOptions extra)
+std::vector<std::string> pretend_hosts(const std::vector<int>& ranks_per_host) {
+  std::vector<std::string> hosts;
+  for (std::size_t h = 0; h < ranks_per_host.size(); ++h)
+    for (int i = 0; i < ranks_per_host[h]; ++i) hosts.push_back(fmt::format("host{}", h));
+  return hosts;
+}
+
+namespace {
+
+// "hier2" -> hier on pretend hosts of 2 ranks each; see thread_world.h.
+void expand_hier_shorthand(int size, std::string& backend, std::vector<std::string>& hosts) {
+  if (backend.size() <= 4 || backend.compare(0, 4, "hier") != 0) return;
+  const int per_host = std::stoi(backend.substr(4));
+  std::vector<int> layout;
+  for (int left = size; left > 0; left -= per_host) layout.push_back(std::min(left, per_host));
+  hosts = pretend_hosts(layout);
+  backend = "hier";
+}
+
+}  // namespace
+
+ThreadWorld::ThreadWorld(int size, std::string backend, Duration timeout, GroupOptions extra,
+                         std::vector<std::string> hosts)
     : store_(std::make_shared<HashStore>()), groups_(static_cast<std::size_t>(size)) {
+  expand_hier_shorthand(size, backend, hosts);
   store_->set_timeout(timeout);
   rethrow_first(run_threads(size, [&](int rank) {
     GroupOptions options = extra;
@@ -52,6 +76,10 @@ ThreadWorld::ThreadWorld(int size, std::string backend, Duration timeout, GroupO
     options.backend = backend;
     options.timeout = timeout;
     options.connect_timeout = timeout;
+    if (!hosts.empty()) {
+      options.host_id = hosts.at(static_cast<std::size_t>(rank));
+      options.listen_address = "127.0.0.1";  // the pretend hosts are this machine
+    }
     groups_[static_cast<std::size_t>(rank)] = init_process_group(options);
   }));
 }

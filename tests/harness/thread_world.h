@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lockstep/process_group.h"
@@ -18,8 +19,13 @@ namespace lockstep::testing {
 
 class ThreadWorld {
  public:
+  // `backend` "hierK" (hier2, hier3): the hier backend with the ranks placed
+  // on pretend hosts of K consecutive ranks each (the last may have fewer).
+  // `hosts`, when given, names each rank's pretend host (GroupOptions::
+  // host_id; one per rank): the ranks still share this machine, but hier
+  // and auto see several hosts.
   explicit ThreadWorld(int size, std::string backend = "tcp", Duration timeout = std::chrono::seconds(60),
-                       GroupOptions extra = {});
+                       GroupOptions extra = {}, std::vector<std::string> hosts = {});
   ~ThreadWorld();
 
   int size() const { return static_cast<int>(groups_.size()); }
@@ -36,6 +42,10 @@ class ThreadWorld {
   std::shared_ptr<Store> store_;
   std::vector<std::shared_ptr<ProcessGroup>> groups_;
 };
+
+// Pretend host names for ranks placed host by host: {2, 2} -> host0, host0,
+// host1, host1.
+std::vector<std::string> pretend_hosts(const std::vector<int>& ranks_per_host);
 
 // Calls fn(rank) on `n` threads at once; returns each thread's exception.
 std::vector<std::exception_ptr> run_threads(int n, const std::function<void(int rank)>& fn);

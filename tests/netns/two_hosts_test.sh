@@ -1,7 +1,7 @@
 #!/bin/bash
 # Two hosts on one machine: two network namespaces joined by a veth pair,
-# each with its own host name (so lockstep sees two hosts and picks the tcp
-# backend), each running one `lockstep run` node of two ranks. Checks that
+# each with its own host name (so lockstep sees two hosts of two ranks and
+# picks the hier backend), each running one `lockstep run` node of two ranks. Checks that
 #   1. an all-reduce across the hosts is correct (lockstep bench -c 1), and
 #   2. when one host's ranks are killed, the other host's ranks name the lost
 #      rank within seconds and its launcher exits non-zero;
@@ -68,7 +68,7 @@ wait $node0; rc0=$?
 wait $node1; rc1=$?
 cat "$work/node0.log"
 [ $rc0 = 0 ] && [ $rc1 = 0 ] || { cat "$work/node1.log"; fail "launchers exited $rc0 and $rc1"; }
-grep -q "4 ranks, backend tcp" "$work/node0.log" || fail "expected 4 ranks over the tcp backend"
+grep -q "4 ranks, backend hier" "$work/node0.log" || fail "expected 4 ranks over the hier backend"
 # The table's rows (without the launcher's "[rank] " prefix); #wrong is 0.
 table=$(sed -E 's/^\[[0-9]+\] //' "$work/node0.log" | awk '$1 ~ /^[0-9]+$/ && NF == 9')
 wrong=$(echo "$table" | awk '$9 != 0')

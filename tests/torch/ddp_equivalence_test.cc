@@ -117,12 +117,12 @@ std::vector<::torch::Tensor> reference(bool conv, int shards, const Case& c) {
 }
 
 template <typename Model>
-std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case& c) {
+std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case& c, const std::string& backend = "shm") {
   std::vector<std::shared_ptr<Model>> models;
   for (int r = 0; r < n; ++r) models.push_back(make_model<Model>(7 + r, c.side != nullptr));  // different on purpose
   std::vector<std::pair<::torch::Tensor, ::torch::Tensor>> batches;
   for (int step = 0; step < kSteps; ++step) batches.push_back(global_batch(conv, step));
-  ThreadWorld world(n, "shm");
+  ThreadWorld world(n, backend);  // "hierK": hier on pretend hosts of K ranks (thread_world.h)
   std::vector<std::vector<::torch::Tensor>> out(static_cast<std::size_t>(n));
   world.run([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];
@@ -212,16 +212,16 @@ std::vector<Case> cases() {
   };
 }
 
-class Equivalence : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+class Equivalence : public ::testing::TestWithParam<std::tuple<bool, int, std::string>> {};
 
 TEST_P(Equivalence, NRanksOnShardsEqualOneProcessOnTheGlobalBatch) {
-  const auto [conv, n] = GetParam();
+  const auto [conv, n, backend] = GetParam();
   at::set_num_threads(1);
   for (const Case& c : cases()) {
     if (conv && c.side) continue;  // the convnet has no side branch
     SCOPED_TRACE(c.name);
     const auto want = conv ? reference<ConvNetImpl>(conv, n, c) : reference<MlpImpl>(conv, n, c);
-    const auto got = conv ? train_ddp<ConvNetImpl>(conv, n, c) : train_ddp<MlpImpl>(conv, n, c);
+    const auto got = conv ? train_ddp<ConvNetImpl>(conv, n, c, backend) : train_ddp<MlpImpl>(conv, n, c, backend);
     for (int r = 0; r < n; ++r) expect_close(got[static_cast<std::size_t>(r)], want, c.rtol, c.name + " rank " + std::to_string(r));
     // Replicas agree with each other exactly, not just closely.
     for (int r = 1; r < n; ++r)
@@ -230,12 +230,23 @@ TEST_P(Equivalence, NRanksOnShardsEqualOneProcessOnTheGlobalBatch) {
   }
 }
 
+std::string equivalence_name(const ::testing::TestParamInfo<Equivalence::ParamType>& info) {
+  const std::string& backend = std::get<2>(info.param);
+  return std::string(std::get<0>(info.param) ? "convnet_bn" : "mlp") + "_" + std::to_string(std::get<1>(info.param)) +
+         "ranks" + (backend == "shm" ? "" : "_" + backend);
+}
+
 INSTANTIATE_TEST_SUITE_P(ModelsAndRanks, Equivalence,
-                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2, 3, 4)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ? "convnet_bn" : "mlp") + "_" +
-                                  std::to_string(std::get<1>(info.param)) + "ranks";
-                         });
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(std::string("shm"))),
+                         equivalence_name);
+
+// Across pretend hosts: 2 hosts x 2 ranks (hier2) and 2 hosts x 1 rank (hier1).
+INSTANTIATE_TEST_SUITE_P(HierHosts, Equivalence,
+                         ::testing::Values(std::make_tuple(false, 4, std::string("hier2")),
+                                           std::make_tuple(true, 4, std::string("hier2")),
+                                           std::make_tuple(false, 2, std::string("hier1"))),
+                         equivalence_name);
 
 TEST(Equivalence, ShardedTrainingEqualsOneForwardOverTheWholeBatch) {
   // Without BatchNorm, accumulating shards is the same as one big batch.

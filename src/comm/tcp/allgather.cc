@@ -2,7 +2,7 @@
 // pass (each rank sends (n-1)/n of the output, the minimum).
 #include <cstring>
 
-#include "comm/tcp/ring.h"
+#include "comm/algorithms/ring.h"
 #include "comm/tcp/tcp_backend.h"
 
 namespace lockstep {

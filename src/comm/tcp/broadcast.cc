@@ -1,69 +1,16 @@
-// tcp broadcast: binomial tree for small messages (ceil(log2 n) rounds), a
-// pipelined chain for large ones (each rank forwards bytes as they arrive, so
-// the time approaches one buffer transfer plus n-1 socket reads).
+// tcp broadcast: binomial tree for small messages, a pipelined chain for
+// large ones (algorithms/broadcast.h), over the mesh.
+#include "comm/algorithms/broadcast.h"
 #include "comm/tcp/tcp_backend.h"
-#include "comm/tcp/transfer.h"
 
 namespace lockstep {
-namespace {
-
-// Sends what a sink has received so far: the forwarding half of a chain.
-class ForwardSource final : public ByteSource {
- public:
-  ForwardSource(const BufferSink& sink, const std::byte* data, std::size_t len) : sink_(sink), data_(data), len_(len) {}
-  std::span<const std::byte> ready() override { return {data_ + sent_, sink_.received() - sent_}; }
-  void consumed(std::size_t n) override { sent_ += n; }
-  bool finished() const override { return sent_ == len_; }
-
- private:
-  const BufferSink& sink_;
-  const std::byte* data_;
-  std::size_t len_;
-  std::size_t sent_ = 0;
-};
-
-}  // namespace
 
 void TcpBackend::broadcast(const OpContext& op, Buffer data, int root) {
   if (mesh_.size() == 1 || data.count == 0) return;
   if (data.bytes() <= small_bytes_)
-    broadcast_tree(op, data.data, data.bytes(), root);
+    broadcast_tree(mesh_, op, data.data, data.bytes(), root);
   else
-    broadcast_chain(op, data.data, data.bytes(), root);
-}
-
-void TcpBackend::broadcast_tree(const OpContext& op, void* data, std::size_t bytes, int root) {
-  const int n = mesh_.size();
-  const int vrank = (mesh_.rank() - root + n) % n;
-  const auto real_rank = [&](int v) { return (v + root) % n; };
-  int mask = 1;
-  while (mask < n) {
-    if (vrank & mask) {
-      recv_bytes(mesh_, op, real_rank(vrank - mask), data, bytes);
-      break;
-    }
-    mask <<= 1;
-  }
-  for (mask >>= 1; mask > 0; mask >>= 1) {
-    if (vrank + mask < n) send_bytes(mesh_, op, real_rank(vrank + mask), data, bytes);
-  }
-}
-
-void TcpBackend::broadcast_chain(const OpContext& op, void* data, std::size_t bytes, int root) {
-  const int n = mesh_.size();
-  const int r = mesh_.rank();
-  const int next = (r + 1) % n;
-  const int prev = (r - 1 + n) % n;
-  const bool is_last = next == root;
-  auto* buf = static_cast<std::byte*>(data);
-  if (r == root) {
-    send_bytes(mesh_, op, next, buf, bytes);
-    return;
-  }
-  BufferSink sink(buf, bytes);
-  ForwardSource forward(sink, buf, bytes);
-  const Channel channels[] = {{prev, nullptr, &sink}, {next, &forward, nullptr}};
-  run_transfer(mesh_, op, std::span(channels, is_last ? 1 : 2));
+    broadcast_chain(mesh_, op, data.data, data.bytes(), root);
 }
 
 }  // namespace lockstep

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/tcp/transfer.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -149,5 +150,7 @@ void Mesh::goodbye(Deadline deadline) {
   }
   for (auto& s : peers_) s.close();
 }
+
+void Mesh::transfer(const OpContext& op, std::span<const Channel> channels) { run_transfer(*this, op, channels); }
 
 }  // namespace lockstep

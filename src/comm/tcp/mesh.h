@@ -20,16 +20,20 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/transport.h"
 #include "common/socket.h"
 
 namespace lockstep {
 
-class Mesh {
+// The mesh is the tcp Transport over every rank of the group (transfer()
+// runs the poll loop of transfer.h).
+class Mesh final : public Transport {
  public:
   explicit Mesh(const BackendContext& ctx);
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void transfer(const OpContext& op, std::span<const Channel> channels) override;
   int fd(int peer) const { return peers_[static_cast<std::size_t>(peer)].fd(); }
   const Logger& log() const { return log_; }
   // The system calls every transfer on these connections makes.

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "comm/reduce_kernels.h"
-#include "comm/tcp/ring.h"
+#include "comm/algorithms/ring.h"
 #include "comm/tcp/tcp_backend.h"
 #include "comm/tcp/transfer.h"
 

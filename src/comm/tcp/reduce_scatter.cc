@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "comm/reduce_kernels.h"
-#include "comm/tcp/ring.h"
+#include "comm/algorithms/ring.h"
 #include "comm/tcp/tcp_backend.h"
 
 namespace lockstep {

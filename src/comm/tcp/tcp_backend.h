@@ -4,7 +4,7 @@
 // Algorithms, by message size (bytes in the accumulation type):
 //   allreduce       <= small: recursive doubling (log2 n exchange rounds; a
 //                   non-power-of-two world first folds its extra ranks in);
-//                   larger: ring reduce-scatter + ring allgather (ring.h)
+//                   larger: ring reduce-scatter + ring allgather (algorithms/ring.h)
 //   broadcast       <= small: binomial tree; larger: pipelined chain
 //   allgather       ring
 //   reduce_scatter  ring reduce-scatter
@@ -19,7 +19,10 @@
 // rounded once; final results travel in 16 bits.
 //
 // One file per collective (allreduce.cc, broadcast.cc, ...), as each
-// backend folder does.
+// backend folder does. The ring, recursive doubling and broadcast
+// algorithms are not tcp's own: they live in comm/algorithms/ and run over
+// the Transport interface, which the mesh implements (hier runs the same
+// code across hosts).
 //
 // Not thread-safe: used by the group's progress thread only.
 #pragma once
@@ -49,15 +52,16 @@ class TcpBackend final : public Backend {
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;
 
+  // The mesh as a transport over every rank of the group, for a backend
+  // built on this one (hier runs its cross-host step on a subset of it).
+  Transport& transport() { return mesh_; }
+  std::size_t small_bytes() const { return small_bytes_; }
+
   // The default crossover between latency- and bandwidth-optimal algorithms,
   // measured on loopback and a 2-core host (see docs/performance.md).
   static constexpr std::size_t kDefaultSmallBytes = 64 * 1024;
 
  private:
-  // Recursive-doubling allreduce of `acc` (count elements of dtype) in place.
-  void allreduce_recursive_doubling(const OpContext& op, void* acc, std::size_t count, DType dtype, ReduceOp reduce_op);
-  void broadcast_tree(const OpContext& op, void* data, std::size_t bytes, int root);
-  void broadcast_chain(const OpContext& op, void* data, std::size_t bytes, int root);
   void reduce_tree(const OpContext& op, void* acc, std::size_t count, DType dtype, int root, ReduceOp reduce_op);
 
   Mesh mesh_;

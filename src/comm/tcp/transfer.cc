@@ -248,24 +248,4 @@ void move_bytes(Mesh& mesh, const OpContext& op, std::span<const Channel> channe
 
 }  // namespace
 
-void exchange(Mesh& mesh, const OpContext& op, int peer, const void* send, std::size_t send_len, void* recv,
-              std::size_t recv_len) {
-  BufferSource source(send, send_len);
-  BufferSink sink(recv, recv_len);
-  const Channel ch{peer, &source, &sink};
-  run_transfer(mesh, op, std::span(&ch, 1));
-}
-
-void send_bytes(Mesh& mesh, const OpContext& op, int peer, const void* data, std::size_t len) {
-  BufferSource source(data, len);
-  const Channel ch{peer, &source, nullptr};
-  run_transfer(mesh, op, std::span(&ch, 1));
-}
-
-void recv_bytes(Mesh& mesh, const OpContext& op, int peer, void* data, std::size_t len) {
-  BufferSink sink(data, len);
-  const Channel ch{peer, nullptr, &sink};
-  run_transfer(mesh, op, std::span(&ch, 1));
-}
-
 }  // namespace lockstep

@@ -450,7 +450,7 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
                 "allreduce, broadcast, reduce, allgather, reduce_scatter, all_to_all, gather, scatter, allgather_v "
                 "(allgather with per-rank counts, all equal here), or all")
       ->capture_default_str();
-  b->add_option("--backend", o.backend, "auto, tcp, shm, mpi")->capture_default_str();
+  b->add_option("--backend", o.backend, "auto, tcp, shm, hier, mpi")->capture_default_str();
   b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)");
   b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
   b->add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();

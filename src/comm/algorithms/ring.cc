@@ -1,11 +1,10 @@
 // Ring reduce-scatter and allgather passes; see ring.h.
-#include "comm/tcp/ring.h"
+#include "comm/algorithms/ring.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "comm/reduce_kernels.h"
-#include "comm/tcp/transfer.h"
 
 namespace lockstep {
 namespace {
@@ -144,28 +143,28 @@ class GatherSink final : public ByteSink {
 
 }  // namespace
 
-void ring_reduce_scatter(Mesh& mesh, const OpContext& op, void* acc, DType dtype, ReduceOp reduce_op,
+void ring_reduce_scatter(Transport& transport, const OpContext& op, void* acc, DType dtype, ReduceOp reduce_op,
                          const Chunks& chunks, Scratch& staging) {
-  const int n = mesh.size();
-  const int r = mesh.rank();
+  const int n = transport.size();
+  const int r = transport.rank();
   if (n == 1) return;
   const std::size_t elem = dtype_size(dtype);
   auto* bytes = static_cast<std::byte*>(acc);
   ReduceSink sink(RingSteps(chunks, n, elem, r, 2), bytes, dtype, reduce_op, staging.get(kStagingBytes));
   RingSource source(RingSteps(chunks, n, elem, r, 1), sink.steps(), bytes);
   const Channel channels[] = {{mod(r + 1, n), &source, nullptr}, {mod(r - 1, n), nullptr, &sink}};
-  run_transfer(mesh, op, channels);
+  transport.transfer(op, channels);
 }
 
-void ring_allgather(Mesh& mesh, const OpContext& op, void* buf, std::size_t elem_size, const Chunks& chunks) {
-  const int n = mesh.size();
-  const int r = mesh.rank();
+void ring_allgather(Transport& transport, const OpContext& op, void* buf, std::size_t elem_size, const Chunks& chunks) {
+  const int n = transport.size();
+  const int r = transport.rank();
   if (n == 1) return;
   auto* bytes = static_cast<std::byte*>(buf);
   GatherSink sink(RingSteps(chunks, n, elem_size, r, 1), bytes);
   RingSource source(RingSteps(chunks, n, elem_size, r, 0), sink.steps(), bytes);
   const Channel channels[] = {{mod(r + 1, n), &source, nullptr}, {mod(r - 1, n), nullptr, &sink}};
-  run_transfer(mesh, op, channels);
+  transport.transfer(op, channels);
 }
 
 }  // namespace lockstep

@@ -1,5 +1,6 @@
 // Ring passes, the bandwidth-optimal building blocks of allreduce,
-// reduce_scatter, reduce and allgather over TCP.
+// reduce_scatter, reduce and allgather, over any Transport (the tcp mesh,
+// or the ranks of one local index across hosts in hier).
 //
 // The buffer is cut into size() chunks. In the reduce-scatter pass each rank
 // sends to its right neighbour and receives from its left one; at step s,
@@ -25,17 +26,17 @@
 
 #include "comm/chunks.h"
 #include "comm/scratch.h"
-#include "comm/tcp/mesh.h"
+#include "comm/transport.h"
 #include "lockstep/types.h"
 
 namespace lockstep {
 
-// After this, chunk mesh.rank() of `acc` (elements of `dtype`) holds the
+// After this, chunk transport.rank() of `acc` (elements of `dtype`) holds the
 // reduction of all ranks' copies of it; other chunks hold partial results.
-void ring_reduce_scatter(Mesh& mesh, const OpContext& op, void* acc, DType dtype, ReduceOp reduce_op,
+void ring_reduce_scatter(Transport& transport, const OpContext& op, void* acc, DType dtype, ReduceOp reduce_op,
                          const Chunks& chunks, Scratch& staging);
 
-// On entry chunk mesh.rank() of `buf` is final; afterwards every chunk is.
-void ring_allgather(Mesh& mesh, const OpContext& op, void* buf, std::size_t elem_size, const Chunks& chunks);
+// On entry chunk transport.rank() of `buf` is final; afterwards every chunk is.
+void ring_allgather(Transport& transport, const OpContext& op, void* buf, std::size_t elem_size, const Chunks& chunks);
 
 }  // namespace lockstep
