@@ -30,6 +30,9 @@ struct GroupSpec {
   Duration connect_timeout{0};
   std::string listen_address;  // empty: choose
   std::size_t tcp_small_bytes = 0;
+  // The front end's settings; what backends and diagnostics read instead of
+  // the environment.
+  Config config;
   // Keeps the store server (if this process hosts it) alive while any group
   // uses it.
   std::shared_ptr<void> keepalive;
