@@ -14,7 +14,7 @@
 #include <lockstep/torch/ddp.h>
 #include <torch/torch.h>
 
-#include "models.h"
+#include <lockstep_models/models.h>
 
 #include <CLI/CLI.hpp>
 

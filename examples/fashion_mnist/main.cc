@@ -36,7 +36,7 @@
 #include <filesystem>
 #include <string>
 
-#include "../models.h"
+#include <lockstep_models/models.h>
 #include "dataset.h"
 
 namespace {

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/config.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "lockstep/types.h"
@@ -91,9 +92,14 @@ class Work {
   std::vector<std::function<void(const Work&)>> callbacks_;
 };
 
-// How to form a group. Every field has a default taken from the environment
-// the launcher set (lockstep run, torchrun, mpirun, srun); see docs/env.md.
+// How to form a group. Every field has a default taken from `config`, which
+// is read from the environment the launcher set (lockstep run, torchrun,
+// mpirun, srun) unless given; see docs/env.md.
 struct GroupOptions {
+  // Every environment setting, parsed and checked. Null:
+  // Config::from_environment(). Given: the environment is not read at all.
+  // The fields below override it.
+  std::optional<Config> config;
   // "auto" (default, or LOCKSTEP_BACKEND): shared memory when every rank is on
   // one host; "hier" (shared memory inside each host, TCP across) when the
   // ranks span hosts and some host runs several; TCP when every host runs
@@ -146,6 +152,8 @@ class ProcessGroup {
   int size() const;
   const std::string& backend() const;
   Duration timeout() const;
+  // The settings the group was formed with (sub-groups share their parent's).
+  const Config& config() const;
   const std::shared_ptr<Store>& store() const;
   // Identity of each rank's host (hostname and boot id), from the rendezvous.
   const std::vector<std::string>& host_ids() const;

@@ -57,6 +57,11 @@ class Store {
   // blocking request (the watchdog). Same timeout.
   virtual std::shared_ptr<Store> clone() const = 0;
 
+  // An address of this host that the store's server can reach (so most
+  // likely every other host can), for backends that must pick a listen
+  // address; empty when the store cannot say (in-memory and file stores).
+  virtual std::string advertised_address() const { return {}; }
+
   Duration timeout() const { return Duration(timeout_ms_.load()); }
   void set_timeout(Duration timeout) { timeout_ms_.store(timeout.count()); }
 
@@ -131,6 +136,7 @@ class PrefixStore final : public Store {
   bool delete_key(std::string_view key) override;
   std::int64_t num_keys() override;  // counts the base store's keys, all prefixes
   std::shared_ptr<Store> clone() const override;
+  std::string advertised_address() const override { return base_->advertised_address(); }
 
   const std::shared_ptr<Store>& base() const { return base_; }
   const std::string& prefix() const { return prefix_; }
@@ -209,6 +215,7 @@ class TcpStore final : public Store {
   // The local address of the connection to the server: an address of this
   // host that the server's host can reach, used to pick a listen address.
   std::string local_address() const;
+  std::string advertised_address() const override { return local_address(); }
   const std::string& host() const;
   std::uint16_t port() const;
 

@@ -63,6 +63,14 @@ using Duration = std::chrono::milliseconds;
 
 std::size_t dtype_size(DType dtype);
 bool is_floating(DType dtype);
+
+// Element `i` of a buffer of `dtype`, read as a double (16-bit floats
+// widened exactly, integers as stored).
+double load_as_double(const void* buffer, DType dtype, std::size_t i);
+// Stores `value` into element `i` of a buffer of `dtype`: floats rounded to
+// nearest even, integers truncated toward zero and then wrapped to the
+// element's width as C does (-1 becomes 255 in uint8).
+void store_from_double(void* buffer, DType dtype, std::size_t i, double value);
 std::string_view to_string(DType dtype);
 std::string_view to_string(ReduceOp op);
 std::string_view to_string(Collective collective);

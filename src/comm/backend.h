@@ -17,6 +17,7 @@
 #include "comm/block_counts.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "lockstep/config.h"
 #include "common/os.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
@@ -63,6 +64,7 @@ struct BackendContext {
   std::vector<std::string> host_ids;  // per rank, from the rendezvous
   std::string listen_address;         // tcp: resolved by the front end
   std::size_t tcp_small_bytes = 0;    // tcp: algorithm crossover
+  Config config;                      // backend settings (shm_*, mpi_*); never the environment
   Logger log;
   Os* os = &Os::real();               // the system calls (tests inject faults); outlives the backend
 };

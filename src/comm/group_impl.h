@@ -33,6 +33,9 @@ struct GroupSpec {
   // This rank's host identity as given (GroupOptions::host_id,
   // LOCKSTEP_HOST_ID); empty: hostname + boot id.
   std::string host_id;
+  // The front end's settings; what backends and diagnostics read instead of
+  // the environment.
+  Config config;
   // Keeps the store server (if this process hosts it) alive while any group
   // uses it.
   std::shared_ptr<void> keepalive;

@@ -13,8 +13,6 @@
 #include "comm/mpi/bootstrap.h"
 #include "comm/mpi/job_end.h"
 #include "comm/rendezvous.h"
-#include "common/env.h"
-#include "common/env_vars.h"
 #include "common/host.h"
 #include "common/socket.h"
 #include "lockstep/error.h"
@@ -22,9 +20,6 @@
 
 namespace lockstep {
 namespace {
-
-// LOCKSTEP_TCP_SMALL_BYTES is a message size; anything above a GiB is a typo.
-constexpr std::int64_t kMaxTcpSmallBytes = std::int64_t{1} << 30;
 
 // Keeps this process's store server running until every rank has reported
 // the end of its world group, or every other client has disconnected (they
@@ -78,29 +73,22 @@ bool some_host_runs_several(const std::vector<std::string>& host_ids) {
 // The address peers should connect to for the tcp backend.
 std::string choose_listen_address(const GroupSpec& spec, const std::vector<std::string>& host_ids) {
   if (!spec.listen_address.empty()) return spec.listen_address;
-  if (auto addr = env_string(env::kSocketAddr)) return *addr;
+  if (!spec.config.socket_addr.empty()) return spec.config.socket_addr;
   if (all_same(host_ids)) return "127.0.0.1";
   // The address this host uses to reach the store is one the store's host,
   // and so most likely every other host, can reach.
-  Store* base = spec.root_store.get();
-  while (auto* prefixed = dynamic_cast<PrefixStore*>(base)) base = prefixed->base().get();
-  if (auto* tcp = dynamic_cast<TcpStore*>(base)) {
-    const std::string local = tcp->local_address();
-    if (!local.empty() && local != "127.0.0.1" && local != "::1") return local;
-  }
+  const std::string local = spec.root_store->advertised_address();
+  if (!local.empty() && local != "127.0.0.1" && local != "::1") return local;
   return host_name();
 }
 
-DiagnosticsSettings diagnostics_settings(Duration timeout) {
+DiagnosticsSettings diagnostics_settings(const Config& config, Duration timeout) {
   DiagnosticsSettings s;
   s.timeout = timeout;
-  s.stall_after = env_seconds(env::kStallWarning).value_or(std::min<Duration>(timeout / 2, std::chrono::seconds(60)));
-  const std::string debug = env_string(env::kDebug).value_or("OFF");
-  if (debug != "OFF" && debug != "INFO" && debug != "DETAIL" && debug != "off" && debug != "info" && debug != "detail")
-    throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, debug));
-  s.detail = debug == "DETAIL" || debug == "detail";
-  s.flight_dir = env_string(env::kFlightDir).value_or("");
-  s.settle = env_seconds(env::kWatchdogSettle).value_or(s.settle);
+  s.stall_after = config.stall_warning.value_or(std::min<Duration>(timeout / 2, std::chrono::seconds(60)));
+  s.detail = config.debug == DebugLevel::detail;
+  s.flight_dir = config.flight_dir;
+  s.settle = config.watchdog_settle.value_or(s.settle);
   return s;
 }
 
@@ -151,6 +139,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.host_ids = impl->host_ids;
   ctx.listen_address = choose_listen_address(spec, impl->host_ids);
   ctx.tcp_small_bytes = spec.tcp_small_bytes;
+  ctx.config = spec.config;
   ctx.log = spec.log;
   impl->backend = make_backend(impl->backend_name, ctx);
   impl->diagnostics = std::make_unique<GroupDiagnostics>(impl->store, spec.rank, spec.size, spec.key, spec.log,
@@ -175,24 +164,26 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
-  const LaunchInfo launch = resolve_launch(options);
+  // The one place a group reads the environment, and only when no Config
+  // was given.
+  Config config = options.config ? *options.config : Config::from_environment();
+  const LaunchInfo launch = resolve_launch(options, config);
   GroupSpec spec;
   spec.rank = launch.rank;
   spec.size = launch.world_size;
   spec.world = true;
-  spec.backend = !options.backend.empty() ? options.backend : env_string(env::kBackend).value_or("auto");
+  spec.backend = !options.backend.empty() ? options.backend : config.backend;
   spec.timeout = launch.timeout;
   spec.connect_timeout = launch.connect_timeout;
   spec.listen_address = options.listen_address;
-  spec.host_id = !options.host_id.empty() ? options.host_id : env_string(env::kHostId).value_or("");
-  spec.tcp_small_bytes = options.tcp_small_bytes.value_or(
-      static_cast<std::size_t>(env_int(env::kTcpSmallBytes, 0, kMaxTcpSmallBytes).value_or(0)));
+  spec.host_id = !options.host_id.empty() ? options.host_id : config.host_id;
+  spec.tcp_small_bytes = options.tcp_small_bytes.value_or(config.tcp_small_bytes.value_or(0));
   spec.key = fmt::format("{}/{}", launch.run_id, options.name);
   spec.finished_key = fmt::format("{}/finished/{}", launch.run_id, options.name);
-  spec.log = Logger().for_rank(launch.rank, launch.world_size);
-  spec.diagnostics = diagnostics_settings(launch.timeout);
-  spec.tracer = std::make_shared<diag::Tracer>(env_string(env::kTrace).value_or(""), launch.rank);
-  if (launch.source == "none") spec.log.info("no launcher environment found: running as a world of one");
+  spec.log = Logger(config.log_level).for_rank(launch.rank, launch.world_size);
+  spec.diagnostics = diagnostics_settings(config, launch.timeout);
+  spec.tracer = std::make_shared<diag::Tracer>(config.trace_prefix, launch.rank);
+  if (launch.source == LaunchSource::none) spec.log.info("no launcher environment found: running as a world of one");
 
   TcpStoreOptions store_options;
   store_options.token = launch.token;
@@ -200,7 +191,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   store_options.timeout = launch.timeout;
   if (options.store) {
     spec.root_store = options.store;
-  } else if (launch.master_addr.empty() && launch.source == "Open MPI" && launch.world_size > 1) {
+  } else if (launch.master_addr.empty() && launch.source == LaunchSource::open_mpi && launch.world_size > 1) {
     // Started by mpirun alone: rank 0 hosts the store on a free port and
     // tells the others where through MPI.
     MpiBootstrap boot = bootstrap_store_with_mpi(launch, store_options);
@@ -217,7 +208,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     if (store_options.token.empty() && !is_loopback_host(launch.master_addr))
       store_options.token = shared_store_token(
           std::nullopt, fmt::format("rank0/{}:{}/{}/{}", launch.master_addr, launch.master_port, launch.world_size,
-                                    env_string(env::kTorchelasticRunId).value_or("")));
+                                    config.torchelastic_run_id));
     std::unique_ptr<TcpStoreServer> server;
     // A loopback MASTER_ADDR means every rank is on this host: listen there
     // only, so the store (often without a token) is not reachable from the network.
@@ -238,6 +229,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     if (server)
       spec.keepalive = std::make_shared<StoreHost>(std::move(server), client, spec.finished_key, launch.world_size);
   }
+  spec.config = std::move(config);
   return make_group(std::move(spec));
 }
 

@@ -3,12 +3,9 @@
 
 #include <fmt/format.h>
 
-#include <climits>
-#include <cstdio>
 #include <optional>
 
 #include "common/env.h"
-#include "common/env_vars.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -17,41 +14,15 @@ namespace {
 constexpr Duration kDefaultConnectTimeout = std::chrono::seconds(60);
 // The largest world lockstep accepts: far beyond any cluster, yet small
 // enough that per-rank tables and rank arithmetic can never overflow an int.
-constexpr std::int64_t kMaxWorldSize = 1 << 20;
-constexpr std::int64_t kMaxPort = 65535;
-
-// Launcher variables that count or number ranks, range-checked as 64-bit
-// values before they are narrowed to int (WORLD_SIZE=4294967297 is not 1).
-std::optional<int> env_rank(const char* name) {
-  const auto v = env_int(name, 0, kMaxWorldSize - 1);
-  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
-}
-std::optional<int> env_world_size(const char* name) {
-  const auto v = env_int(name, 1, kMaxWorldSize);
-  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
-}
-
-struct RankSource {
-  const char* name;
-  const char* rank;
-  const char* size;
-  const char* local_rank;
-  const char* local_size;  // may be null
-};
-
-constexpr RankSource kSources[] = {
-    {"RANK/WORLD_SIZE", env::kRank, env::kWorldSize, env::kLocalRank, env::kLocalWorldSize},
-    {"Open MPI", env::kOmpiRank, env::kOmpiSize, env::kOmpiLocalRank, env::kOmpiLocalSize},
-    {"Slurm", env::kSlurmProcId, env::kSlurmNtasks, env::kSlurmLocalId, nullptr},
-};
+constexpr int kMaxWorldSize = 1 << 20;
 
 // A timeout of 0 would fail every collective at once; one past a week is a
 // mistake, and one near Duration's limit overflows when added to now.
-void check_timeout_option(const char* name, Duration value) {
-  if (value <= Duration(0) || value > kMaxTimeout)
-    throw InvalidArgument(fmt::format("GroupOptions::{} is {} ms; it must be from 1 ms to {} ms (a week), or unset "
-                                      "to take it from the environment",
-                                      name, value.count(), kMaxTimeout.count()));
+void check_timeout(const char* what, const std::optional<Duration>& value) {
+  if (value && (*value <= Duration(0) || *value > kMaxTimeout))
+    throw InvalidArgument(fmt::format("{} is {} ms; it must be from 1 ms to {} ms (a week), or unset to take it "
+                                      "from the environment",
+                                      what, value->count(), kMaxTimeout.count()));
 }
 
 void check_rank(int rank, int size, const std::string& how) {
@@ -62,54 +33,9 @@ void check_rank(int rank, int size, const std::string& how) {
                                   size, how, size - 1));
 }
 
-// Fills rank, world and local sizes from the first launcher whose variables
-// are present. Returns false if none is.
-bool from_launcher(LaunchInfo& info) {
-  for (const auto& src : kSources) {
-    const auto rank = env_rank(src.rank);
-    const auto size = env_world_size(src.size);
-    if (!rank && !size) continue;
-    if (!rank || !size)
-      throw ConfigError(fmt::format("{} is set but {} is not; set both (or start the program with `lockstep run`)",
-                                    rank ? src.rank : src.size, rank ? src.size : src.rank));
-    info.rank = static_cast<int>(*rank);
-    info.world_size = static_cast<int>(*size);
-    check_rank(info.rank, info.world_size, fmt::format("{}={}, {}={}", src.rank, *rank, src.size, *size));
-    info.local_rank = env_rank(src.local_rank).value_or(info.rank);
-    if (src.local_size != nullptr) {
-      info.local_world_size = env_world_size(src.local_size).value_or(info.world_size);
-    } else {
-      const auto tasks = env_string(env::kSlurmTasksPerNode);
-      const auto node = env_rank(env::kSlurmNodeId);
-      info.local_world_size = tasks && node ? slurm_tasks_on_node(*tasks, *node) : info.world_size;
-    }
-    info.source = src.name;
-    return true;
-  }
-  return false;
-}
-
 }  // namespace
 
-int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
-  // Comma-separated entries "N" or "N(xK)" (N tasks on each of K nodes).
-  int index = 0;
-  std::size_t pos = 0;
-  while (pos < tasks_per_node.size()) {
-    std::size_t end = tasks_per_node.find(',', pos);
-    if (end == std::string::npos) end = tasks_per_node.size();
-    const std::string entry = tasks_per_node.substr(pos, end - pos);
-    int tasks = 0, repeat = 1;
-    if (std::sscanf(entry.c_str(), "%d(x%d)", &tasks, &repeat) < 1)
-      throw ConfigError(fmt::format("{}='{}' is not a Slurm task list", env::kSlurmTasksPerNode, tasks_per_node));
-    if (node < index + repeat) return tasks;
-    index += repeat;
-    pos = end + 1;
-  }
-  throw ConfigError(fmt::format("{}='{}' lists no node {}", env::kSlurmTasksPerNode, tasks_per_node, node));
-}
-
-LaunchInfo resolve_launch(const GroupOptions& options) {
+LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
   LaunchInfo info;
   if (options.rank >= 0 || options.world_size >= 0) {
     if (options.rank < 0 || options.world_size < 0)
@@ -117,25 +43,28 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
     info.rank = options.rank;
     info.world_size = options.world_size;
     check_rank(info.rank, info.world_size, "GroupOptions");
-    info.local_rank = env_rank(env::kLocalRank).value_or(info.rank);
-    info.local_world_size = env_world_size(env::kLocalWorldSize).value_or(info.world_size);
-    info.source = "options";
-  } else if (!from_launcher(info)) {
-    info.source = "none";
+    info.local_rank = config.local_rank.value_or(info.rank);
+    info.local_world_size = config.local_world_size.value_or(info.world_size);
+    info.source = LaunchSource::options;
+  } else {
+    const LauncherPlacement& p = config.launcher;
+    if (p.source != LaunchSource::none)
+      check_rank(p.rank, p.world_size, fmt::format("from {}", to_string(p.source)));
+    info.rank = p.rank;
+    info.world_size = p.world_size;
+    info.local_rank = p.local_rank;
+    info.local_world_size = p.local_world_size;
+    info.source = p.source;
   }
 
-  info.master_addr = !options.master_addr.empty() ? options.master_addr : env_string(env::kMasterAddr).value_or("");
-  if (options.master_port >= 0) {
-    info.master_port = options.master_port;
-  } else if (auto port = env_int(env::kMasterPort, 1, kMaxPort)) {
-    info.master_port = static_cast<int>(*port);
-  }
+  info.master_addr = !options.master_addr.empty() ? options.master_addr : config.master_addr;
+  info.master_port = options.master_port >= 0 ? options.master_port : config.master_port.value_or(-1);
   if (info.master_port > 65535 || (info.master_port <= 0 && info.master_port != -1))
     throw ConfigError(fmt::format("MASTER_PORT={} is not a TCP port; use a free port in 1..65535", info.master_port));
 
   // Under mpirun the store can be found without MASTER_ADDR: rank 0 hosts it
   // and shares its address through MPI (init.cc, comm/mpi/bootstrap.h).
-  const bool mpi_bootstrap = info.source == "Open MPI" && info.master_addr.empty();
+  const bool mpi_bootstrap = info.source == LaunchSource::open_mpi && info.master_addr.empty();
   if (!options.store && info.world_size > 1 && !mpi_bootstrap) {
     if (info.master_addr.empty())
       throw ConfigError(fmt::format(
@@ -147,17 +76,16 @@ LaunchInfo resolve_launch(const GroupOptions& options) {
                                     info.master_addr));
   }
 
-  info.store_hosted = env_flag(env::kStoreHosted).value_or(false);
-  info.token = env_string(env::kStoreToken).value_or("");
-  const std::string run = env_string(env::kRunId).value_or(env_string(env::kTorchelasticRunId).value_or("job"));
-  const auto restart = env_int(env::kRestartCount, 0, INT_MAX)
-                           .value_or(env_int(env::kTorchelasticRestartCount, 0, INT_MAX).value_or(0));
-  info.run_id = fmt::format("{}/{}", run, restart);
-  if (options.timeout) check_timeout_option("timeout", *options.timeout);
-  if (options.connect_timeout) check_timeout_option("connect_timeout", *options.connect_timeout);
-  info.timeout = options.timeout.value_or(env_seconds(env::kTimeout).value_or(Store::kDefaultTimeout));
-  info.connect_timeout =
-      options.connect_timeout.value_or(env_seconds(env::kConnectTimeout).value_or(kDefaultConnectTimeout));
+  info.store_hosted = config.store_hosted;
+  info.token = config.store_token;
+  info.run_id = fmt::format("{}/{}", config.run_name, config.restart_count);
+  check_timeout("GroupOptions::timeout", options.timeout);
+  check_timeout("GroupOptions::connect_timeout", options.connect_timeout);
+  check_timeout("Config::timeout", config.timeout);
+  check_timeout("Config::connect_timeout", config.connect_timeout);
+  info.timeout = options.timeout.value_or(config.timeout.value_or(Store::kDefaultTimeout));
+  info.connect_timeout = options.connect_timeout.value_or(config.connect_timeout.value_or(kDefaultConnectTimeout));
+  info.mpi_abort_on_failure = config.mpi_abort_on_failure;
   return info;
 }
 

@@ -84,6 +84,7 @@ int ProcessGroup::rank() const { return impl_->spec.rank; }
 int ProcessGroup::size() const { return impl_->spec.size; }
 const std::string& ProcessGroup::backend() const { return impl_->backend_name; }
 Duration ProcessGroup::timeout() const { return impl_->spec.timeout; }
+const Config& ProcessGroup::config() const { return impl_->spec.config; }
 const std::shared_ptr<Store>& ProcessGroup::store() const { return impl_->store; }
 const std::vector<std::string>& ProcessGroup::host_ids() const { return impl_->host_ids; }
 bool ProcessGroup::aborted() const { return impl_->engine->aborted(); }

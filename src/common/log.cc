@@ -3,12 +3,6 @@
 
 #include <unistd.h>
 
-#include <cctype>
-
-#include "common/env.h"
-#include "common/env_vars.h"
-#include "lockstep/error.h"
-
 namespace lockstep {
 namespace {
 
@@ -24,21 +18,6 @@ std::string_view level_name(LogLevel level) {
 }
 
 }  // namespace
-
-Logger::Logger() : level_(level_from_env()) {}
-
-LogLevel Logger::level_from_env() {
-  const auto text = env_string(env::kLogLevel);
-  if (!text) return LogLevel::warn;
-  for (LogLevel l : {LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug, LogLevel::trace}) {
-    std::string name(level_name(l));
-    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (*text == name || *text == level_name(l)) return l;
-  }
-  if (*text == "warning" || *text == "WARNING") return LogLevel::warn;
-  throw ConfigError(fmt::format("{}='{}' is not a log level; use error, warn, info, debug or trace",
-                                env::kLogLevel, *text));
-}
 
 Logger Logger::for_rank(int rank, int size) const {
   return Logger(level_, fmt::format("[rank {}/{}] ", rank, size));

@@ -1,7 +1,7 @@
 // Logging with a "[rank r/n]" prefix. A Logger is a small value: components
 // keep their own copy, so there is no process-wide logger to configure. The
-// level comes from LOCKSTEP_LOG_LEVEL (error, warn, info, debug, trace;
-// default warn). Each message is written with one write(2) to stderr, so
+// level is given by whoever makes it (the front end takes Config::log_level,
+// LOCKSTEP_LOG_LEVEL; default warn). Each message is written with one write(2) to stderr, so
 // lines from threads and ranks do not interleave. Thread-safe.
 #pragma once
 
@@ -11,20 +11,18 @@
 #include <string_view>
 #include <utility>
 
-namespace lockstep {
+#include "lockstep/config.h"
 
-enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3, trace = 4 };
+namespace lockstep {
 
 class Logger {
  public:
-  // Level from LOCKSTEP_LOG_LEVEL, no rank prefix.
-  Logger();
+  // No rank prefix.
+  explicit Logger(LogLevel level = LogLevel::warn) : level_(level) {}
   Logger(LogLevel level, std::string prefix) : level_(level), prefix_(std::move(prefix)) {}
 
   // The same level with a "[rank r/n]" prefix.
   Logger for_rank(int rank, int size) const;
-
-  static LogLevel level_from_env();
 
   bool enabled(LogLevel level) const { return level <= level_; }
   LogLevel level() const { return level_; }

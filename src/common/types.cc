@@ -1,12 +1,16 @@
 // Tables for the vocabulary types in lockstep/types.h. Stateless; thread-safe.
 #include "lockstep/types.h"
 
+#include <cstdint>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <ostream>
 #include <string>
 #include <utility>
+
+#include "common/half.h"
 
 namespace lockstep {
 namespace {
@@ -35,6 +39,34 @@ std::size_t dtype_size(DType dtype) {
 
 bool is_floating(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+double load_as_double(const void* buffer, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(buffer)[i];
+    case DType::f64: return static_cast<const double*>(buffer)[i];
+    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(buffer)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(buffer)[i]);
+    case DType::i32: return static_cast<const std::int32_t*>(buffer)[i];
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buffer)[i]);
+    case DType::u8: return static_cast<const std::uint8_t*>(buffer)[i];
+  }
+  return 0;
+}
+
+void store_from_double(void* buffer, DType dtype, std::size_t i, double value) {
+  // Through int64 first: converting a negative double straight to an
+  // unsigned type is undefined, and wrapping is what integer tests expect.
+  const auto whole = [value] { return static_cast<std::int64_t>(value); };
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(buffer)[i] = static_cast<float>(value); break;
+    case DType::f64: static_cast<double*>(buffer)[i] = value; break;
+    case DType::f16: static_cast<std::uint16_t*>(buffer)[i] = float_to_half(static_cast<float>(value)); break;
+    case DType::bf16: static_cast<std::uint16_t*>(buffer)[i] = float_to_bf16(static_cast<float>(value)); break;
+    case DType::i32: static_cast<std::int32_t*>(buffer)[i] = static_cast<std::int32_t>(whole()); break;
+    case DType::i64: static_cast<std::int64_t*>(buffer)[i] = whole(); break;
+    case DType::u8: static_cast<std::uint8_t*>(buffer)[i] = static_cast<std::uint8_t>(whole()); break;
+  }
 }
 
 std::string_view to_string(DType dtype) {

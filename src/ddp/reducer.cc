@@ -43,7 +43,6 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
-#include "common/half.h"
 #include "ddp/bucket_autotune.h"
 #include "lockstep/error.h"
 #include "lockstep/reducer.h"
@@ -51,30 +50,9 @@
 namespace lockstep {
 namespace {
 
-void write_flag(void* at, DType dtype, double v) {
-  switch (dtype) {
-    case DType::f32: *static_cast<float*>(at) = static_cast<float>(v); break;
-    case DType::f64: *static_cast<double*>(at) = v; break;
-    case DType::f16: *static_cast<std::uint16_t*>(at) = float_to_half(static_cast<float>(v)); break;
-    case DType::bf16: *static_cast<std::uint16_t*>(at) = float_to_bf16(static_cast<float>(v)); break;
-    case DType::i32: *static_cast<std::int32_t*>(at) = static_cast<std::int32_t>(v); break;
-    case DType::i64: *static_cast<std::int64_t*>(at) = static_cast<std::int64_t>(v); break;
-    case DType::u8: *static_cast<std::uint8_t*>(at) = static_cast<std::uint8_t>(v); break;
-  }
-}
+void write_flag(void* at, DType dtype, double v) { store_from_double(at, dtype, 0, v); }
 
-double read_flag(const void* at, DType dtype) {
-  switch (dtype) {
-    case DType::f32: return *static_cast<const float*>(at);
-    case DType::f64: return *static_cast<const double*>(at);
-    case DType::f16: return half_to_float(*static_cast<const std::uint16_t*>(at));
-    case DType::bf16: return bf16_to_float(*static_cast<const std::uint16_t*>(at));
-    case DType::i32: return *static_cast<const std::int32_t*>(at);
-    case DType::i64: return static_cast<double>(*static_cast<const std::int64_t*>(at));
-    case DType::u8: return *static_cast<const std::uint8_t*>(at);
-  }
-  return 0;
-}
+double read_flag(const void* at, DType dtype) { return load_as_double(at, dtype, 0); }
 
 // data[0, count) *= factor, for the floating-point dtypes gradients have.
 void scale(void* data, std::size_t count, DType dtype, double factor) {

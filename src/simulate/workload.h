@@ -43,7 +43,7 @@ struct Description {
 
 Workload from_description(const Description& d);
 
-// The descriptions of the examples' models (examples/models.h: mlp,
+// The descriptions of the examples' models (models/lockstep_models/models.h: mlp,
 // convnet) and of ResNet-50 (per residual block). Times per sample are
 // placeholders the caller replaces with measured or quoted ones.
 Description builtin_description(const std::string& model);

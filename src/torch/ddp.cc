@@ -14,8 +14,6 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
-#include "common/env.h"
-#include "common/env_vars.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "lockstep/error.h"
@@ -280,7 +278,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   s.module = std::move(module);
   s.pg = std::move(pg);
   s.options = std::move(options);
-  s.log = Logger().for_rank(s.pg->rank(), s.pg->size());
+  s.log = Logger(s.pg->config().log_level).for_rank(s.pg->rank(), s.pg->size());
   std::vector<std::pair<std::string, ::torch::Tensor>> named_params, named_buffers;
   for (const auto& item : s.module->named_parameters(/*recurse=*/true)) named_params.emplace_back(item.key(), item.value());
   for (const auto& item : s.module->named_buffers(/*recurse=*/true)) named_buffers.emplace_back(item.key(), item.value());
@@ -331,7 +329,6 @@ DataParallelCore::~DataParallelCore() {
   }
 }
 
-// LOCKSTEP_STATS=<prefix>: this rank's statistics as <prefix>.rank<r>.json.
 // Autotuning's measurements and choice for the statistics file; null when
 // it did not run.
 nlohmann::json DataParallelCore::State::autotune_json() const {
@@ -349,9 +346,11 @@ nlohmann::json DataParallelCore::State::autotune_json() const {
           {"contention", t->contention}};
 }
 
+// LOCKSTEP_STATS=<prefix> (Config::stats_prefix, from the group): this
+// rank's statistics as <prefix>.rank<r>.json.
 void DataParallelCore::State::write_stats_file() const {
-  const auto prefix = env_string(env::kStats);
-  if (!prefix) return;
+  const std::string& prefix = pg->config().stats_prefix;
+  if (prefix.empty()) return;
   const RankSummary s = total.steps() > 0 ? total.summary(pg->rank()) : window.summary(pg->rank());
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : reducer->buckets()) buckets.push_back({{"parameters", b.params.size()}, {"bytes", b.bytes()}});
@@ -369,7 +368,7 @@ void DataParallelCore::State::write_stats_file() const {
       {"bucket_cap_mb", static_cast<double>(reducer->bucket_cap_bytes()) / (1 << 20)}, {"buckets", buckets},
       {"bucket_autotune", autotune_json()}, {"compression", options.comm_hook ? options.comm_hook->name() : "none"},
       {"last_window", window_json}, {"stragglers", stragglers}};
-  write_file_atomically(fmt::format("{}.rank{}.json", *prefix, pg->rank()), doc.dump(1) + "\n");
+  write_file_atomically(fmt::format("{}.rank{}.json", prefix, pg->rank()), doc.dump(1) + "\n");
 }
 
 void DataParallelCore::before_forward() {

@@ -47,7 +47,7 @@ Join::~Join() {
     try {
       join();
     } catch (const std::exception& e) {
-      Logger().for_rank(group_->rank(), group_->size()).error("Join: joining at the end of its scope failed: {}", e.what());
+      Logger(group_->config().log_level).for_rank(group_->rank(), group_->size()).error("Join: joining at the end of its scope failed: {}", e.what());
     }
   }
   // Leaving by an exception: no collectives (the other ranks may be gone).

@@ -31,32 +31,10 @@ inline double input_value(int r, std::size_t i, ReduceOp op) {
   return static_cast<double>((static_cast<std::size_t>(r) * 7 + i * 13) % 11) - 5;  // -5..5
 }
 
-// Stores a double into element i of a buffer of `dtype` (integers wrap like C).
-inline void store_value(void* buf, DType dtype, std::size_t i, double v) {
-  switch (dtype) {
-    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DType::f64: static_cast<double*>(buf)[i] = v; break;
-    case DType::f16: static_cast<std::uint16_t*>(buf)[i] = float_to_half(static_cast<float>(v)); break;
-    case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(v)); break;
-    case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-    case DType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(static_cast<std::int64_t>(v)); break;
-  }
-}
-
-// Reads element i as a double (integers as their stored, wrapped value).
-inline double load_value(const void* buf, DType dtype, std::size_t i) {
-  switch (dtype) {
-    case DType::f32: return static_cast<const float*>(buf)[i];
-    case DType::f64: return static_cast<const double*>(buf)[i];
-    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
-    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-    case DType::u8: return static_cast<const std::uint8_t*>(buf)[i];
-  }
-  return 0;
-}
+// Element access as doubles: one conversion, shared with the library
+// (lockstep/types.h).
+inline void store_value(void* buf, DType dtype, std::size_t i, double v) { store_from_double(buf, dtype, i, v); }
+inline double load_value(const void* buf, DType dtype, std::size_t i) { return load_as_double(buf, dtype, i); }
 
 // Fills rank r's buffer with its inputs for `op`.
 inline std::vector<std::byte> make_input(int r, std::size_t count, DType dtype, ReduceOp op) {

@@ -1,4 +1,5 @@
-// Typed environment reads and the launcher-environment resolution.
+// Typed environment reads, Config::from_environment, and the launcher
+// resolution over them.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -6,6 +7,7 @@
 #include "comm/launch_env.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "lockstep/config.h"
 
 namespace lockstep {
 namespace {
@@ -79,28 +81,28 @@ TEST(Env, BoundedIntegersNameTheVariableTheValueAndTheRange) {
   EXPECT_FALSE(env_int("LOCKSTEP_TEST_UNSET", 1, 100).has_value());
 }
 
-TEST(Env, LogLevelFromEnvironment) {
+TEST(Env, ConfigFromEnvironmentReadsTheProcessEnvironment) {
   {
     ScopedEnv env({{"LOCKSTEP_LOG_LEVEL", "debug"}});
-    EXPECT_EQ(Logger::level_from_env(), LogLevel::debug);
+    EXPECT_EQ(Config::from_environment().log_level, LogLevel::debug);
   }
   ScopedEnv env({{"LOCKSTEP_LOG_LEVEL", "loud"}});
-  EXPECT_THROW(Logger::level_from_env(), ConfigError);
+  EXPECT_THROW(Config::from_environment().log_level, ConfigError);
 }
 
 TEST(LaunchEnv, NoLauncherMeansAWorldOfOne) {
   auto clean = clean_launcher_env();
-  const auto info = resolve_launch({});
+  const auto info = resolve_launch({}, Config::from_environment());
   EXPECT_EQ(info.rank, 0);
   EXPECT_EQ(info.world_size, 1);
-  EXPECT_EQ(info.source, "none");
+  EXPECT_EQ(info.source, LaunchSource::none);
 }
 
 TEST(LaunchEnv, TorchrunVariables) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                  {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
-  const auto info = resolve_launch({});
+  const auto info = resolve_launch({}, Config::from_environment());
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
   EXPECT_EQ(info.local_rank, 1);
@@ -113,8 +115,8 @@ TEST(LaunchEnv, OpenMpiVariables) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "1234"}});
-  const auto info = resolve_launch({});
-  EXPECT_EQ(info.source, "Open MPI");
+  const auto info = resolve_launch({}, Config::from_environment());
+  EXPECT_EQ(info.source, LaunchSource::open_mpi);
   EXPECT_EQ(info.rank, 1);
   EXPECT_EQ(info.world_size, 2);
 }
@@ -123,8 +125,8 @@ TEST(LaunchEnv, SlurmVariables) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
                  {"SLURM_TASKS_PER_NODE", "2(x2),4"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1234"}});
-  const auto info = resolve_launch({});
-  EXPECT_EQ(info.source, "Slurm");
+  const auto info = resolve_launch({}, Config::from_environment());
+  EXPECT_EQ(info.source, LaunchSource::slurm);
   EXPECT_EQ(info.rank, 5);
   EXPECT_EQ(info.local_world_size, 4);
   EXPECT_EQ(slurm_tasks_on_node("2(x2),4", 1), 2);
@@ -132,7 +134,7 @@ TEST(LaunchEnv, SlurmVariables) {
 
 void expect_config_error(const GroupOptions& options, const std::string& fragment) {
   try {
-    resolve_launch(options);
+    resolve_launch(options, Config::from_environment());
     FAIL() << "no ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
@@ -144,8 +146,8 @@ void expect_config_error(const GroupOptions& options, const std::string& fragmen
 TEST(LaunchEnv, OpenMpiWithoutMasterAddrIsLeftToTheMpiBootstrap) {
   auto clean = clean_launcher_env();
   ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
-  const auto info = resolve_launch({});
-  EXPECT_EQ(info.source, "Open MPI");
+  const auto info = resolve_launch({}, Config::from_environment());
+  EXPECT_EQ(info.source, LaunchSource::open_mpi);
   EXPECT_EQ(info.world_size, 3);
   EXPECT_EQ(info.local_world_size, 3);
   EXPECT_EQ(info.master_addr, "");
@@ -208,10 +210,10 @@ TEST(LaunchEnv, AZeroOrOverflowingTimeoutIsAClearError) {
   }
   GroupOptions zero;
   zero.timeout = Duration(0);
-  EXPECT_THROW(resolve_launch(zero), InvalidArgument);
+  EXPECT_THROW(resolve_launch(zero, Config::from_environment()), InvalidArgument);
   GroupOptions forever;
   forever.connect_timeout = Duration::max();
-  EXPECT_THROW(resolve_launch(forever), InvalidArgument);
+  EXPECT_THROW(resolve_launch(forever, Config::from_environment()), InvalidArgument);
 }
 
 TEST(LaunchEnv, HalfAPairIsAClearError) {

@@ -63,7 +63,7 @@ void share(Message& message, const LaunchInfo& launch) {
 
 MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions options) {
   const std::string who = fmt::format("rank {}/{}", launch.rank, launch.world_size);
-  const mpi::WorldPlace world = mpi::ensure_initialized(who);
+  const mpi::WorldPlace world = mpi::ensure_initialized(who, launch.mpi_abort_on_failure);
   if (world.rank != launch.rank || world.size != launch.world_size)
     throw ConfigError(fmt::format("{}: mpirun's variables say rank {} of {}, but MPI says rank {} of {}; was the "
                                   "program started by another mpirun than the one that set OMPI_COMM_WORLD_*?",

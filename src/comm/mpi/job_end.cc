@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include "common/env.h"
 #include "common/env_vars.h"
 
 namespace lockstep::mpi {
@@ -84,8 +83,7 @@ bool job_ends_with_abort() {
   return job_end().lockstep_owns_mpi && job_end().abort_on_failure && !job_end().first_failure.empty();
 }
 
-void end_mpi_at_exit() {
-  const bool abort_on_failure = env_flag(env::kMpiAbortOnFailure).value_or(true);
+void end_mpi_at_exit(bool abort_on_failure) {
   {
     std::lock_guard lock(job_end().mutex);
     if (job_end().lockstep_owns_mpi) return;

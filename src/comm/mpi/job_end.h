@@ -32,8 +32,8 @@ void note_failed_group(std::exception_ptr error);
 bool job_ends_with_abort();
 
 // Called once by ensure_initialized when lockstep itself initialises MPI:
-// reads LOCKSTEP_MPI_ABORT_ON_FAILURE (throws ConfigError on a bad value)
-// and registers the exit hook that finalises or aborts.
-void end_mpi_at_exit();
+// registers the exit hook that finalises, or aborts after a failure when
+// `abort_on_failure` (Config::mpi_abort_on_failure).
+void end_mpi_at_exit(bool abort_on_failure);
 
 }  // namespace lockstep::mpi

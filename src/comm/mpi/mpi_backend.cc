@@ -27,10 +27,9 @@
 #include "comm/mpi/runtime.h"
 #include "comm/reduce_kernels.h"
 #include "common/enforce.h"
-#include "common/env.h"
-#include "common/env_vars.h"
 #include "common/format.h"
 #include "lockstep/affinity.h"
+#include "common/env_vars.h"
 #include "lockstep/error.h"
 
 namespace lockstep::mpi {
@@ -72,18 +71,18 @@ MpiBackend::MpiBackend(const BackendContext& ctx)
       size_(ctx.size),
       self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
       log_(ctx.log),
-      max_count_(max_count_from_env()),
+      max_count_(max_count(ctx.config.mpi_max_count)),
       crowded_(crowded_host(ctx)) {
   // A group of one never communicates (every collective returns at once),
   // so it needs neither MPI nor a communicator: a program started without
   // mpirun can still run as a world of one with LOCKSTEP_BACKEND=mpi.
   if (size_ == 1) return;
-  if (!initialized() && !env_string(env::kOmpiSize))
+  if (!initialized() && !ctx.config.started_by_mpirun)
     throw ConfigError(fmt::format("{}: the mpi backend needs the ranks started by mpirun (Open MPI), but {} is not "
                                   "set; start the program with `mpirun -np {} ...`, or choose another backend "
                                   "(LOCKSTEP_BACKEND=auto)",
                                   self_, env::kOmpiSize, size_));
-  ensure_initialized(self_);
+  ensure_initialized(self_, ctx.config.mpi_abort_on_failure);
   ops_.emplace();
   comm_ = create_communicator(ctx);
   log_.debug("mpi: group of {} on its own communicator, {}", size_,

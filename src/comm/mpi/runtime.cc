@@ -32,7 +32,7 @@ bool initialized() {
   return flag != 0;
 }
 
-WorldPlace ensure_initialized(const std::string& who) {
+WorldPlace ensure_initialized(const std::string& who, bool abort_on_failure) {
   // MPI_Initialized followed by MPI_Init_thread must not race with another
   // thread doing the same; MPI's own state is per process, so is this lock.
   static std::mutex mutex;
@@ -51,9 +51,8 @@ WorldPlace ensure_initialized(const std::string& who) {
     // cannot be made safe by a lock here: FUNNELED and SINGLE forbid calls
     // from any thread but the main one, which is exactly where lockstep
     // does not run its collectives.
-    // Registered first: a bad LOCKSTEP_MPI_ABORT_ON_FAILURE then fails
-    // before MPI starts; the hook does nothing if MPI never does.
-    end_mpi_at_exit();
+    // Registered first: the hook does nothing if MPI never starts.
+    end_mpi_at_exit(abort_on_failure);
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       throw ConfigError(fmt::format("{}: MPI_Init_thread failed; run the program under mpirun", who));
     if (provided < MPI_THREAD_MULTIPLE)

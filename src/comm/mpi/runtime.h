@@ -34,10 +34,10 @@ bool initialized();
 // may destroy its groups and form new ones at any time: MPI_Finalize, or
 // MPI_Abort after a group failed (job_end.h). When the program initialised
 // MPI itself, it keeps that duty. `who` ("rank 1/4")
-// starts error messages. Throws ConfigError: MPI already finalised, or
+// starts error messages; `abort_on_failure` is Config::mpi_abort_on_failure. Throws ConfigError: MPI already finalised, or
 // initialised by the program with less than MPI_THREAD_MULTIPLE, or built
 // without thread support.
-WorldPlace ensure_initialized(const std::string& who);
+WorldPlace ensure_initialized(const std::string& who, bool abort_on_failure);
 
 // MPI's description of an error code.
 std::string error_text(int code);

@@ -7,7 +7,6 @@
 
 #include "comm/reduce_kernels.h"
 #include "common/enforce.h"
-#include "common/env.h"
 #include "common/env_vars.h"
 #include "common/format.h"
 #include "lockstep/error.h"
@@ -103,12 +102,12 @@ ByteRange::~ByteRange() {
   if (derived_) MPI_Type_free(&type_);
 }
 
-std::size_t max_count_from_env() {
-  const auto v = env_int(env::kMpiMaxCount);
-  if (!v) return INT_MAX;
-  if (*v < 1 || *v > INT_MAX)
-    throw ConfigError(fmt::format("{}={} must lie in 1..{}", env::kMpiMaxCount, *v, INT_MAX));
-  return static_cast<std::size_t>(*v);
+std::size_t max_count(std::optional<std::size_t> configured) {
+  if (!configured) return INT_MAX;
+  if (*configured < 1 || *configured > static_cast<std::size_t>(INT_MAX))
+    throw ConfigError(fmt::format("Config::mpi_max_count is {}; it must lie in 1..{} (as {} does)", *configured,
+                                  INT_MAX, env::kMpiMaxCount));
+  return *configured;
 }
 
 }  // namespace lockstep::mpi

@@ -19,6 +19,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <optional>
 
 #include "lockstep/types.h"
 
@@ -81,9 +82,9 @@ class ByteRange {
   bool derived_ = false;
 };
 
-// The largest element count one MPI call takes (INT_MAX), unless
-// LOCKSTEP_MPI_MAX_COUNT lowers it.
-std::size_t max_count_from_env();
+// The largest element count one MPI call takes: INT_MAX, unless
+// `configured` (Config::mpi_max_count, LOCKSTEP_MPI_MAX_COUNT) lowers it.
+std::size_t max_count(std::optional<std::size_t> configured);
 
 // Calls fn(first, count) for consecutive pieces of [0, total) of at most
 // `max_count` elements; nothing for total 0.

@@ -22,7 +22,6 @@
 
 #include <fmt/format.h>
 
-#include "common/env.h"
 #include "common/env_vars.h"
 #include "comm/shm/single_copy.h"
 #include "common/host.h"
@@ -58,31 +57,23 @@ bool oversubscribed(const std::vector<std::string>& masks) {
   return std::count(all.begin(), all.end(), '1') < static_cast<long>(masks.size());
 }
 
-// Sizes up to 1 GiB: a slot is allocated per rank and pipeline stage.
-std::size_t env_bytes(const char* name, std::size_t fallback) {
-  const auto v = env_int(name, 0, std::int64_t{1} << 30);
-  return v ? static_cast<std::size_t>(*v) : fallback;
-}
-
-// How long a wait spins before it sleeps, when ranks have a core each:
-// up to a second (past that, a sleeping wait's 2 ms slices cost nothing).
-std::int64_t spin_nanos() {
-  const auto micros = env_int(env::kShmSpinMicros, 0, 1'000'000);
-  return micros ? *micros * 1000 : kDefaultSpinNanos;
+// How long a wait spins before it sleeps, when ranks have a core each
+// (Config::shm_spin_micros, LOCKSTEP_SHM_SPIN_US).
+std::int64_t spin_nanos(const Config& config) {
+  return config.shm_spin_micros ? *config.shm_spin_micros * 1000 : kDefaultSpinNanos;
 }
 
 // The part of this rank's segment names before what the segment is for:
 // the launcher's tag (LOCKSTEP_SHM_TAG), when there is one, then the group's
 // nonce. Each rank uses its own launcher's tag, so a launcher that removes
 // "lockstep.<tag>.*" removes exactly what its own ranks created.
-std::string segment_stem(const std::string& nonce) {
-  const auto tag = env_string(env::kShmTag);
-  if (!tag || tag->empty()) return nonce;
-  if (!is_segment_tag(*tag))
+std::string segment_stem(const std::string& nonce, const std::string& tag) {
+  if (tag.empty()) return nonce;
+  if (!is_segment_tag(tag))
     throw ConfigError(fmt::format("{}='{}' must be 1 to {} letters, digits, '-' or '_'; it is set by `lockstep run`, "
                                   "unset it when starting ranks otherwise",
-                                  env::kShmTag, *tag, kMaxSegmentTagLength));
-  return *tag + "." + nonce;
+                                  env::kShmTag, tag, kMaxSegmentTagLength));
+  return tag + "." + nonce;
 }
 
 std::size_t slot_size(int n, std::size_t one_shot, std::size_t chunk) {
@@ -98,8 +89,8 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
       self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
       store_(ctx.store),
       log_(ctx.log),
-      one_shot_max_(env_bytes(env::kShmOneShotBytes, default_one_shot_bytes(ctx.size))),
-      chunk_bytes_(std::max<std::size_t>(64, env_bytes(env::kShmChunkBytes, kDefaultChunkBytes) / 64 * 64)),
+      one_shot_max_(ctx.config.shm_one_shot_bytes.value_or(default_one_shot_bytes(ctx.size))),
+      chunk_bytes_(std::max<std::size_t>(64, ctx.config.shm_chunk_bytes.value_or(kDefaultChunkBytes) / 64 * 64)),
       layout_(ctx.size, slot_size(ctx.size, one_shot_max_, chunk_bytes_)),
       base_(static_cast<std::size_t>(ctx.size), nullptr),
       waiter_(watch_, SpinPolicy::spin, self_),
@@ -110,7 +101,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   sweep_stale_regions();
   Store& store = *ctx.store;
   if (rank_ == 0) store.set("shm/nonce", random_hex(6));
-  nonce_ = segment_stem(store.get("shm/nonce"));
+  nonce_ = segment_stem(store.get("shm/nonce"), ctx.config.shm_tag);
 
   own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total);
   base_[static_cast<std::size_t>(rank_)] = own_.data();
@@ -149,7 +140,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   pids_ = pids;
   // The same setting on every rank (it comes from the launcher's
   // environment), so every rank takes the same path.
-  if (const auto v = env_int(env::kShmSingleCopyBytes, 0, std::int64_t{1} << 40)) single_copy_bytes_ = static_cast<std::size_t>(*v);
+  if (ctx.config.shm_single_copy_bytes) single_copy_bytes_ = *ctx.config.shm_single_copy_bytes;
   // Single copy only if every rank can read every peer (decided alike on
   // all ranks from everyone's probe).
   store.set(fmt::format("shm/single_copy/{}", rank_), probe_single_copy() ? "1" : "0");
@@ -161,7 +152,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     if (q != rank_) departed[static_cast<std::size_t>(q)] = &control(q).departed;
   watch_.watch_departures(std::move(departed));
   const bool crowded = oversubscribed(masks);
-  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos());
+  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
              "single copy {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,

@@ -24,7 +24,6 @@
 
 #include "common/clock.h"
 #include "common/env.h"
-#include "common/env_vars.h"
 #include "common/format.h"
 #include "common/half.h"
 #include "lockstep/affinity.h"
@@ -61,32 +60,12 @@ double bus_factor(Collective c, int n) {
 double pattern(int rank, std::size_t i) { return static_cast<double>((rank * 3 + i * 7) % 9) - 4; }
 
 void fill(void* buf, DType dtype, std::size_t count, int rank, std::size_t offset = 0) {
-  for (std::size_t i = 0; i < count; ++i) {
-    const double v = pattern(rank, offset + i);
-    switch (dtype) {
-      case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-      case DType::f64: static_cast<double*>(buf)[i] = v; break;
-      case DType::f16: static_cast<std::uint16_t*>(buf)[i] = float_to_half(static_cast<float>(v)); break;
-      case DType::bf16: static_cast<std::uint16_t*>(buf)[i] = float_to_bf16(static_cast<float>(v)); break;
-      case DType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-      case DType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-      case DType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(static_cast<int>(v) + 4); break;
-    }
-  }
+  // uint8 is shifted by 4 so the -4..4 pattern stays non-negative.
+  const double shift = dtype == DType::u8 ? 4 : 0;
+  for (std::size_t i = 0; i < count; ++i) store_from_double(buf, dtype, i, pattern(rank, offset + i) + shift);
 }
 
-double value_at(const void* buf, DType dtype, std::size_t i) {
-  switch (dtype) {
-    case DType::f32: return static_cast<const float*>(buf)[i];
-    case DType::f64: return static_cast<const double*>(buf)[i];
-    case DType::f16: return half_to_float(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::i32: return static_cast<const std::int32_t*>(buf)[i];
-    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-    case DType::u8: return static_cast<const std::uint8_t*>(buf)[i];
-  }
-  return 0;
-}
+double value_at(const void* buf, DType dtype, std::size_t i) { return load_as_double(buf, dtype, i); }
 
 // The value a correct collective leaves at index i (element `offset + i`
 // of the full vector), for sum/avg/min/max/prod over n ranks.
@@ -312,14 +291,6 @@ double memcpy_bandwidth(ProcessGroup& pg) {
   return gbps;
 }
 
-// This rank's index on its host, from whichever launcher started it (under
-// mpirun LOCAL_RANK is not set, and every rank would pick the first core).
-int local_rank() {
-  for (const char* name : {env::kLocalRank, env::kOmpiLocalRank, env::kSlurmLocalId})
-    if (auto v = env_int(name, 0, INT_MAX)) return static_cast<int>(*v);
-  return 0;
-}
-
 std::string self_exe() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
@@ -345,7 +316,7 @@ void check_sizes(const BenchOptions& o) {
                                       o.max_bytes));
 }
 
-int bench_as_rank(const BenchOptions& o) {
+int bench_as_rank(const BenchOptions& o, const Config& config) {
   const auto dtype = parse_dtype(o.dtype);
   const auto op = parse_reduce_op(o.redop);
   if (!dtype) throw InvalidArgument(fmt::format("-d {}: unknown type; use float, double, half, bfloat16, int32, int64, uint8", o.dtype));
@@ -363,8 +334,12 @@ int bench_as_rank(const BenchOptions& o) {
                                         o.op));
     ops = {*c};
   }
-  if (o.pin) pin_to_core_of_local_rank(local_rank());
+  // This rank's index on its host, from whichever launcher started it
+  // (under mpirun LOCAL_RANK is not set, and every rank would pick the
+  // first core).
+  if (o.pin) pin_to_core_of_local_rank(config.launcher.local_rank);
   GroupOptions group;
+  group.config = config;
   group.backend = o.backend;
   auto pg = init_process_group(group);
   const bool printer = pg->rank() == 0;
@@ -469,7 +444,9 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
 
 int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
   check_sizes(o);
-  const bool launched = env_string(env::kRank) || env_string(env::kOmpiRank) || env_string(env::kSlurmProcId);
+  // The one read of the environment for this command.
+  const Config config = Config::from_environment();
+  const bool launched = config.launcher.source != LaunchSource::none;
   if (o.nranks > 0 && !launched) {
     RunOptions run;
     run.nproc_per_node = std::to_string(o.nranks);
@@ -478,7 +455,7 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
     run.program[0] = self_exe();
     return run_job(run);
   }
-  return bench_as_rank(o);
+  return bench_as_rank(o, config);
 }
 
 }  // namespace lockstep::cli

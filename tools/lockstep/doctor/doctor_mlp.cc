@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "../../../examples/models.h"
+#include <lockstep_models/models.h>
 
 int main(int argc, char** argv) {
   CLI::App app{"lockstep doctor's built-in workload: an MLP trained with DDP"};

@@ -1,5 +1,6 @@
-// The models the examples and benchmarks train. Header-only: each program
-// includes what it uses.
+// The models the examples, the benchmarks and `lockstep doctor`'s default
+// workload train. Header-only, in the `lockstep_models` CMake target, so
+// programs in any folder share them without reaching into another's.
 //   MlpImpl      6 x Linear(2048, 2048) with ReLU (~25M parameters): a
 //                communication-heavy workload
 //   ConvNetImpl  the Fashion-MNIST / MNIST convnet: Conv 1->32->64 (3x3),

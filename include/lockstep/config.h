@@ -1,0 +1,109 @@
+// Every setting lockstep takes from the environment, parsed and checked once
+// into one value. The front ends (init_process_group, the torch DDP wrapper
+// through its group, the `lockstep` tools) make it with
+// Config::from_environment(), or take one given explicitly
+// (GroupOptions::config); everything below them reads this value, never the
+// environment. Each variable is documented in docs/env.md.
+//
+//   lockstep::Config config;                  // defaults, environment ignored
+//   config.timeout = std::chrono::seconds(30);
+//   lockstep::GroupOptions options;
+//   options.config = config;
+//   auto pg = lockstep::init_process_group(options);
+//
+// A plain value; thread-safe to share once built.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "lockstep/types.h"
+
+namespace lockstep {
+
+enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3, trace = 4 };
+
+// Which launcher's variables gave this process its rank and world size.
+enum class LaunchSource {
+  none,      // none found: a world of one
+  options,   // GroupOptions::rank / world_size
+  torchrun,  // RANK / WORLD_SIZE (lockstep run, torchrun)
+  open_mpi,  // OMPI_COMM_WORLD_* (mpirun)
+  slurm,     // SLURM_* (srun)
+};
+// "none", "options", "RANK/WORLD_SIZE", "Open MPI", "Slurm".
+std::string_view to_string(LaunchSource source);
+
+// LOCKSTEP_DEBUG: extra checks that cost time.
+enum class DebugLevel { off, info, detail };
+
+// The rank placement one launcher's variables give.
+struct LauncherPlacement {
+  LaunchSource source = LaunchSource::none;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+};
+
+struct Config {
+  // Found by looking at RANK/WORLD_SIZE, then OMPI_COMM_WORLD_*, then SLURM_*.
+  LauncherPlacement launcher;
+  // LOCAL_RANK / LOCAL_WORLD_SIZE, for a rank given in GroupOptions.
+  std::optional<int> local_rank;
+  std::optional<int> local_world_size;
+  // OMPI_COMM_WORLD_SIZE is set: this process was started by mpirun.
+  bool started_by_mpirun = false;
+
+  // Rendezvous (MASTER_ADDR, MASTER_PORT, LOCKSTEP_STORE_*).
+  std::string master_addr;  // empty: none
+  std::optional<int> master_port;
+  bool store_hosted = false;  // a launcher already runs the store server
+  std::string store_token;
+  // LOCKSTEP_RUN_ID, else TORCHELASTIC_RUN_ID, else "job"; and the restart
+  // (LOCKSTEP_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT, else 0).
+  std::string run_name = "job";
+  int restart_count = 0;
+  std::string torchelastic_run_id;  // seeds the derived store token
+
+  // Group.
+  std::string backend = "auto";
+  std::optional<Duration> timeout;          // null: Store::kDefaultTimeout
+  std::optional<Duration> connect_timeout;  // null: 60 s
+  LogLevel log_level = LogLevel::warn;
+
+  // Backends.
+  std::string socket_addr;                     // tcp: empty chooses
+  std::string host_id;                         // pretend host (hier tests); empty: hostname + boot id
+  std::optional<std::size_t> tcp_small_bytes;  // tcp: null measures
+  std::optional<std::size_t> shm_one_shot_bytes;
+  std::optional<std::size_t> shm_chunk_bytes;
+  std::optional<std::int64_t> shm_spin_micros;
+  std::string shm_tag;  // set by `lockstep run`; empty: none
+  std::optional<std::size_t> shm_single_copy_bytes;
+  std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
+  bool mpi_abort_on_failure = true;
+
+  // Diagnostics.
+  DebugLevel debug = DebugLevel::off;
+  std::string trace_prefix;  // LOCKSTEP_TRACE; empty: no timeline
+  std::string stats_prefix;  // LOCKSTEP_STATS; empty: no statistics file
+  std::string flight_dir;    // LOCKSTEP_FLIGHT_DIR; empty: no flight record
+  std::optional<Duration> watchdog_settle;
+  std::optional<Duration> stall_warning;
+
+  // A variable's value, or null when it is unset (or empty).
+  using Lookup = std::function<std::optional<std::string>(const char* name)>;
+
+  // Reads and checks every variable through `lookup`. A bad value is a
+  // ConfigError naming the variable, the value and what is accepted.
+  static Config parse(const Lookup& lookup);
+  // parse() over this process's environment.
+  static Config from_environment();
+};
+
+}  // namespace lockstep

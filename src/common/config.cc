@@ -1,0 +1,177 @@
+// Config::parse: every variable read and checked once. Stateless;
+// thread-safe (see lockstep/config.h).
+#include "lockstep/config.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <climits>
+
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "lockstep/error.h"
+
+namespace lockstep {
+namespace {
+
+// The largest world lockstep accepts: far beyond any cluster, yet small
+// enough that per-rank tables and rank arithmetic can never overflow an int.
+constexpr std::int64_t kMaxWorldSize = 1 << 20;
+constexpr std::int64_t kMaxPort = 65535;
+// Message sizes (tcp crossover, shm slots): anything above a GiB is a typo.
+constexpr std::int64_t kMaxMessageBytes = std::int64_t{1} << 30;
+
+// Launcher variables that count or number ranks, range-checked as 64-bit
+// values before they are narrowed to int (WORLD_SIZE=4294967297 is not 1).
+std::optional<int> read_rank(const VariableReader& vars, const char* name) {
+  const auto v = vars.integer(name, 0, kMaxWorldSize - 1);
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+}
+std::optional<int> read_world_size(const VariableReader& vars, const char* name) {
+  const auto v = vars.integer(name, 1, kMaxWorldSize);
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+}
+std::optional<std::size_t> read_bytes(const VariableReader& vars, const char* name, std::int64_t max) {
+  const auto v = vars.integer(name, 0, max);
+  return v ? std::optional<std::size_t>(static_cast<std::size_t>(*v)) : std::nullopt;
+}
+
+struct RankSource {
+  LaunchSource source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;  // may be null
+};
+
+constexpr RankSource kSources[] = {
+    {LaunchSource::torchrun, env::kRank, env::kWorldSize, env::kLocalRank, env::kLocalWorldSize},
+    {LaunchSource::open_mpi, env::kOmpiRank, env::kOmpiSize, env::kOmpiLocalRank, env::kOmpiLocalSize},
+    {LaunchSource::slurm, env::kSlurmProcId, env::kSlurmNtasks, env::kSlurmLocalId, nullptr},
+};
+
+// The first launcher whose variables are present; source none if none is.
+LauncherPlacement read_launcher(const VariableReader& vars) {
+  LauncherPlacement p;
+  for (const auto& src : kSources) {
+    const auto rank = read_rank(vars, src.rank);
+    const auto size = read_world_size(vars, src.size);
+    if (!rank && !size) continue;
+    if (!rank || !size)
+      throw ConfigError(fmt::format("{} is set but {} is not; set both (or start the program with `lockstep run`)",
+                                    rank ? src.rank : src.size, rank ? src.size : src.rank));
+    if (*rank >= *size)
+      throw ConfigError(fmt::format("rank {} is outside the world of {} ranks ({}={}, {}={}); ranks are numbered 0..{}",
+                                    *rank, *size, src.rank, *rank, src.size, *size, *size - 1));
+    p.source = src.source;
+    p.rank = *rank;
+    p.world_size = *size;
+    p.local_rank = read_rank(vars, src.local_rank).value_or(p.rank);
+    if (src.local_size != nullptr) {
+      p.local_world_size = read_world_size(vars, src.local_size).value_or(p.world_size);
+    } else {
+      const auto tasks = vars.string(env::kSlurmTasksPerNode);
+      const auto node = read_rank(vars, env::kSlurmNodeId);
+      p.local_world_size = tasks && node ? slurm_tasks_on_node(*tasks, *node) : p.world_size;
+    }
+    return p;
+  }
+  return p;
+}
+
+LogLevel read_log_level(const VariableReader& vars) {
+  const auto text = vars.string(env::kLogLevel);
+  if (!text) return LogLevel::warn;
+  constexpr std::pair<const char*, LogLevel> kNames[] = {{"error", LogLevel::error}, {"warn", LogLevel::warn},
+                                                         {"warning", LogLevel::warn}, {"info", LogLevel::info},
+                                                         {"debug", LogLevel::debug}, {"trace", LogLevel::trace}};
+  std::string lower = *text;
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& [name, level] : kNames)
+    if (lower == name) return level;
+  throw ConfigError(fmt::format("{}='{}' is not a log level; use error, warn, info, debug or trace", env::kLogLevel,
+                                *text));
+}
+
+DebugLevel read_debug(const VariableReader& vars) {
+  const std::string text = vars.string(env::kDebug).value_or("OFF");
+  if (text == "OFF" || text == "off") return DebugLevel::off;
+  if (text == "INFO" || text == "info") return DebugLevel::info;
+  if (text == "DETAIL" || text == "detail") return DebugLevel::detail;
+  throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, text));
+}
+
+void read_rendezvous(const VariableReader& vars, Config& c) {
+  c.local_rank = read_rank(vars, env::kLocalRank);
+  c.local_world_size = read_world_size(vars, env::kLocalWorldSize);
+  c.started_by_mpirun = vars.string(env::kOmpiSize).has_value();
+  c.master_addr = vars.string(env::kMasterAddr).value_or("");
+  if (auto port = vars.integer(env::kMasterPort, 1, kMaxPort)) c.master_port = static_cast<int>(*port);
+  c.store_hosted = vars.flag(env::kStoreHosted).value_or(false);
+  c.store_token = vars.string(env::kStoreToken).value_or("");
+  c.torchelastic_run_id = vars.string(env::kTorchelasticRunId).value_or("");
+  c.run_name = vars.string(env::kRunId).value_or(c.torchelastic_run_id.empty() ? "job" : c.torchelastic_run_id);
+  const auto restart = vars.integer(env::kRestartCount, 0, INT_MAX);
+  const auto elastic_restart = vars.integer(env::kTorchelasticRestartCount, 0, INT_MAX);
+  c.restart_count = static_cast<int>(restart.value_or(elastic_restart.value_or(0)));
+}
+
+void read_backends(const VariableReader& vars, Config& c) {
+  c.backend = vars.string(env::kBackend).value_or("auto");
+  c.socket_addr = vars.string(env::kSocketAddr).value_or("");
+  c.host_id = vars.string(env::kHostId).value_or("");
+  c.tcp_small_bytes = read_bytes(vars, env::kTcpSmallBytes, kMaxMessageBytes);
+  c.shm_one_shot_bytes = read_bytes(vars, env::kShmOneShotBytes, kMaxMessageBytes);
+  c.shm_chunk_bytes = read_bytes(vars, env::kShmChunkBytes, kMaxMessageBytes);
+  // How long a wait spins before it sleeps: up to a second (past that, a
+  // sleeping wait's 2 ms slices cost nothing).
+  c.shm_spin_micros = vars.integer(env::kShmSpinMicros, 0, 1'000'000);
+  c.shm_tag = vars.string(env::kShmTag).value_or("");
+  c.shm_single_copy_bytes = read_bytes(vars, env::kShmSingleCopyBytes, std::int64_t{1} << 40);
+  if (auto v = vars.integer(env::kMpiMaxCount, 1, INT_MAX)) c.mpi_max_count = static_cast<std::size_t>(*v);
+  c.mpi_abort_on_failure = vars.flag(env::kMpiAbortOnFailure).value_or(true);
+}
+
+void read_diagnostics(const VariableReader& vars, Config& c) {
+  c.debug = read_debug(vars);
+  c.trace_prefix = vars.string(env::kTrace).value_or("");
+  c.stats_prefix = vars.string(env::kStats).value_or("");
+  c.flight_dir = vars.string(env::kFlightDir).value_or("");
+  c.watchdog_settle = vars.seconds(env::kWatchdogSettle);
+  c.stall_warning = vars.seconds(env::kStallWarning);
+}
+
+}  // namespace
+
+std::string_view to_string(LaunchSource source) {
+  switch (source) {
+    case LaunchSource::none: return "none";
+    case LaunchSource::options: return "options";
+    case LaunchSource::torchrun: return "RANK/WORLD_SIZE";
+    case LaunchSource::open_mpi: return "Open MPI";
+    case LaunchSource::slurm: return "Slurm";
+  }
+  return "?";
+}
+
+Config Config::parse(const Lookup& lookup) {
+  // Empty values count as unset, whatever the lookup returns.
+  const VariableReader vars([&lookup](const char* name) -> std::optional<std::string> {
+    auto v = lookup(name);
+    if (v && v->empty()) return std::nullopt;
+    return v;
+  });
+  Config c;
+  c.launcher = read_launcher(vars);
+  read_rendezvous(vars, c);
+  c.timeout = vars.seconds(env::kTimeout);
+  c.connect_timeout = vars.seconds(env::kConnectTimeout);
+  c.log_level = read_log_level(vars);
+  read_backends(vars, c);
+  read_diagnostics(vars, c);
+  return c;
+}
+
+Config Config::from_environment() { return parse(environment_lookup); }
+
+}  // namespace lockstep
