@@ -11,44 +11,7 @@ build=$(realpath "$1")
 rate=${2:-1gbit}
 min_bytes=${3:-1M}
 max_bytes=${4:-64M}
-[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)"; exit 77; }
-
-holders=()
-cleanup() {
-  for h in "${holders[@]}"; do kill -9 "$h" 2> /dev/null; done
-  wait 2> /dev/null
-  rm -f /tmp/hier-shaped-$$-*.log
-}
-trap cleanup EXIT
-
-new_host() {
-  unshare --net --uts sleep 3600 &
-  holders+=("$!")
-  for _ in $(seq 50); do
-    [ "$(readlink /proc/$!/ns/net)" != "$(readlink /proc/self/ns/net)" ] && return 0
-    sleep 0.02
-  done
-  echo "cannot create network namespaces here"
-  exit 77
-}
-on_host() {
-  local holder=$1
-  shift
-  nsenter -t "$holder" --net --uts "$@"
-}
-new_host; host0=${holders[0]}
-new_host; host1=${holders[1]}
-ip link add h0-$$ type veth peer name h1-$$
-ip link set h0-$$ netns "$host0"
-ip link set h1-$$ netns "$host1"
-for i in 0 1; do
-  h=${holders[$i]}
-  on_host "$h" hostname "host$i"
-  on_host "$h" ip addr add 10.215.0.$((i + 1))/24 dev h$i-$$
-  on_host "$h" ip link set lo up
-  on_host "$h" ip link set h$i-$$ up
-  on_host "$h" tc qdisc add dev h$i-$$ root tbf rate "$rate" burst 512kb latency 100ms
-done
+subnet=10.215.0 source "$(dirname "$0")/two_shaped_hosts.sh"
 
 run_bench() {
   local backend=$1 port=$2 nodes=()
@@ -60,6 +23,7 @@ run_bench() {
   done
   wait "${nodes[@]}"
   sed -E 's/^\[[0-9]+\] //' "/tmp/hier-shaped-$$-0.log" | grep -E "^#|^ *[0-9]"
+  rm -f /tmp/hier-shaped-$$-*.log
 }
 
 echo "link: veth, tbf $rate each way; 2 hosts x 2 ranks"

@@ -11,43 +11,7 @@ rate=${2:-1gbit}
 model=${3:-mlp}
 batch=${4:-32}
 steps=${5:-10}
-[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)"; exit 77; }
-
-holders=()
-cleanup() {
-  for h in "${holders[@]}"; do kill -9 "$h" 2> /dev/null; done
-  wait 2> /dev/null
-}
-trap cleanup EXIT
-
-new_host() {
-  unshare --net --uts sleep 3600 &
-  holders+=("$!")
-  for _ in $(seq 50); do
-    [ "$(readlink /proc/$!/ns/net)" != "$(readlink /proc/self/ns/net)" ] && return 0
-    sleep 0.02
-  done
-  echo "cannot create network namespaces here"
-  exit 77
-}
-on_host() {
-  local holder=$1
-  shift
-  nsenter -t "$holder" --net --uts "$@"
-}
-new_host; host0=${holders[0]}
-new_host; host1=${holders[1]}
-ip link add p0-$$ type veth peer name p1-$$
-ip link set p0-$$ netns "$host0"
-ip link set p1-$$ netns "$host1"
-for i in 0 1; do
-  h=${holders[$i]}
-  on_host "$h" hostname "host$i"
-  on_host "$h" ip addr add 10.214.0.$((i + 1))/24 dev p$i-$$
-  on_host "$h" ip link set lo up
-  on_host "$h" ip link set p$i-$$ up
-  on_host "$h" tc qdisc add dev p$i-$$ root tbf rate "$rate" burst 512kb latency 100ms
-done
+subnet=10.214.0 source "$(dirname "$0")/two_shaped_hosts.sh"
 
 run_pair() {
   local port=$1 nodes=()

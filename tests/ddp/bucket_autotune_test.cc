@@ -10,6 +10,7 @@
 
 #include "ddp/bucket_autotune.h"
 #include "harness/thread_world.h"
+#include "harness/vector_gradients.h"
 #include "lockstep/reducer.h"
 
 namespace lockstep {
@@ -125,30 +126,7 @@ TEST(BucketAutotune, ContentionIsTheInStepSlowdownOverTheIdlePrediction) {
 
 // --- on ranks ----------------------------------------------------------------
 
-class VectorGradients final : public GradientSource {
- public:
-  explicit VectorGradients(const std::vector<ParamSpec>& params) : storage_(params.size()) {
-    for (std::size_t i = 0; i < params.size(); ++i) storage_[i].assign(params[i].count, 0.0f);
-  }
-  void* gradient(std::size_t i) override { return views_[i] ? views_[i] : storage_[i].data(); }
-  bool has_gradient(std::size_t) const override { return true; }
-  void use_as_gradient(std::size_t i, void* slot, std::shared_ptr<void> owner) override {
-    views_[i] = static_cast<float*>(slot);
-    owners_[i] = std::move(owner);
-  }
-  void move_out_of(std::size_t i, const void* slot) override {
-    if (views_[i] != slot) return;
-    std::copy(views_[i], views_[i] + storage_[i].size(), storage_[i].begin());
-    views_[i] = nullptr;
-    owners_[i].reset();
-  }
-  float* grad(std::size_t i) { return static_cast<float*>(gradient(i)); }
-
- private:
-  std::vector<std::vector<float>> storage_;
-  std::vector<float*> views_ = std::vector<float*>(storage_.size(), nullptr);
-  std::vector<std::shared_ptr<void>> owners_ = std::vector<std::shared_ptr<void>>(storage_.size());
-};
+using testing::VectorGradients;
 
 class AutotuneOnRanks : public ::testing::TestWithParam<std::string> {};
 

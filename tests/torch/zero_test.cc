@@ -92,10 +92,17 @@ void expect_same_state(::torch::optim::Optimizer& got, const std::vector<Tensor>
   }
 }
 
-void expect_params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& who) {
+// Against the one-process reference, parameters agree to rounding: the
+// ranks' averaged gradient sums in another order than the whole batch's.
+// Adam divides each step by sqrt(v), so where a gradient is near zero those
+// last bits move the element by a visible fraction of the learning rate
+// (8e-6 after 4 steps at lr 0.01, 4 ranks); a sharding error would be of
+// the order of the learning rate itself.
+void expect_params(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& who,
+                   double atol = 1e-6) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i)
-    EXPECT_TRUE(::torch::allclose(got[i], want[i], 1e-5, 1e-6))
+    EXPECT_TRUE(::torch::allclose(got[i], want[i], 1e-5, atol))
         << who << " parameter " << i << " differs by " << (got[i] - want[i]).abs().max().item<double>();
 }
 
@@ -157,8 +164,10 @@ TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
       EXPECT_THROW(opt.consolidated(), InvalidArgument);
     }
   });
+  const double atol = std::get<1>(GetParam()) == "adam" ? 5e-5 : 1e-6;
   for (int r = 0; r < ranks; ++r)
-    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r));
+    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r),
+                  atol);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndOptimizers, Equivalence,
