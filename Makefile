@@ -46,7 +46,12 @@ test-asan: deps
 	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_ASAN=ON -DLOCKSTEP_WITH_TORCH=OFF $(CMAKE_FLAGS) \
 	  > $(ASAN_DIR)/configure.log 2>&1 || { cat $(ASAN_DIR)/configure.log; exit 1; }
 	@cmake --build $(ASAN_DIR) -j $(JOBS)
-	@cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	@cc -shared -fPIC -O2 -o $(ASAN_DIR)/libkeep_libraries_loaded.so tests/sanitizers/keep_libraries_loaded.c
+	@# Full unwinding at malloc: Open MPI is built without frame pointers, and
+	@# the fast unwinder loses its frames (and so the suppressions' names).
+	@cd $(ASAN_DIR) && LD_PRELOAD=$(abspath $(ASAN_DIR))/libkeep_libraries_loaded.so \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0:verify_asan_link_order=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
 	  ctest --output-on-failure -j $(JOBS) -E '^install\.'
 

@@ -135,6 +135,11 @@ struct GroupOptions {
   std::string host_id;
   // Distinguishes independent groups that share one store.
   std::string name = "world";
+  // The system calls (socket I/O, the clock, shared memory) this group, its
+  // sub-groups and the store it creates go through. Null: the real ones.
+  // Tests inject faults here (see src/common/os.h); it must outlive the
+  // group.
+  Os* os = nullptr;
 };
 
 class ProcessGroup {

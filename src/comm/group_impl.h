@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "common/os.h"
 #include "comm/group_diagnostics.h"
 #include "comm/progress_engine.h"
 #include "lockstep/process_group.h"
@@ -36,6 +37,8 @@ struct GroupSpec {
   // The front end's settings; what backends and diagnostics read instead of
   // the environment.
   Config config;
+  // The system calls the backend makes (GroupOptions::os; never null).
+  Os* os = &Os::real();
   // Keeps the store server (if this process hosts it) alive while any group
   // uses it.
   std::shared_ptr<void> keepalive;

@@ -140,6 +140,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.listen_address = choose_listen_address(spec, impl->host_ids);
   ctx.tcp_small_bytes = spec.tcp_small_bytes;
   ctx.config = spec.config;
+  ctx.os = spec.os;
   ctx.log = spec.log;
   impl->backend = make_backend(impl->backend_name, ctx);
   impl->diagnostics = std::make_unique<GroupDiagnostics>(impl->store, spec.rank, spec.size, spec.key, spec.log,
@@ -183,12 +184,14 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.log = Logger(config.log_level).for_rank(launch.rank, launch.world_size);
   spec.diagnostics = diagnostics_settings(config, launch.timeout);
   spec.tracer = std::make_shared<diag::Tracer>(config.trace_prefix, launch.rank);
+  if (options.os) spec.os = options.os;
   if (launch.source == LaunchSource::none) spec.log.info("no launcher environment found: running as a world of one");
 
   TcpStoreOptions store_options;
   store_options.token = launch.token;
   store_options.connect_timeout = launch.connect_timeout;
   store_options.timeout = launch.timeout;
+  store_options.os = options.os;
   if (options.store) {
     spec.root_store = options.store;
   } else if (launch.master_addr.empty() && launch.source == LaunchSource::open_mpi && launch.world_size > 1) {

@@ -128,7 +128,8 @@ struct TcpStoreServer::State {
   void handle_requests(Client& c);
   void handle(Client& c, std::string_view payload);
   void release_blocked(Client& c);
-  int next_timeout_ms() const;
+  // How long poll may wait, read on the clock reading `now`.
+  int next_timeout_ms(Clock::time_point now) const;
 
   void reply(Client& c, const proto::Writer& w) {
     const std::string frame = w.frame();
@@ -179,7 +180,11 @@ void TcpStoreServer::State::run() {
     polled.clear();
     fds.push_back({wake.fd(), POLLIN, 0});
     // A negative fd is skipped by poll: the listener rests after accept failed.
-    fds.push_back({os->now() >= accept_paused_until ? listener.fd() : -1, POLLIN, 0});
+    // One reading of the clock decides both whether the listener rests and
+    // how long poll waits: read twice, a pause that ended in between left
+    // the listener out with no timeout to bring it back (a hang).
+    const auto now = os->now();
+    fds.push_back({now >= accept_paused_until ? listener.fd() : -1, POLLIN, 0});
     for (auto& c : clients) {
       short events = 0;
       // Stop reading from a client whose buffers are full: it must first
@@ -189,7 +194,7 @@ void TcpStoreServer::State::run() {
       fds.push_back({c.socket.fd(), events, 0});
       polled.push_back(&c);
     }
-    const int rc = os->poll(fds.data(), fds.size(), next_timeout_ms());
+    const int rc = os->poll(fds.data(), fds.size(), next_timeout_ms(now));
     if (rc < 0 && errno != EINTR) {
       // Out of memory for poll's table: wait and retry rather than stop serving.
       log.error("TcpStoreServer: poll failed: {}; retrying", std::strerror(errno));
@@ -224,9 +229,8 @@ void TcpStoreServer::State::run() {
   }
 }
 
-int TcpStoreServer::State::next_timeout_ms() const {
+int TcpStoreServer::State::next_timeout_ms(Clock::time_point now) const {
   int timeout = -1;
-  const auto now = os->now();
   if (accept_paused_until > now)
     timeout = Deadline::starting_at(now, std::chrono::duration_cast<Duration>(accept_paused_until - now))
                   .poll_timeout_ms_at(now);

@@ -9,6 +9,9 @@
 //               rank's shard across hosts (recursive doubling or ring, by
 //               size), allgather inside the host (shm): each host sends
 //               its data over the wire once instead of once per rank.
+//               From 2 x kPipelinePieceBytes up, in pieces whose
+//               cross-host step (on a worker thread) overlaps the shm
+//               steps of the pieces before and after it.
 //   broadcast   the root's cross-host ring carries the data to every host
 //               (tree or chain), then shm broadcasts it inside each host.
 //   the rest    (reduce, allgather, reduce_scatter, gather, scatter,
@@ -16,7 +19,9 @@
 //               tcp mesh over every rank, as the tcp backend does.
 // Hosts with unequal rank counts run everything on the flat tcp mesh.
 //
-// Not thread-safe: used by the group's progress thread only.
+// Not thread-safe: used by the group's progress thread only (which, inside
+// a pipelined allreduce, hands the cross-host transport to one worker
+// thread and does not touch it until the worker is done).
 #pragma once
 
 #include <memory>
@@ -50,18 +55,32 @@ class HierBackend final : public Backend {
   void shutdown(Deadline deadline) override;
 
  private:
+  // A pipelined allreduce's piece: enough to hide the per-piece costs (one
+  // shm synchronisation per step, one cross-host round trip), small enough
+  // that filling and draining the pipeline (step 1 of the first piece, step 3
+  // of the last) is a small share. Measured in docs/performance.md.
+  static constexpr std::size_t kPipelinePieceBytes = std::size_t{4} << 20;
+  static constexpr std::size_t kPipelineMaxPieces = 16;
+  struct Piece;
+
   bool hierarchical() const { return layout_.uniform && layout_.hosts > 1; }
+  // How many pieces an allreduce of `bytes` is cut into (1: not pipelined).
+  std::size_t pipeline_pieces(std::size_t bytes) const;
+  void reduce_inside_host(const OpContext& op, Piece& piece, ReduceOp reduce_op);
+  void reduce_across_hosts(const OpContext& op, Piece& piece, ReduceOp reduce_op);
+  void gather_inside_host(const OpContext& op, Piece& piece);
 
   int size_;
   HostLayout layout_;
   TcpBackend flat_;                        // the mesh over every rank
   std::unique_ptr<Backend> local_;         // shm over this host's ranks; null when alone on the host
   std::optional<TransportSubset> across_;  // this local rank's ring across hosts (uniform layouts)
-  Scratch padded_;                         // the input in fp32 and/or padded to a multiple of the local size
-  Scratch shard_;                          // this rank's shard in the accumulation type
-  Scratch narrow_;                         // the finished shard in the caller's 16-bit type
-  Scratch gathered_;                       // the padded result before it is copied out
-  Scratch staging_;                        // received data waiting to be reduced (cross-host step)
+  // allreduce's scratch, one slot per piece.
+  Scratch padded_;    // the input in fp32 and/or padded to a multiple of the local size
+  Scratch shard_;     // this rank's shards in the accumulation type
+  Scratch narrow_;    // the finished shards in the caller's 16-bit type
+  Scratch gathered_;  // the last piece's padded result before it is copied out
+  Scratch staging_;   // received data waiting to be reduced (cross-host step; the worker's when pipelined)
 };
 
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);

@@ -28,6 +28,7 @@
 #include "comm/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/format.h"
+#include "common/keep_until_exit.h"
 #include "lockstep/affinity.h"
 #include "common/env_vars.h"
 #include "lockstep/error.h"
@@ -169,9 +170,9 @@ void MpiBackend::shutdown(Deadline) {
     // the scratch memory; MPI offers no way to cancel it, so all of them
     // stay allocated until the process ends.
     ops_->leak();
-    static_cast<void>(new Scratch(std::move(accumulation_)));
-    static_cast<void>(new Scratch(std::move(staging_)));
-    static_cast<void>(new Scratch(std::move(header_)));
+    keep_until_exit(std::move(accumulation_));
+    keep_until_exit(std::move(staging_));
+    keep_until_exit(std::move(header_));
   } else if (!finalized) {
     MPI_Comm_free(&comm_);
   }

@@ -88,6 +88,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
       size_(ctx.size),
       self_(fmt::format("rank {}/{}", ctx.rank, ctx.size)),
       store_(ctx.store),
+      os_(*ctx.os),
       log_(ctx.log),
       one_shot_max_(ctx.config.shm_one_shot_bytes.value_or(default_one_shot_bytes(ctx.size))),
       chunk_bytes_(std::max<std::size_t>(64, ctx.config.shm_chunk_bytes.value_or(kDefaultChunkBytes) / 64 * 64)),
@@ -103,7 +104,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   if (rank_ == 0) store.set("shm/nonce", random_hex(6));
   nonce_ = segment_stem(store.get("shm/nonce"), ctx.config.shm_tag);
 
-  own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total);
+  own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total, os_);
   base_[static_cast<std::size_t>(rank_)] = own_.data();
   auto* block = new (own_.data()) ControlBlock();
   block->owner_pid = ::getpid();
@@ -125,7 +126,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     info >> name >> pids[static_cast<std::size_t>(q)] >> namespaces[static_cast<std::size_t>(q)] >>
         masks[static_cast<std::size_t>(q)];
     if (q == rank_) continue;
-    peer_regions_[static_cast<std::size_t>(q)] = Region::open(name, layout_.total);
+    peer_regions_[static_cast<std::size_t>(q)] = Region::open(name, layout_.total, os_);
     base_[static_cast<std::size_t>(q)] = peer_regions_[static_cast<std::size_t>(q)].data();
     if (control(q).magic != kMagic || control(q).rank != q)
       throw ConfigError(fmt::format("{}: rank {}'s shared region {} is not set up as expected; are two jobs using "
@@ -218,11 +219,11 @@ std::shared_ptr<std::byte[]> ShmBackend::allocate_shared(std::size_t bytes, Dead
   const std::size_t rounded = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
   std::vector<Region> regions(static_cast<std::size_t>(size_));
   Region& own = regions[static_cast<std::size_t>(rank_)];
-  own = Region::create(region_name(nonce_, fmt::format("a{}r{}", id, rank_)), rounded);
+  own = Region::create(region_name(nonce_, fmt::format("a{}r{}", id, rank_)), rounded, os_);
   store_->set(fmt::format("shm/alloc/{}/{}", id, rank_), own.name());
   for (int q = 0; q < size_; ++q)
     if (q != rank_)
-      regions[static_cast<std::size_t>(q)] = Region::open(store_->get(fmt::format("shm/alloc/{}/{}", id, q)), rounded);
+      regions[static_cast<std::size_t>(q)] = Region::open(store_->get(fmt::format("shm/alloc/{}/{}", id, q)), rounded, os_);
   store_->set(fmt::format("shm/alloc/{}/mapped/{}", id, rank_), "1");
   std::vector<std::string> mapped;
   for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/alloc/{}/mapped/{}", id, q));

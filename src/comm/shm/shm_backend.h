@@ -150,6 +150,7 @@ class ShmBackend final : public Backend {
   bool single_copy_ = false;
   std::size_t single_copy_bytes_ = kDefaultSingleCopyBytes;  // LOCKSTEP_SHM_SINGLE_COPY_BYTES; 0: off
   std::shared_ptr<Store> store_;
+  Os& os_;  // shared-memory segments are created and mapped through it
   std::string nonce_;  // segment names' stem: the launcher's tag (if any) and the group's nonce
   Logger log_;
   std::size_t one_shot_max_;
