@@ -34,14 +34,7 @@ namespace {
 
 using namespace mpi_bench;
 
-struct Options {
-  std::string min_bytes = "32M";
-  std::string max_bytes = "32M";
-  double factor = 2;
-  int iters = 20;
-  int warmup = 5;
-  int check = 1;
-  std::string dtype = "float";
+struct Options : mpi_bench::SweepOptions {
   std::string redop = "sum";
 };
 
@@ -174,13 +167,7 @@ int run(const Options& o, int rank, int n) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"MPI_Allreduce benchmark with lockstep bench's options and table"};
-  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
-  app.add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
-  app.add_option("-d,--datatype", o.dtype, "float, double, int32, int64, uint8")->capture_default_str();
+  mpi_bench::add_sweep_options(app, o);
   app.add_option("-o,--op_type", o.redop, "sum, min, max, prod")->capture_default_str();
   // Parse before MPI_Init so --help works without mpirun; every rank sees
   // the same command line, so every rank reaches the same verdict.

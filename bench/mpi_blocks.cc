@@ -31,15 +31,8 @@ namespace {
 
 using namespace mpi_bench;
 
-struct Options {
+struct Options : mpi_bench::SweepOptions {
   std::string op = "all_to_all";
-  std::string min_bytes = "32M";
-  std::string max_bytes = "32M";
-  double factor = 2;
-  int iters = 20;
-  int warmup = 5;
-  int check = 1;
-  std::string dtype = "float";
   int root = 0;
 };
 
@@ -146,13 +139,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"MPI_Alltoall / MPI_Gather / MPI_Scatter benchmark with lockstep bench's options and table"};
   app.add_option("--op", o.op, "all_to_all, gather or scatter")->capture_default_str();
-  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
-  app.add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
-  app.add_option("-d,--datatype", o.dtype, "float, double, int32, int64, uint8")->capture_default_str();
+  mpi_bench::add_sweep_options(app, o);
   app.add_option("-r,--root", o.root, "Root rank for gather and scatter")->capture_default_str();
   try {
     app.parse(argc, argv);

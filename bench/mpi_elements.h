@@ -1,5 +1,6 @@
 // What the plain-MPI peers of `lockstep bench` (mpi_allreduce, mpi_blocks)
-// share: the element types they run, the sizes they accept ("64K", "32M"),
+// share: the size sweep and its command-line options (lockstep bench's
+// names), the element types they run, the sizes they accept ("64K", "32M"),
 // and lockstep bench's known input, written and read back in any type.
 #pragma once
 
@@ -10,7 +11,30 @@
 #include <cstdint>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 namespace mpi_bench {
+
+// The sweep every peer runs, with lockstep bench's defaults.
+struct SweepOptions {
+  std::string min_bytes = "32M";
+  std::string max_bytes = "32M";
+  double factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  std::string dtype = "float";
+};
+
+inline void add_sweep_options(CLI::App& app, SweepOptions& o) {
+  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
+  app.add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
+  app.add_option("-d,--datatype", o.dtype, "float, double, int32, int64, uint8")->capture_default_str();
+}
 
 struct ElementType {
   const char* name;
