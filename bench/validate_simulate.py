@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """`lockstep simulate` against measurement: predict first, then run.
 
-1. Calibrates the cluster from `lockstep bench -np N` on this machine
-   (all-reduce, 256 KiB to 128 MiB in steps of sqrt(2), 30 iterations) with `lockstep simulate --calibrate`.
+1. Calibrates the cluster from `lockstep bench -np N --shared-buffers` on
+   this machine (all-reduce, 256 KiB to 128 MiB in steps of sqrt(2), 30
+   iterations; shared buffers because DDP's buckets are) with
+   `lockstep simulate --calibrate`.
 2. Profiles each model with LOCKSTEP_TRACE (examples/ddp_throughput, twice
    --steps steps, medians): once on one rank at the default bucket cap (the
    bucket timeline), and on N ranks under no_sync (compute while the ranks
@@ -65,8 +67,11 @@ def main():
 
     # 1. Calibration.
     bench_json = os.path.join(a.out, f"bench-{a.bench_ranks}ranks.json")
+    # --shared-buffers: DDP allocates its buckets with allocate_shared, so on
+    # the shm backend they are reduced in place (single copy); ordinary
+    # buffers are copied in and out, and measure a slower algorithm.
     run([f"{a.build}/lockstep", "bench", "-np", str(a.bench_ranks), "-b", "256K", "-e", "128M", "-f", "1.4142",
-         "-n", "30", "--json", bench_json])
+         "-n", "30", "--shared-buffers", "--json", bench_json])
     print(run([f"{a.build}/lockstep", "simulate", "--calibrate", bench_json, "--calibrate-min-bytes",
                a.calibrate_min_bytes, "--out", a.out]).strip(), file=sys.stderr)
     cluster = os.path.join(a.out, "cluster.json")
