@@ -79,7 +79,14 @@ done
 if [ -n "$mpirun" ]; then
   start=$(date +%s)
   cluster_mpirun_path=$mpirun
+  # Under `make test-asan` (ASAN_OPTIONS set) LeakSanitizer's own tracer
+  # crashes now and then (SIGSEGV in its stop-the-world) when these ranks
+  # exit under an mpirun that spans the namespaces, failing the sweep with
+  # no leak reported. The leak check of the mpi backend is the mpi.* tests'
+  # job (same code, no namespaces); here it is off. Without ASan the
+  # variable means nothing.
   cluster_mpirun 0 --timeout 100 --host "$(cluster_ip 0):2,$(cluster_ip 1):2" -np 4 -x LOCKSTEP_BACKEND=mpi \
+    -x ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
     -x MASTER_ADDR="$(cluster_ip 0)" -x MASTER_PORT=$cluster_port -x LOCKSTEP_CONNECT_TIMEOUT "$sweep" \
     > "$work/sweep-mpi.log" 2>&1 || { cat "$work/sweep-mpi.log"; fail "the mpi sweep failed"; }
   cluster_port=$((cluster_port + 1))
