@@ -29,6 +29,10 @@ constexpr int kTimeoutSeconds = 2;
 // even when the job does not end.
 constexpr int kMpirunLimitSeconds = 45;
 constexpr Duration kWaitForMpirun = 60s;
+// A job the failure ends is over by then; one it does not end runs on to
+// mpirun's 45 s limit. Not tighter: mpirun's teardown after MPI_Abort took
+// 17 s on a loaded 2-core machine (the failure itself comes at ~2 s).
+constexpr int kJobEndsWithinSeconds = 30;
 
 std::vector<std::string> split_words(const std::string& text) {
   std::istringstream in(text);
@@ -65,7 +69,7 @@ TEST_P(MpiJobEnd, AFailedGroupEndsTheWholeJob) {
 
   EXPECT_FALSE(result.hit_deadline) << testing::describe(result);
   EXPECT_NE(result.exit_code, 0) << testing::describe(result);
-  EXPECT_LT(seconds, kTimeoutSeconds * 2 + 10) << "the job went on after the failure:\n" << result.output;
+  EXPECT_LT(seconds, kJobEndsWithinSeconds) << "the job went on after the failure:\n" << result.output;
   EXPECT_TRUE(testing::contains(result.output, "rank(s) 1 never reached #0")) << "the report is missing:\n" << result.output;
   EXPECT_TRUE(testing::contains(result.output, "MPI_Abort")) << result.output;
   testing::expect_gone(testing::pids_in(dir.path(), kRanks));
