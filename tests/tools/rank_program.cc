@@ -121,9 +121,13 @@ int main(int argc, char** argv) {
   if (mode == "always-fail" && rank == 1) return 4;
   if (mode == "die-in-shm-setup" && rank == 1) {
     // Set-up needs both ranks: join on another thread, die from this one.
+    // The joining thread keeps its group: were it dropped, a set-up that
+    // finished before the kill would end it cleanly, and rank 0 would see
+    // rank 1 leave instead of die.
     std::thread([] {
       try {
-        lockstep::init_process_group();
+        auto kept = lockstep::init_process_group();
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       } catch (const lockstep::Error&) {
       }
     }).detach();
