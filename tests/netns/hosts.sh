@@ -6,6 +6,8 @@
 holders=()
 
 cleanup() {
+  # Quietly: bash reports each holder it reaps as "Killed".
+  exec 2> /dev/null
   for holder in "${holders[@]}"; do
     kill -9 $(in_host_pids "$holder") 2> /dev/null
     kill -9 "$holder" 2> /dev/null
