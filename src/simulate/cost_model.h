@@ -47,6 +47,12 @@ struct Cluster {
   Link inter;
   double gamma_us_per_byte = 0;
   Algorithm algorithm = Algorithm::ring;
+  // What the hosts' CPUs add (step_simulation.h, CpuCosts); 0 where unknown
+  // or free: one rank's memory copy rate, the share of a collective's time
+  // that occupies a core, and the cores each rank has.
+  double copy_gb_per_s = 0;
+  double comm_cpu_share = 0;
+  double cores_per_rank = 0;
 };
 
 // The coefficients of one algorithm's cost on a single kind of link:

@@ -25,28 +25,86 @@ double wire_bytes(double bytes, const std::string& hook) {
 }  // namespace
 
 StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>& buckets,
-                             const std::function<double(double)>& collective_ms, double straggler) {
+                             const std::function<double(double)>& collective_ms, double straggler,
+                             const CpuCosts& cpu) {
   StepPrediction p;
   p.compute_ms = w.forward_ms + w.backward_ms + w.other_ms;
   p.data_ms = w.data_ms;
   p.straggler_ms = straggler;
-  double group_free_ms = 0;  // the group runs one collective at a time, in order
+  // Backward's work in ms of compute, copies into the buckets included: a
+  // bucket is ready once the work up to its last gradient and its own copy
+  // are done.
+  std::vector<double> ready_work, duration;
+  double copy_in_ms = 0;
   for (const auto& b : buckets) {
-    BucketTiming t{b.bytes, b.ready_ms, std::max(b.ready_ms, group_free_ms), 0};
-    const double ms = collective_ms(b.bytes);
-    t.end_ms = t.start_ms + ms;
-    group_free_ms = t.end_ms;
-    p.comm_ms += ms;
-    p.buckets.push_back(t);
+    copy_in_ms += b.bytes * cpu.copy_us_per_byte / 1000;
+    ready_work.push_back(std::min(b.ready_ms, w.backward_ms) + copy_in_ms);
+    duration.push_back(collective_ms(b.bytes));
+    p.comm_ms += duration.back();
   }
-  p.exposed_ms = std::max(0.0, group_free_ms - w.backward_ms);
-  p.step_ms = p.data_ms + p.compute_ms + p.exposed_ms + p.straggler_ms;
+  const double backward_work = w.backward_ms + copy_in_ms;
+  p.copy_ms = 2 * copy_in_ms;  // and the same bytes back after the last all-reduce
+
+  const double share = cpu.shared_core ? std::clamp(cpu.comm_cpu_share, 0.0, 1.0) : 0;
+  const double compute_speed_shared = 1 - std::min(share, 0.5);
+  const double comm_speed_shared = share > 0.5 ? 0.5 / share : 1;
+
+  // Events: a bucket ready, a collective done, backward done. Between them
+  // both speeds are constant. The group runs one collective at a time, in
+  // bucket order.
+  double now = 0, work_done = 0, left = 0, backward_end = -1;
+  std::vector<double> ready_at;  // wall time each bucket became ready
+  std::size_t next = 0;
+  bool running = false;
+  while (next < buckets.size() || running) {
+    while (ready_at.size() < buckets.size() && work_done >= ready_work[ready_at.size()]) ready_at.push_back(now);
+    if (!running && next < ready_at.size()) {
+      p.buckets.push_back({buckets[next].bytes, ready_at[next], now, 0});
+      left = duration[next++];
+      running = true;
+      continue;
+    }
+    const bool computing = work_done < backward_work;
+    const double compute_speed = !computing ? 0 : running ? compute_speed_shared : 1;
+    const double comm_speed = computing ? comm_speed_shared : 1;
+    // The next point backward reaches: a bucket ready, or its end.
+    const double until_work = ready_at.size() < buckets.size() ? ready_work[ready_at.size()] : backward_work;
+    const double to_work = compute_speed > 0 ? (until_work - work_done) / compute_speed : 1e300;
+    const double to_done = running ? left / comm_speed : 1e300;
+    if (to_done <= to_work) {
+      now += to_done;
+      work_done = std::min(until_work, work_done + to_done * compute_speed);
+      running = false;
+      p.buckets.back().end_ms = now;
+    } else {
+      now += to_work;
+      work_done = until_work;
+      if (running) left -= to_work * comm_speed;
+    }
+    if (computing && work_done >= backward_work) backward_end = now;
+  }
+  if (backward_end < 0) backward_end = now + (backward_work - work_done);
+  p.sharing_ms = backward_end - backward_work;
+  const double last_end = p.buckets.empty() ? 0 : p.buckets.back().end_ms;
+  p.exposed_ms = std::max(0.0, last_end - backward_end);
+  p.step_ms = p.data_ms + p.compute_ms + p.copy_ms + p.sharing_ms + p.exposed_ms + p.straggler_ms;
   return p;
 }
 
 double straggler_ms(double compute_ms, double jitter, int ranks) {
   if (ranks <= 1 || jitter <= 0) return 0;
   return compute_ms * jitter * std::sqrt(2 * std::log(static_cast<double>(ranks)));
+}
+
+CpuCosts cpu_costs(const Scenario& s, int ranks) {
+  CpuCosts cpu;
+  if (ranks <= 1) return cpu;  // a world of one copies nothing and has nothing to communicate
+  const Cluster& c = s.cluster;
+  if (!s.bucket_view && c.copy_gb_per_s > 0) cpu.copy_us_per_byte = 1e-3 / c.copy_gb_per_s;
+  cpu.comm_cpu_share = c.comm_cpu_share;
+  // A rank runs backward on one thread and its collectives on another.
+  cpu.shared_core = c.cores_per_rank > 0 && c.cores_per_rank < 2;
+  return cpu;
 }
 
 ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
@@ -58,7 +116,7 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   const auto buckets = plan(w.gradients, s.bucket_cap_mb * (1 << 20));
   const auto collective = [&](double bytes) { return allreduce_us(s.cluster, ranks, wire_bytes(bytes, s.hook)) / 1000; };
   const double compute = w.forward_ms + w.backward_ms + w.other_ms;
-  out.step = simulate_step(w, buckets, collective, straggler_ms(compute, s.jitter, ranks));
+  out.step = simulate_step(w, buckets, collective, straggler_ms(compute, s.jitter, ranks), cpu_costs(s, ranks));
   // Micro-batches under no_sync: forward and backward only, no waiting for
   // the others (the stragglers' delay is paid once, at the synchronised one).
   const double unsynchronised = (s.accumulation - 1) * (w.forward_ms + w.backward_ms + w.data_ms);
@@ -115,7 +173,8 @@ std::string bottleneck(const Workload& w, const Scenario& s, const ScalePredicti
   const double step = p.step.step_ms;
   const auto pct = [&](double part) { return step > 0 ? 100 * part / step : 0; };
   if (p.ranks <= 1) return "One rank: nothing to communicate; the step is compute.";
-  const double biggest = std::max({st.exposed_ms, st.straggler_ms, st.data_ms});
+  const double cpu_ms = st.copy_ms + st.sharing_ms;
+  const double biggest = std::max({st.exposed_ms, st.straggler_ms, st.data_ms, cpu_ms});
   if (biggest < 0.1 * step)
     return fmt::format("Compute: {:.0f}% of the {:.1f} ms step; communication ({:.1f} ms) hides behind backward.",
                        pct(st.compute_ms), step, st.comm_ms);
@@ -130,6 +189,14 @@ std::string bottleneck(const Workload& w, const Scenario& s, const ScalePredicti
         to_string(s.cluster.algorithm), s.cluster.name, link, l.gb_per_s(), l.alpha_us, 100 * p.latency_share,
         100 * (1 - p.latency_share));
   }
+  if (biggest == cpu_ms)
+    return fmt::format(
+        "Communication's CPU: {:.1f} ms of the {:.1f} ms step ({:.0f}%): DDP copies the gradients into its buckets "
+        "and back ({:.1f} ms at {:.1f} GB/s; none with gradient_as_bucket_view), and backward shares its core with "
+        "the collectives ({:.1f} ms: {:.1f} cores per rank, and the collectives keep a core {:.0f}% busy; a spare "
+        "core per rank, or a device that moves the data itself, takes this off the step).",
+        cpu_ms, step, pct(cpu_ms), st.copy_ms, s.cluster.copy_gb_per_s, st.sharing_ms, s.cluster.cores_per_rank,
+        100 * s.cluster.comm_cpu_share);
   if (biggest == st.straggler_ms)
     return fmt::format("Stragglers: with a {:.0f}% spread of compute, the slowest of {} ranks is {:.1f} ms late, "
                        "{:.0f}% of the step, and every rank waits for it.",

@@ -3,7 +3,9 @@
 // the group one at a time in bucket order (a bucket waits for its
 // predecessor), overlapping the rest of backward; whatever runs past the
 // end of backward is exposed. Optional terms: the slowest rank's extra
-// compute (stragglers) and data loading. Pure functions; thread-safe.
+// compute (stragglers), data loading, DDP's copies of gradients into the
+// buckets and back, and the core that compute shares with communication
+// where a rank has no spare one. Pure functions; thread-safe.
 #pragma once
 
 #include <functional>
@@ -17,7 +19,7 @@ namespace lockstep::sim {
 
 struct BucketTiming {
   double bytes = 0;
-  double ready_ms = 0;  // after backward starts
+  double ready_ms = 0;  // after backward starts (wall time: copies and core sharing included)
   double start_ms = 0;
   double end_ms = 0;
 };
@@ -29,12 +31,36 @@ struct StepPrediction {
   double exposed_ms = 0;    // communication after backward ended
   double straggler_ms = 0;  // the slowest rank's extra compute, which everyone waits for
   double data_ms = 0;
+  double copy_ms = 0;        // gradients into their buckets during backward, and back after the last all-reduce
+  double sharing_ms = 0;     // backward slowed by collectives running on its core
   std::vector<BucketTiming> buckets;
 };
 
-// `collective_ms(bytes)`: one bucket's all-reduce.
+// What a rank's communication costs its compute in CPU. The defaults (all
+// free) hold where transfers have their own engines: a GPU's copy engines
+// and NCCL's kernels, or a spare core for the communication thread.
+struct CpuCosts {
+  // DDP copies each gradient into its bucket (in backward, on the compute
+  // thread, when the gradient is ready) and the averaged bucket back (after
+  // the last all-reduce): bucket bytes at this cost each way. 0 with
+  // gradient_as_bucket_view, or where the copies run on a device.
+  double copy_us_per_byte = 0;
+  // The share of a collective's time that its thread keeps a core busy
+  // (1 for shm, which copies and spins; less for tcp, which waits on the
+  // link). Costs compute only where `shared_core`.
+  double comm_cpu_share = 0;
+  // Fewer than two cores per rank: the communication thread and backward
+  // share one. The scheduler then gives the communication thread what it
+  // asks for up to half the core and backward the rest, so while a
+  // collective overlaps backward, backward runs at 1 - min(share, 1/2) of
+  // its speed and the collective at min(share, 1/2) / share of its own.
+  bool shared_core = false;
+};
+
+// `collective_ms(bytes)`: one bucket's all-reduce, alone on the machine.
 StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>& buckets,
-                             const std::function<double(double bytes)>& collective_ms, double straggler_ms = 0);
+                             const std::function<double(double bytes)>& collective_ms, double straggler_ms = 0,
+                             const CpuCosts& cpu = {});
 
 // What to simulate at each world size.
 struct Scenario {
@@ -43,7 +69,12 @@ struct Scenario {
   std::string hook = "none";  // none, fp16, bf16: 16-bit gradients halve the bytes on the wire
   int accumulation = 1;       // micro-batches per synchronised step (no_sync on the others)
   double jitter = 0;          // per-rank compute spread (standard deviation / mean)
+  bool bucket_view = false;   // gradient_as_bucket_view: no copies into the buckets and back
 };
+
+// The CPU costs of the scenario's cluster (copy rate, communication's CPU
+// share, cores per rank) for a world of `ranks`.
+CpuCosts cpu_costs(const Scenario& s, int ranks);
 
 struct ScalePrediction {
   int ranks = 1;

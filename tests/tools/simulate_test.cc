@@ -146,6 +146,95 @@ TEST(StepSimulation, IdleGroupStartsABucketWhenItIsReady) {
   EXPECT_DOUBLE_EQ(p.exposed_ms, 0);
 }
 
+TEST(StepSimulation, BucketCopiesDelayReadinessAndFollowTheLastAllReduce) {
+  // 2000 bytes at 1 us per byte: 2 ms into the bucket during backward (ready
+  // at 10 + 2), 2 ms back after the all-reduce (12-15).
+  CpuCosts cpu;
+  cpu.copy_us_per_byte = 1;
+  const auto p = simulate_step(timeline(5, 10, 1), {{2000, 10}}, [](double) { return 3.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(p.buckets[0].start_ms, 12);
+  EXPECT_DOUBLE_EQ(p.copy_ms, 4);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 3);
+  EXPECT_DOUBLE_EQ(p.sharing_ms, 0);
+  EXPECT_DOUBLE_EQ(p.step_ms, 5 + 10 + 1 + 4 + 3);
+}
+
+TEST(StepSimulation, ABusyCollectiveOnTheComputeCoreHalvesBothWhileTheyOverlap) {
+  // Ready at 2, 4 ms alone, keeping its core busy: from 2 both run at half
+  // speed, so it ends at 10 with 6 of backward's 10 ms done; the last 4
+  // run alone, so backward ends at 14.
+  CpuCosts cpu;
+  cpu.comm_cpu_share = 1;
+  cpu.shared_core = true;
+  const auto p = simulate_step(timeline(0, 10, 0), {{1, 2}}, [](double) { return 4.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(p.buckets[0].end_ms, 10);
+  EXPECT_DOUBLE_EQ(p.sharing_ms, 4);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 0);
+  EXPECT_DOUBLE_EQ(p.step_ms, 14);
+  // With a spare core nothing is shared.
+  cpu.shared_core = false;
+  const auto spare = simulate_step(timeline(0, 10, 0), {{1, 2}}, [](double) { return 4.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(spare.sharing_ms, 0);
+  EXPECT_DOUBLE_EQ(spare.step_ms, 10);
+}
+
+TEST(StepSimulation, ACollectiveThatNeedsAQuarterOfTheCoreTakesAQuarterOfItsTimeFromBackward) {
+  // Ready at once, 8 ms, a quarter of a core: it keeps its speed, backward
+  // runs at 3/4 for 8 ms (6 done), then 4 alone: 12.
+  CpuCosts cpu;
+  cpu.comm_cpu_share = 0.25;
+  cpu.shared_core = true;
+  const auto p = simulate_step(timeline(0, 10, 0), {{1, 0}}, [](double) { return 8.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(p.buckets[0].end_ms, 8);
+  EXPECT_DOUBLE_EQ(p.sharing_ms, 2);
+  EXPECT_DOUBLE_EQ(p.step_ms, 12);
+}
+
+TEST(StepSimulation, ACollectivePastBackwardRunsAtFullSpeedOnceBackwardEnds) {
+  // Ready at 8, 6 ms, busy: 8-12 both at half (backward reaches 10, the
+  // collective has 4 left), then alone: 12-16, 4 exposed.
+  CpuCosts cpu;
+  cpu.comm_cpu_share = 1;
+  cpu.shared_core = true;
+  const auto p = simulate_step(timeline(0, 10, 0), {{1, 8}}, [](double) { return 6.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(p.sharing_ms, 2);
+  EXPECT_DOUBLE_EQ(p.buckets[0].end_ms, 16);
+  EXPECT_DOUBLE_EQ(p.exposed_ms, 4);
+  EXPECT_DOUBLE_EQ(p.step_ms, 16);
+}
+
+TEST(StepSimulation, CpuCostsComeFromTheClusterAndTheScenario) {
+  Scenario s;
+  s.cluster.copy_gb_per_s = 5;
+  s.cluster.comm_cpu_share = 0.8;
+  s.cluster.cores_per_rank = 1;
+  auto cpu = cpu_costs(s, 2);
+  EXPECT_DOUBLE_EQ(cpu.copy_us_per_byte, 1e-3 / 5);  // 5 GB/s: 5000 bytes per us
+  EXPECT_TRUE(cpu.shared_core);
+  EXPECT_DOUBLE_EQ(cpu.comm_cpu_share, 0.8);
+  EXPECT_DOUBLE_EQ(cpu_costs(s, 1).copy_us_per_byte, 0);  // a world of one copies nothing
+  EXPECT_FALSE(cpu_costs(s, 1).shared_core);
+  s.bucket_view = true;
+  EXPECT_DOUBLE_EQ(cpu_costs(s, 2).copy_us_per_byte, 0);
+  s.cluster.cores_per_rank = 2;  // a core for backward, one for the collectives
+  EXPECT_FALSE(cpu_costs(s, 2).shared_core);
+  s.cluster.cores_per_rank = 0;  // unknown: as on the presets, nothing shared
+  EXPECT_FALSE(cpu_costs(s, 2).shared_core);
+}
+
+TEST(StepSimulation, BottleneckNamesCommunicationsCpuWhenItIsTheLargestCost) {
+  Workload w = timeline(10, 20, 0);
+  w.gradients = {{100e6, 20}};
+  Scenario s;
+  s.cluster = flat(Algorithm::ring, 0, 1e-6);  // 100 MB at 1000 GB/s: 0.2 ms
+  s.cluster.copy_gb_per_s = 10;                // 10 ms each way
+  const auto p = predict(w, s, 2);
+  EXPECT_DOUBLE_EQ(p.step.copy_ms, 20);
+  const std::string text = bottleneck(w, s, p);
+  EXPECT_NE(text.find("Communication's CPU"), std::string::npos) << text;
+  EXPECT_NE(text.find("gradient_as_bucket_view"), std::string::npos) << text;
+}
+
 TEST(StepSimulation, StragglersGrowWithTheSquareRootOfLogN) {
   EXPECT_EQ(straggler_ms(100, 0.05, 1), 0);
   EXPECT_NEAR(straggler_ms(100, 0.05, 1024), 5 * std::sqrt(2 * std::log(1024.0)), 1e-9);
@@ -404,6 +493,23 @@ TEST(Calibration, ReadsBenchTablesAndJson) {
   EXPECT_THROW(cli::parse_bench_output("no rows here"), ConfigError);
 }
 
+TEST(Calibration, TakesTheCpuTermsFromBenchJson) {
+  const auto rows = cli::parse_bench_output(
+      R"({"backend": "tcp", "ranks": 2, "memcpy_gbps": 4.5, "cores_per_rank": 1,
+          "results": [{"op": "allreduce", "size": 1024, "time_us": 10, "cpu_us": 10},
+                      {"op": "allreduce", "size": 8388608, "time_us": 1000, "cpu_us": 300},
+                      {"op": "allreduce", "size": 16777216, "time_us": 2000, "cpu_us": 700},
+                      {"op": "allreduce", "size": 33554432, "time_us": 4000, "cpu_us": 1600}]})");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_DOUBLE_EQ(rows[0].memcpy_gb_per_s, 4.5);
+  EXPECT_DOUBLE_EQ(rows[0].cores_per_rank, 1);
+  EXPECT_DOUBLE_EQ(rows[1].cpu_us, 300);
+  // The median share of the rows from 8 MiB: 0.3, 0.35, 0.4.
+  EXPECT_DOUBLE_EQ(comm_cpu_share(rows, 8 << 20), 0.35);
+  // Tables carry no CPU times: nothing to say.
+  EXPECT_DOUBLE_EQ(comm_cpu_share({{2, "shm", "allreduce", 1e7, 100}}), 0);
+}
+
 TEST(Calibration, ClusterFileRoundTrips) {
   Cluster c = preset("dgx-h100");
   const Cluster back = parse_cluster_json(cluster_json(c));
@@ -412,6 +518,15 @@ TEST(Calibration, ClusterFileRoundTrips) {
   EXPECT_EQ(back.algorithm, Algorithm::hierarchical);
   EXPECT_NEAR(back.inter.gb_per_s(), c.inter.gb_per_s(), 1e-9);
   EXPECT_NEAR(back.intra.alpha_us, c.intra.alpha_us, 1e-12);
+  EXPECT_DOUBLE_EQ(back.cores_per_rank, 0);  // the presets leave the CPU terms out
+  c.copy_gb_per_s = 4.5;
+  c.comm_cpu_share = 0.25;
+  c.cores_per_rank = 1;
+  const Cluster cpu = parse_cluster_json(cluster_json(c));
+  EXPECT_DOUBLE_EQ(cpu.copy_gb_per_s, 4.5);
+  EXPECT_DOUBLE_EQ(cpu.comm_cpu_share, 0.25);
+  EXPECT_DOUBLE_EQ(cpu.cores_per_rank, 1);
+  EXPECT_THROW(parse_cluster_json(R"({"intra": {"gb_per_s": 1}, "comm_cpu_share": 2})"), ConfigError);
   EXPECT_THROW(preset("nope"), InvalidArgument);
 }
 

@@ -11,6 +11,7 @@
 // (n-1)/n ones, size is the whole buffer (n blocks), as in nccl-tests.
 #include "bench/bench_command.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,7 +42,16 @@ struct Row {
   double algbw = 0;
   double busbw = 0;
   std::int64_t wrong = 0;
+  double cpu_us = 0;  // CPU time of a rank's process (all its threads) per iteration, averaged over ranks
 };
+
+// User and system time of this process so far, in microseconds.
+double process_cpu_us() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const auto us = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_usec); };
+  return us(u.ru_utime) + us(u.ru_stime);
+}
 
 double bus_factor(Collective c, int n) {
   switch (c) {
@@ -255,8 +265,11 @@ class Bench {
     for (int i = 0; i < o_.warmup; ++i) once(c, row.count);
     pg_.barrier()->wait();
     const auto start = Clock::now();
+    const double cpu_start = process_cpu_us();
     for (int i = 0; i < o_.iters; ++i) once(c, row.count);
     double us = seconds_between(start, Clock::now()) * 1e6 / std::max(1, o_.iters);
+    row.cpu_us = (process_cpu_us() - cpu_start) / std::max(1, o_.iters);
+    pg_.allreduce(Buffer{&row.cpu_us, 1, DType::f64}, ReduceOp::avg)->wait();
     // The slowest rank's time and the total of wrong elements.
     pg_.allreduce(Buffer{&us, 1, DType::f64}, ReduceOp::max)->wait();
     pg_.allreduce(Buffer{&row.wrong, 1, DType::i64}, ReduceOp::sum)->wait();
@@ -337,6 +350,9 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
   // This rank's index on its host, from whichever launcher started it
   // (under mpirun LOCAL_RANK is not set, and every rank would pick the
   // first core).
+  // The cores this rank's host gives its ranks, before pinning narrows them.
+  const double cores_per_rank =
+      static_cast<double>(usable_cores()) / std::max(1, config.launcher.local_world_size);
   if (o.pin) pin_to_core_of_local_rank(config.launcher.local_rank);
   GroupOptions group;
   group.config = config;
@@ -378,7 +394,8 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
                     rooted ? o.root : -1, row.time_us, row.algbw, row.busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A");
         std::fflush(stdout);
         report["results"].push_back({{"op", to_string(c)}, {"size", row.bytes}, {"count", row.count}, {"time_us", row.time_us},
-                                     {"algbw", row.algbw}, {"busbw", row.busbw}, {"wrong", o.check ? row.wrong : -1}});
+                                     {"algbw", row.algbw}, {"busbw", row.busbw}, {"wrong", o.check ? row.wrong : -1},
+                                     {"cpu_us", row.cpu_us}});
       }
       if (bytes >= max_bytes || o.factor <= 1) break;
     }
@@ -392,6 +409,7 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     std::printf("# Largest size reached %.0f%% of the memory copy bandwidth\n", copy > 0 ? 100.0 * last_busbw / copy : 0);
     report["avg_busbw"] = avg;
     report["memcpy_gbps"] = copy;
+    report["cores_per_rank"] = cores_per_rank;
     report["wrong"] = wrong_total;
     if (!o.json_path.empty()) std::ofstream(o.json_path) << report.dump(2) << "\n";
   }

@@ -17,7 +17,8 @@ std::vector<BenchRow> parse_json(const nlohmann::json& j) {
   std::vector<BenchRow> rows;
   for (const auto& r : j.value("results", nlohmann::json::array()))
     rows.push_back({j.value("ranks", 0), j.value("backend", ""), r.value("op", "allreduce"), r.value("size", 0.0),
-                    r.value("time_us", 0.0)});
+                    r.value("time_us", 0.0), r.value("cpu_us", 0.0), j.value("memcpy_gbps", 0.0),
+                    j.value("cores_per_rank", 0.0)});
   return rows;
 }
 

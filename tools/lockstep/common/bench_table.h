@@ -1,5 +1,6 @@
 // Reads what `lockstep bench` writes: its nccl-tests style table (stdout)
-// or its --json file, into rows of (ranks, backend, op, size, time).
+// or its --json file, into rows of (ranks, backend, op, size, time, and
+// from the JSON the CPU it took and the machine's copy rate and cores).
 // Pure functions over text; thread-safe.
 #pragma once
 
@@ -14,6 +15,12 @@ struct BenchRow {
   std::string op;  // allreduce, broadcast, ...
   double bytes = 0;
   double time_us = 0;
+  // --json only (0 where unknown): the CPU time a rank's process used per
+  // iteration, and, for the whole run, one rank's memory copy rate and the
+  // cores each rank of a host could use.
+  double cpu_us = 0;
+  double memcpy_gb_per_s = 0;
+  double cores_per_rank = 0;
 };
 
 // Either format; the table's header ("# lockstep bench: N ranks, backend

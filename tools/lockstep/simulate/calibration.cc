@@ -157,9 +157,15 @@ Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, d
 
 std::string cluster_json(const Cluster& c) {
   const auto link = [](const Link& l) { return nlohmann::json{{"alpha_us", l.alpha_us}, {"gb_per_s", l.gb_per_s()}}; };
-  nlohmann::json j = {{"name", c.name},           {"ranks_per_host", c.ranks_per_host},
-                      {"algorithm", to_string(c.algorithm)}, {"intra", link(c.intra)},
-                      {"inter", link(c.inter)},   {"gamma_gb_per_s", c.gamma_us_per_byte > 0 ? 1e-3 / c.gamma_us_per_byte : 0}};
+  nlohmann::json j = {{"name", c.name},
+                      {"ranks_per_host", c.ranks_per_host},
+                      {"algorithm", to_string(c.algorithm)},
+                      {"intra", link(c.intra)},
+                      {"inter", link(c.inter)},
+                      {"gamma_gb_per_s", c.gamma_us_per_byte > 0 ? 1e-3 / c.gamma_us_per_byte : 0},
+                      {"copy_gb_per_s", c.copy_gb_per_s},
+                      {"comm_cpu_share", c.comm_cpu_share},
+                      {"cores_per_rank", c.cores_per_rank}};
   return j.dump(1) + "\n";
 }
 
@@ -182,7 +188,24 @@ Cluster parse_cluster_json(const std::string& text) {
   c.inter = j.contains("inter") ? link("inter") : c.intra;
   const double gamma_gbps = j.value("gamma_gb_per_s", 0.0);
   c.gamma_us_per_byte = gamma_gbps > 0 ? 1e-3 / gamma_gbps : 0;
+  c.copy_gb_per_s = j.value("copy_gb_per_s", 0.0);
+  c.comm_cpu_share = j.value("comm_cpu_share", 0.0);
+  c.cores_per_rank = j.value("cores_per_rank", 0.0);
+  if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0)
+    throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}: the rate and "
+                                  "the cores must not be negative and the share must lie in [0, 1] (0 for unknown)",
+                                  c.copy_gb_per_s, c.comm_cpu_share, c.cores_per_rank));
   return c;
+}
+
+double comm_cpu_share(const std::vector<cli::BenchRow>& rows, double min_bytes) {
+  std::vector<double> shares;
+  for (const auto& r : rows)
+    if (r.op == "allreduce" && r.ranks >= 2 && r.bytes >= min_bytes && r.time_us > 0 && r.cpu_us > 0)
+      shares.push_back(std::min(1.0, r.cpu_us / r.time_us));
+  if (shares.empty()) return 0;
+  std::nth_element(shares.begin(), shares.begin() + static_cast<std::ptrdiff_t>(shares.size() / 2), shares.end());
+  return shares[shares.size() / 2];
 }
 
 }  // namespace lockstep::sim

@@ -30,6 +30,12 @@ struct Fit {
 // Throws InvalidArgument when fewer than two rows remain.
 Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes = 0);
 
+// The median, over the all-reduce rows `fit_allreduce` would fit, of the
+// share of the time a rank's process was on a core (its CPU time over the
+// wall time, at most 1); 0 when the rows carry no CPU times (tables, or
+// JSON from before they were recorded).
+double comm_cpu_share(const std::vector<cli::BenchRow>& rows, double min_bytes = 0);
+
 // A single-host cluster with the fitted link inside and between hosts, for
 // `lockstep simulate --cluster`, as JSON text; and back.
 std::string cluster_json(const Cluster& c);

@@ -57,6 +57,9 @@ sim::Cluster calibrate(const SimulateOptions& o, const fs::path& dir) {
   c.intra = c.inter = fit.link;
   c.gamma_us_per_byte = fit.gamma_us_per_byte;
   c.algorithm = algorithm;
+  c.copy_gb_per_s = rows.front().memcpy_gb_per_s;
+  c.cores_per_rank = rows.front().cores_per_rank;
+  c.comm_cpu_share = sim::comm_cpu_share(rows, min_bytes);
   const fs::path file = dir / "cluster.json";
   std::ofstream(file) << sim::cluster_json(c);
   std::printf("calibrated %s from %zu rows of %s (%.0f bytes and up; %zu outlier(s) left out): alpha %.2f us, beta %.3f GB/s, %s; mean error "
@@ -66,6 +69,10 @@ sim::Cluster calibrate(const SimulateOptions& o, const fs::path& dir) {
               fit.gamma_separate ? fmt::format("reduction {:.3f} GB/s", 1e-3 / fit.gamma_us_per_byte).c_str()
                                  : "reduction included in beta (one ratio of reduced to sent bytes)",
               100 * fit.mean_error, 100 * fit.max_error, file.string().c_str());
+  if (c.copy_gb_per_s > 0 || c.cores_per_rank > 0)
+    std::printf("CPU: one rank copies %.2f GB/s, has %.2g core(s), and its all-reduces keep a core %.0f%% busy%s\n",
+                c.copy_gb_per_s, c.cores_per_rank, 100 * c.comm_cpu_share,
+                c.cores_per_rank > 0 && c.cores_per_rank < 2 ? " (no spare core: they slow backward down)" : "");
   return c;
 }
 
@@ -118,23 +125,32 @@ sim::Workload workload_for(const SimulateOptions& o) {
   return w;
 }
 
+// The cluster's CPU terms, where it has them.
+std::string cpu_text(const sim::Cluster& c) {
+  if (c.copy_gb_per_s <= 0 && c.cores_per_rank <= 0) return "";
+  return fmt::format("; a rank copies {:.1f} GB/s and has {:.2g} core(s), its all-reduces keep a core {:.0f}% busy",
+                     c.copy_gb_per_s, c.cores_per_rank, 100 * c.comm_cpu_share);
+}
+
 std::string render(const sim::Workload& w, const sim::Scenario& s, const std::vector<sim::ScalePrediction>& p,
                    const sim::Recommendation& r) {
   std::string out = fmt::format(
       "# lockstep simulate\n\nWorkload: {} (forward {:.1f} ms, backward {:.1f} ms, rest {:.1f} ms, data {:.1f} ms; "
       "{:.1f} MiB of gradients in {} tensors; batch {} per rank).\nCluster: {} ({} ranks per host, {}; inside a host "
-      "{:.1f} GB/s and {:.1f} us, between hosts {:.2f} GB/s and {:.1f} us).\nBucket cap {} MB, hook {}, {} "
+      "{:.1f} GB/s and {:.1f} us, between hosts {:.2f} GB/s and {:.1f} us{}).\nBucket cap {} MB{}, hook {}, {} "
       "micro-batch(es) per step, compute spread {:.0f}%.\n\n",
       w.name, w.forward_ms, w.backward_ms, w.other_ms, w.data_ms, w.gradient_bytes() / (1 << 20), w.gradients.size(),
       w.batch, s.cluster.name, s.cluster.ranks_per_host, sim::to_string(s.cluster.algorithm), s.cluster.intra.gb_per_s(),
-      s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, s.bucket_cap_mb, s.hook,
+      s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, cpu_text(s.cluster),
+      s.bucket_cap_mb, s.bucket_view ? " (gradients as bucket views)" : "", s.hook,
       s.accumulation, 100 * s.jitter);
-  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | stragglers (ms) | efficiency | samples/s |\n";
-  out += "|---|---|---|---|---|---|---|---|---|\n";
+  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | bucket copies (ms) | core "
+         "shared with comm (ms) | stragglers (ms) | efficiency | samples/s |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& q : p)
-    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} |\n", q.ranks, q.hosts,
-                       q.step_ms, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms, q.step.straggler_ms,
-                       q.efficiency, q.samples_per_s);
+    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} |\n",
+                       q.ranks, q.hosts, q.step_ms, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms,
+                       q.step.copy_ms, q.step.sharing_ms, q.step.straggler_ms, q.efficiency, q.samples_per_s);
   const auto& last = p.back();
   out += fmt::format("\n## Bottleneck at {} ranks\n\n{}\n\n## What to choose at {} ranks\n\n", last.ranks,
                      sim::bottleneck(w, s, last), last.ranks);
@@ -159,6 +175,7 @@ nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const sim::Re
     points.push_back({{"ranks", q.ranks}, {"hosts", q.hosts}, {"step_ms", q.step_ms},
                       {"compute_ms", q.step.compute_ms}, {"exposed_ms", q.step.exposed_ms}, {"comm_ms", q.step.comm_ms},
                       {"straggler_ms", q.step.straggler_ms}, {"data_ms", q.step.data_ms},
+                      {"copy_ms", q.step.copy_ms}, {"sharing_ms", q.step.sharing_ms},
                       {"efficiency", q.efficiency}, {"samples_per_s", q.samples_per_s},
                       {"buckets", q.step.buckets.size()}});
   return {{"predictions", points},
@@ -193,6 +210,7 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--hook", o.hook, "Gradient compression: none, fp16, bf16")->capture_default_str();
   s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")->capture_default_str();
   s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")->capture_default_str();
+  s->add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view: DDP copies no gradients into its buckets");
   s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
   s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
   s->add_option("--json", o.json, "Also write the predictions to this JSON file");
@@ -217,6 +235,7 @@ int run_simulate(const SimulateOptions& o) {
   s.hook = o.hook;
   s.accumulation = o.accumulation;
   s.jitter = o.jitter;
+  s.bucket_view = o.bucket_view;
   const sim::Workload w = workload_for(o);
   std::vector<sim::ScalePrediction> predictions;
   std::vector<PlotRow> rows;
@@ -224,7 +243,7 @@ int run_simulate(const SimulateOptions& o) {
     predictions.push_back(sim::predict(w, s, static_cast<int>(n)));
     const auto& q = predictions.back();
     const double micro = q.step_ms - q.step.step_ms;  // the no_sync micro-batches: compute
-    rows.push_back({q.ranks, q.step.compute_ms + micro, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
+    rows.push_back({q.ranks, q.step.compute_ms + q.step.copy_ms + q.step.sharing_ms + micro, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
   }
   const auto rec = sim::recommend(w, s, predictions.back().ranks);
   std::string report = render(w, s, predictions, rec);

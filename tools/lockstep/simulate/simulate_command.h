@@ -37,6 +37,7 @@ struct SimulateOptions {
   std::string hook = "none";
   int accumulation = 1;
   double jitter = 0;
+  bool bucket_view = false;  // gradient_as_bucket_view: no copies into the buckets
   bool list_presets = false;
   std::string out = "lockstep-simulate";
   std::string json;
