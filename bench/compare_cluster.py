@@ -18,7 +18,8 @@ host, and measures on the same links:
 Needs root (namespaces, tc). Prints markdown tables for docs/performance.md.
 
 Usage: sudo bench/compare_cluster.py [--build build] [--quick] [--rates 1gbit,10gbit]
-           [--ranks 1,2] [--hosts 2] [--python /usr/bin/python3] [--out FILE]
+           [--ranks 1,2] [--hosts 2] [--python /usr/bin/python3] [--bucket-view]
+           [--ddp-only] [--out FILE]
 """
 import argparse
 import os
@@ -153,7 +154,7 @@ class Runner:
 
     def ddp_step(self, cluster, ranks, which):
         a = self.args
-        model = ["--model", "mlp", "--batch", "32", "--steps", str(a.steps)]
+        model = ["--model", "mlp", "--batch", "32", "--steps", str(a.steps)] + (["--bucket-view"] if a.bucket_view else [])
         if which == "lockstep":
             out = self.lockstep_run(cluster, ranks, [os.path.join(a.build, "examples", "ddp_throughput")] + model)
         else:
@@ -198,6 +199,9 @@ def main():
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
     parser.add_argument("--max-size", help="largest all-reduce (default 256M, 64M with --quick)")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="DDP with gradient_as_bucket_view (both lockstep and PyTorch): no bucket copies")
+    parser.add_argument("--ddp-only", action="store_true", help="the DDP step only, no all-reduce tables")
     parser.add_argument("--out", help="also write the markdown here")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -224,16 +228,20 @@ def main():
                 print(f"# {rate}, {args.hosts} hosts x {ranks} rank(s)", file=sys.stderr)
                 world = args.hosts * ranks
                 tables = {f"lockstep {b}": parse_table(runner.lockstep_bench(cluster, ranks, b), world)
-                          for b in backends}
-                if have_mpi:
+                          for b in ([] if args.ddp_only else backends)}
+                if have_mpi and not args.ddp_only:
                     tables["Open MPI"] = parse_table(runner.mpi_bench(cluster, ranks), world)
                     tables["Open MPI ring"] = parse_table(runner.mpi_bench(cluster, ranks, algorithm=4), world)
-                if have_torch:
+                if have_torch and not args.ddp_only:
                     tables["Gloo"] = parse_table(runner.gloo_bench(cluster, ranks), world)
                 ours = runner.ddp_step(cluster, ranks, "lockstep")
                 theirs = runner.ddp_step(cluster, ranks, "torch") if have_torch else None
             link = rate_gbytes(rate)
             names = list(tables)
+            ratio = f"{ours / theirs:.2f}" if ours and theirs else "n/a"
+            ddp_rows.append(f"| {rate} | {args.hosts} × {ranks} | {ours or 'n/a'} | {theirs or 'n/a'} | {ratio} |")
+            if not names:
+                continue
             lines += [f"**{rate}, {args.hosts} hosts × {ranks} rank(s)** (link {link:.3f} GB/s)", "",
                       "| size | " + " | ".join(names) + " | lockstep tcp / link |", "|---|" + "---|" * (len(names) + 1)]
             for size in sorted(set().union(*tables.values())):
@@ -242,9 +250,7 @@ def main():
                 share = f"{tcp / link:.2f}" if tcp else "n/a"
                 lines.append(f"| {size >> 20} MiB | " + " | ".join(cells) + f" | {share} |")
             lines.append("")
-            ratio = f"{ours / theirs:.2f}" if ours and theirs else "n/a"
-            ddp_rows.append(f"| {rate} | {args.hosts} × {ranks} | {ours or 'n/a'} | {theirs or 'n/a'} | {ratio} |")
-    lines += ["DDP MLP step time (ms, lower is better):", "",
+    lines += [f"DDP MLP step time (ms, lower is better){', gradient_as_bucket_view' if args.bucket_view else ''}:", "",
               "| link | hosts × ranks | lockstep | PyTorch DDP (Gloo) | lockstep / PyTorch |", "|---|---|---|---|---|"]
     lines += ddp_rows
     text = "\n".join(lines)

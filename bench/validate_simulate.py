@@ -1,27 +1,36 @@
 #!/usr/bin/python3
 """`lockstep simulate` against measurement: predict first, then run.
 
-1. Calibrates the cluster from `lockstep bench -np N --shared-buffers` on
-   this machine (all-reduce, 256 KiB to 128 MiB in steps of sqrt(2), 30
-   iterations; shared buffers because DDP's buckets are) with
-   `lockstep simulate --calibrate`.
+On this machine (always) and on the emulated cluster of
+tests/netns/cluster.sh (with --cluster-rates, as root: hosts as network
+namespaces, each link shaped with tc tbf, each host's rank pinned to its
+share of the cores), for every place:
+
+1. Calibrates the all-reduce with `lockstep simulate --calibrate` from
+   `lockstep bench` (256 KiB to 128 MiB in steps of sqrt(2)): here
+   `-np N --shared-buffers` over shm (shared buffers because DDP's buckets
+   are), on the cluster `--backend tcp` with one rank per host, across the
+   shaped links.
 2. Profiles each model with LOCKSTEP_TRACE (examples/ddp_throughput, twice
    --steps steps, medians): once on one rank at the default bucket cap (the
-   bucket timeline), and on N ranks under no_sync (compute while the ranks
-   share the machine, without communication).
+   bucket timeline; on the cluster, alone on host 0), and on N ranks under
+   no_sync (compute while the ranks share the machine, without
+   communication).
 3. Predicts, with `lockstep simulate --trace ... --cluster ...` (and
    `--compute-trace` for the N-rank compute), the step time of every
    configuration (model x world size x bucket cap) and writes the
-   predictions down before any configuration is measured.
-4. Runs every configuration under `lockstep run` and compares the measured
-   median step time with the prediction.
+   predictions down before any configuration of that place is measured.
+4. Runs every configuration (under `lockstep run`, across the hosts on the
+   cluster) and compares the measured median step time with the prediction.
 
-Prints a markdown table (for docs/performance.md) with the mean and the
-largest absolute error; the files are kept in --out.
+Prints a markdown table per place (for docs/performance.md) with the mean
+and the largest absolute error, and the mean over all places; the files are
+kept in --out.
 
 Usage: bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
            [--models mlp,convnet] [--steps 15] [--repeats 3] [--bench-ranks 2]
-           [--calibrate-min-bytes 8M] [--out DIR]
+           [--calibrate-min-bytes 8M] [--cluster-rates 1gbit,10gbit] [--hosts 2]
+           [--cluster-caps 5,25,100] [--local/--no-local] [--out DIR]
 """
 import argparse
 import json
@@ -32,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from compare_cluster import Cluster, Runner
+
 
 def run(cmd, env=None, timeout=900):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -40,75 +51,129 @@ def run(cmd, env=None, timeout=900):
     return proc.stdout
 
 
-def throughput_cmd(a, model, ranks, cap, steps=None, no_sync=False):
-    return [f"{a.build}/lockstep", "run", "--nproc-per-node", str(ranks), "--",
-            f"{a.build}/examples/ddp_throughput", "--model", model, "--steps", str(steps or a.steps),
+def bench_sizes():
+    return ["-b", "256K", "-e", "128M", "-f", "1.4142"]
+
+
+def throughput_program(a, model, cap, steps=None, no_sync=False):
+    return [f"{a.build}/examples/ddp_throughput", "--model", model, "--steps", str(steps or a.steps),
             "--bucket-cap-mb", str(cap)] + (["--no-sync"] if no_sync else [])
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", default="build")
-    parser.add_argument("--ranks", default="1,2")
-    parser.add_argument("--caps", default="1,5,25,100")
-    parser.add_argument("--models", default="mlp,convnet")
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of every configuration, interleaved; the median is compared")
-    parser.add_argument("--bench-ranks", type=int, default=2)
-    parser.add_argument("--calibrate-min-bytes", default="8M",
-                        help="fit the bench rows of the buckets' sizes (larger than the caches)")
-    parser.add_argument("--out", default="validate-simulate")
-    a = parser.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    ranks = [int(n) for n in a.ranks.split(",")]
-    caps = [float(c) if "." in c else int(c) for c in a.caps.split(",")]
-    models = a.models.split(",")
+class ThisMachine:
+    """Ranks on this machine, over shm."""
+    name = "this machine"
+
+    def __init__(self, a):
+        self.a = a
+        self.world_sizes = [int(n) for n in a.ranks.split(",")]
+        self.caps = [float(c) if "." in c else int(c) for c in a.caps.split(",")]
+        self.ranks_per_host = 0  # the calibration's
+
+    def tag(self):
+        return "local"
+
+    def run_ranks(self, ranks, program, env=None):
+        return run([f"{self.a.build}/lockstep", "run", "--nproc-per-node", str(ranks), "--"] + program, env=env)
+
+    def run_alone(self, program, env=None):
+        return self.run_ranks(1, program, env)
+
+    def bench(self, json_path):
+        # --shared-buffers: DDP allocates its buckets with allocate_shared, so
+        # on the shm backend they are reduced in place (single copy);
+        # ordinary buffers are copied in and out, and measure a slower
+        # algorithm.
+        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + bench_sizes() +
+            ["-n", "30", "--shared-buffers", "--json", json_path])
+
+
+class EmulatedCluster:
+    """One rank per host on the emulated cluster, over tcp across the shaped
+    links; the cluster stays up for as long as the `with` block runs."""
+
+    def __init__(self, a, rate):
+        self.a, self.rate = a, rate
+        self.name = f"{a.hosts} hosts × 1 rank, {rate}"
+        self.world_sizes = [a.hosts]
+        self.caps = [float(c) if "." in c else int(c) for c in a.cluster_caps.split(",")]
+        self.ranks_per_host = 1
+        self.runner = Runner(a)
+
+    def __enter__(self):
+        self.cluster = Cluster(self.a.hosts, self.rate).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.cluster.__exit__(*exc)
+
+    def tag(self):
+        return f"{self.a.hosts}hosts-{self.rate}"
+
+    def run_ranks(self, ranks, program, env=None):
+        assert ranks == self.a.hosts, "one rank per host"
+        out = self.runner.lockstep_run(self.cluster, 1, program, env)
+        if out is None:
+            raise RuntimeError(f"{' '.join(program)} failed across the hosts (see above)")
+        return out
+
+    def run_alone(self, program, env=None):
+        return run(self.cluster.on_host(0, [f"{self.a.build}/lockstep", "run", "--nproc-per-node", "1", "--"] +
+                                        program), env=env)
+
+    def bench(self, json_path):
+        self.run_ranks(self.a.hosts, [f"{self.a.build}/lockstep", "bench", "--backend", "tcp"] + bench_sizes() +
+                       ["-n", "5", "--json", json_path])
+
+
+def validate(a, place, models):
+    """Calibrates, profiles, predicts and measures on `place`; the table rows
+    and the absolute errors (N-rank compute) of its configurations."""
+    out_dir = os.path.join(a.out, place.tag())
+    os.makedirs(out_dir, exist_ok=True)
+    simulate = [f"{a.build}/lockstep", "simulate"]
+    per_host = ["--ranks-per-host", str(place.ranks_per_host)] if place.ranks_per_host else []
 
     # 1. Calibration.
-    bench_json = os.path.join(a.out, f"bench-{a.bench_ranks}ranks.json")
-    # --shared-buffers: DDP allocates its buckets with allocate_shared, so on
-    # the shm backend they are reduced in place (single copy); ordinary
-    # buffers are copied in and out, and measure a slower algorithm.
-    run([f"{a.build}/lockstep", "bench", "-np", str(a.bench_ranks), "-b", "256K", "-e", "128M", "-f", "1.4142",
-         "-n", "30", "--shared-buffers", "--json", bench_json])
-    print(run([f"{a.build}/lockstep", "simulate", "--calibrate", bench_json, "--calibrate-min-bytes",
-               a.calibrate_min_bytes, "--out", a.out]).strip(), file=sys.stderr)
-    cluster = os.path.join(a.out, "cluster.json")
+    bench_json = os.path.join(out_dir, "bench.json")
+    place.bench(bench_json)
+    print(run(simulate + ["--calibrate", bench_json, "--calibrate-min-bytes", a.calibrate_min_bytes, "--out", out_dir] +
+              per_host).strip(), file=sys.stderr)
+    cluster = os.path.join(out_dir, "cluster.json")
 
     # 2. Profiles: the bucket timeline from one rank at the default bucket
     # cap; compute also from N ranks under no_sync (no communication, but
     # the ranks share the cores and memory as they will when synchronised).
     traces, compute_traces = {}, {}
     for model in models:
-        prefix = os.path.join(a.out, f"profile-{model}")
-        run(throughput_cmd(a, model, 1, 25, steps=2 * a.steps), env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+        prefix = os.path.join(out_dir, f"profile-{model}")
+        place.run_alone(throughput_program(a, model, 25, steps=2 * a.steps), env=dict(os.environ, LOCKSTEP_TRACE=prefix))
         traces[model] = prefix + ".rank0.json"
-        for n in ranks:
+        for n in place.world_sizes:
             if n == 1:
                 continue
-            prefix = os.path.join(a.out, f"profile-{model}-{n}ranks-nosync")
-            run(throughput_cmd(a, model, n, 25, steps=2 * a.steps, no_sync=True),
-                env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+            prefix = os.path.join(out_dir, f"profile-{model}-{n}ranks-nosync")
+            place.run_ranks(n, throughput_program(a, model, 25, steps=2 * a.steps, no_sync=True),
+                            env=dict(os.environ, LOCKSTEP_TRACE=prefix))
             compute_traces[(model, n)] = prefix + ".rank0.json"
 
     # 3. Predictions, all written before the first measured run: from the
     # one-rank profile alone, and with the N-rank compute.
-    configs = [(m, n, c) for m in models for n in ranks for c in (caps if n > 1 else [25])]
+    configs = [(m, n, c) for m in models for n in place.world_sizes for c in (place.caps if n > 1 else [25])]
     predicted, predicted_n = {}, {}
     for model, n, cap in configs:
-        for extra, table, tag in (([], predicted, "1rank"),
-                                  (["--compute-trace", compute_traces.get((model, n), "")], predicted_n, "nrank")):
-            if tag == "nrank" and n == 1:
+        for extra, table, kind in (([], predicted, "1rank"),
+                                   (["--compute-trace", compute_traces.get((model, n), "")], predicted_n, "nrank")):
+            if kind == "nrank" and n == 1:
                 table[(model, n, cap)] = predicted[(model, n, cap)]
                 continue
-            out = os.path.join(a.out, f"predict-{model}-{n}-{cap}-{tag}.json")
-            run([f"{a.build}/lockstep", "simulate", "--trace", traces[model], "--model", model, "--cluster", cluster,
-                 "--world-sizes", str(n), "--bucket-cap-mb", str(cap), "--out", os.path.join(a.out, "simulate"),
-                 "--json", out] + extra)
+            out = os.path.join(out_dir, f"predict-{model}-{n}-{cap}-{kind}.json")
+            run(simulate + ["--trace", traces[model], "--model", model, "--cluster", cluster, "--world-sizes", str(n),
+                            "--bucket-cap-mb", str(cap), "--out", os.path.join(out_dir, "simulate"), "--json", out] +
+                per_host + extra)
             with open(out) as f:
                 table[(model, n, cap)] = json.load(f)["predictions"][0]
-    with open(os.path.join(a.out, "predictions.json"), "w") as f:
+    with open(os.path.join(out_dir, "predictions.json"), "w") as f:
         json.dump({f"{m} {n} {c}": [predicted[(m, n, c)], predicted_n[(m, n, c)]] for (m, n, c) in configs}, f,
                   indent=1)
 
@@ -117,7 +182,7 @@ def main():
     measured = {c: [] for c in configs}
     for _ in range(a.repeats):
         for model, n, cap in configs:
-            text = run(throughput_cmd(a, model, n, cap))
+            text = place.run_ranks(n, throughput_program(a, model, cap))
             measured[(model, n, cap)].append((float(re.search(r"step_ms ([0-9.]+)", text).group(1)),
                                                float(re.search(r"exposed_comm_ms ([0-9.]+)", text).group(1))))
     rows, errors, errors_n = [], [], []
@@ -128,20 +193,69 @@ def main():
         error, error_n = (p["step_ms"] - step) / step, (q["step_ms"] - step) / step
         errors.append(abs(error))
         errors_n.append(abs(error_n))
-        rows.append(f"| {model} | {n} | {cap} | {p['buckets']} | {p['step_ms']:.1f} | {q['step_ms']:.1f} | "
+        rows.append(f"| {place.name} | {model} | {n} | {cap} | {p['buckets']} | {p['step_ms']:.1f} | {q['step_ms']:.1f} | "
                     f"{step:.1f} | {q['exposed_ms']:.1f} | {exposed:.1f} | {100 * error:+.0f}% | {100 * error_n:+.0f}% |")
     load = os.getloadavg()[0]
-    print(f"Load average at the end: {load:.1f} on {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{place.name}: load average at the end {load:.1f} on {os.cpu_count()} cores; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", file=sys.stderr)
+    return rows, errors, errors_n
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--ranks", default="1,2", help="world sizes on this machine")
+    parser.add_argument("--caps", default="1,5,25,100", help="bucket caps (MB) on this machine")
+    parser.add_argument("--models", default="mlp,convnet")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every configuration, interleaved; the median is compared")
+    parser.add_argument("--bench-ranks", type=int, default=2)
+    parser.add_argument("--calibrate-min-bytes", default="8M",
+                        help="fit the bench rows of the buckets' sizes (larger than the caches)")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
+                        help="validate on this machine (default on)")
+    parser.add_argument("--cluster-rates", default="",
+                        help="also validate on the emulated cluster at these link rates, e.g. 1gbit,10gbit (root)")
+    parser.add_argument("--hosts", type=int, default=2, help="hosts of the emulated cluster (one rank each)")
+    parser.add_argument("--cluster-caps", default="5,25,100", help="bucket caps (MB) on the emulated cluster")
+    parser.add_argument("--out", default="validate-simulate")
+    a = parser.parse_args()
+    a.build = os.path.abspath(a.build)
+    a.out = os.path.abspath(a.out)
+    os.makedirs(a.out, exist_ok=True)
+    models = a.models.split(",")
+    rates = [r for r in a.cluster_rates.split(",") if r]
+    if rates and os.geteuid() != 0:
+        print("--cluster-rates needs root (network namespaces and tc)", file=sys.stderr)
+        return 77
+
+    results = []  # (place name, rows, errors 1-rank, errors N-rank)
+    if a.local:
+        results.append((ThisMachine.name,) + validate(a, ThisMachine(a), models))
+    for rate in rates:
+        with EmulatedCluster(a, rate) as place:
+            results.append((place.name,) + validate(a, place, models))
+
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end "
+          f"{os.getloadavg()[0]:.1f}")
     print()
-    print("| model | ranks | bucket cap (MB) | buckets | predicted, 1-rank profile (ms) | predicted, N-rank compute (ms) | "
-          "measured step (ms) | predicted exposed (ms) | measured exposed (ms) | error, 1-rank | error, N-rank |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("| where | model | ranks | bucket cap (MB) | buckets | predicted, 1-rank profile (ms) | "
+          "predicted, N-rank compute (ms) | measured step (ms) | predicted exposed (ms) | measured exposed (ms) | "
+          "error, 1-rank | error, N-rank |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for _, rows, _, _ in results:
+        print("\n".join(rows))
     print()
-    for name, e in (("1-rank profile", errors), ("N-rank compute", errors_n)):
-        print(f"{name}: mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% "
-              f"over {len(e)} configurations.")
+    summaries = [(name, e, e_n) for name, _, e, e_n in results]
+    if len(summaries) > 1:
+        summaries.append(("all", [x for _, e, _ in summaries for x in e], [x for _, _, e_n in summaries for x in e_n]))
+    for name, e, e_n in summaries:
+        for kind, errors in (("1-rank profile", e), ("N-rank compute", e_n)):
+            print(f"{name}, {kind}: mean absolute error {100 * statistics.mean(errors):.1f}%, "
+                  f"largest {100 * max(errors):.1f}% over {len(errors)} configurations.")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
