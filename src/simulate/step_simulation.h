@@ -89,9 +89,13 @@ struct ScalePrediction {
 ScalePrediction predict(const Workload& w, const Scenario& s, int ranks);
 
 // The slowest of n ranks whose compute varies with relative spread
-// `jitter`: the expected maximum of n normal draws, about
-// mean * jitter * sqrt(2 ln n) above the mean.
+// `jitter`: the expected maximum of n normal draws,
+// compute * jitter * expected_max_of_normals(n) above the mean.
 double straggler_ms(double compute_ms, double jitter, int ranks);
+
+// The expected largest of n standard normal draws: 0 for one, 1/sqrt(pi)
+// for two, 3.24 for 1024; it grows like sqrt(2 ln n) but stays below it.
+double expected_max_of_normals(int n);
 
 // The choices that minimise the predicted time per sample at `ranks`.
 struct Recommendation {

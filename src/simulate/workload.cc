@@ -2,6 +2,7 @@
 #include "simulate/workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -148,6 +149,31 @@ Description builtin_description(const std::string& model) {
                                       model));
   }
   return d;
+}
+
+double compute_jitter(const std::vector<std::string>& paths, int skip) {
+  std::vector<double> steps;
+  for (const auto& path : paths) {
+    const nlohmann::json doc = read_json(path, "LOCKSTEP_TRACE");
+    std::map<int, std::vector<double>> forward_starts;  // process -> ms
+    if (doc.is_object() && doc.contains("traceEvents"))
+      for (const auto& e : doc["traceEvents"])
+        if (e.value("ph", "") == "X" && e.value("name", "") == "forward")
+          forward_starts[e.value("pid", -1)].push_back(e.value("ts", 0.0) / 1000);
+    for (auto& [pid, starts] : forward_starts) {
+      std::sort(starts.begin(), starts.end());
+      for (std::size_t i = static_cast<std::size_t>(skip) + 1; i < starts.size(); ++i)
+        steps.push_back(starts[i] - starts[i - 1]);
+    }
+  }
+  if (steps.size() < 4)
+    throw Error(fmt::format("simulate: {} step(s) in the traces for the compute spread; trace N ranks for at least {} "
+                            "steps each (e.g. under no_sync) and give every rank's file",
+                            steps.size(), skip + 4));
+  const double middle = median(steps);
+  std::vector<double> deviation;
+  for (double t : steps) deviation.push_back(std::abs(t - middle));
+  return middle > 0 ? 1.4826 * median(deviation) / middle : 0;
 }
 
 Workload from_trace(const std::string& path, int rank, int skip) {

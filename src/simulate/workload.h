@@ -54,6 +54,14 @@ Description builtin_description(const std::string& model);
 // Throws Error when the file has no DDP steps.
 Workload from_trace(const std::string& path, int rank = 0, int skip = 2);
 
+// The spread of compute between ranks and steps, for the straggler term:
+// over every process in the files (LOCKSTEP_TRACE files, one rank's or
+// merged; e.g. N ranks under no_sync) and every step after `skip`, the
+// time from one forward to the next, as a robust standard deviation (1.4826
+// x the median absolute deviation) over the median. Throws Error with fewer
+// than 4 such steps.
+double compute_jitter(const std::vector<std::string>& paths, int skip = 2);
+
 // The bucket timeline of `timeline` with the forward, backward and rest of
 // `compute` (e.g. a trace of N ranks under no_sync, where ranks contend for
 // cores and memory as they will when synchronised); ready times stretch

@@ -235,9 +235,22 @@ TEST(StepSimulation, BottleneckNamesCommunicationsCpuWhenItIsTheLargestCost) {
   EXPECT_NE(text.find("gradient_as_bucket_view"), std::string::npos) << text;
 }
 
-TEST(StepSimulation, StragglersGrowWithTheSquareRootOfLogN) {
+TEST(StepSimulation, StragglersAreTheExpectedSlowestOfNNormalDraws) {
   EXPECT_EQ(straggler_ms(100, 0.05, 1), 0);
-  EXPECT_NEAR(straggler_ms(100, 0.05, 1024), 5 * std::sqrt(2 * std::log(1024.0)), 1e-9);
+  // Known in closed form: 1/sqrt(pi) for two draws, 3/(2 sqrt(pi)) for three.
+  const double pi = std::acos(-1.0);
+  EXPECT_NEAR(expected_max_of_normals(2), 1 / std::sqrt(pi), 1e-6);
+  EXPECT_NEAR(expected_max_of_normals(3), 1.5 / std::sqrt(pi), 1e-6);
+  EXPECT_NEAR(straggler_ms(100, 0.05, 2), 5 / std::sqrt(pi), 1e-5);
+  // Tabulated: 1.16296 for 5, 3.24144 for 1000; below sqrt(2 ln n), growing.
+  EXPECT_NEAR(expected_max_of_normals(5), 1.16296, 1e-4);
+  EXPECT_NEAR(expected_max_of_normals(1000), 3.24144, 1e-3);
+  double before = 0;
+  for (int n : {2, 8, 64, 1024, 1 << 20}) {
+    EXPECT_GT(expected_max_of_normals(n), before);
+    EXPECT_LT(expected_max_of_normals(n), std::sqrt(2 * std::log(static_cast<double>(n))));
+    before = expected_max_of_normals(n);
+  }
 }
 
 TEST(StepSimulation, AccumulationAddsComputeOnlyMicroBatches) {
@@ -381,6 +394,26 @@ TEST_F(ProfileFiles, NoSyncTraceGivesForwardAndTheRestUpToTheNextForward) {
   EXPECT_NEAR(w.backward_ms, 40.0 * 20 / 23, 1e-12);
   EXPECT_NEAR(w.other_ms, 40.0 * 3 / 23, 1e-12);
   EXPECT_NEAR(w.gradients[1].ready_ms, 20 * w.backward_ms / 20, 1e-12);
+}
+
+TEST_F(ProfileFiles, JitterIsTheRobustSpreadOfEveryRanksSteps) {
+  // Two ranks, in two files; after 2 warm-up steps each rank's steps take
+  // 90 and 110 ms, four times each, and one disturbed step (500 ms on rank
+  // 0, 10 ms on rank 1) that the median absolute deviation ignores:
+  // median 100, deviation 10.
+  const auto trace = [&](const std::string& name, int pid, int offset, double disturbed) {
+    std::string events;
+    double t = 1000000;
+    for (int step = 0; step < 12; ++step) {
+      events += fmt::format(R"({{"name":"forward","cat":"step","ph":"X","ts":{},"dur":10000,"pid":{}}},)", t, pid);
+      t += 1000 * (step == 10 ? disturbed : (step + offset) % 2 ? 110 : 90);
+    }
+    events.pop_back();
+    return write(name, "{\"traceEvents\":[" + events + "]}");
+  };
+  const std::vector<std::string> files{trace("j.rank0.json", 0, 0, 500), trace("j.rank1.json", 1, 1, 10)};
+  EXPECT_NEAR(compute_jitter(files), 1.4826 * 10 / 100, 1e-9);
+  EXPECT_THROW(compute_jitter({write("empty.json", R"({"traceEvents":[]})")}), Error);
 }
 
 TEST_F(ProfileFiles, TraceWithoutStepsSaysHowToGetOne) {

@@ -209,7 +209,12 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")->capture_default_str();
   s->add_option("--hook", o.hook, "Gradient compression: none, fp16, bf16")->capture_default_str();
   s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")->capture_default_str();
-  s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")->capture_default_str();
+  auto* jitter =
+      s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")->capture_default_str();
+  s->add_option("--jitter-from", o.jitter_from,
+                "Measure --jitter from these LOCKSTEP_TRACE files (comma-separated; every rank's, e.g. under no_sync)")
+      ->delimiter(',')
+      ->excludes(jitter);
   s->add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view: DDP copies no gradients into its buckets");
   s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
   s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
@@ -235,6 +240,10 @@ int run_simulate(const SimulateOptions& o) {
   s.hook = o.hook;
   s.accumulation = o.accumulation;
   s.jitter = o.jitter;
+  if (!o.jitter_from.empty()) {
+    s.jitter = sim::compute_jitter(o.jitter_from);
+    std::printf("compute spread %.1f%% (from %zu trace file(s))\n", 100 * s.jitter, o.jitter_from.size());
+  }
   s.bucket_view = o.bucket_view;
   const sim::Workload w = workload_for(o);
   std::vector<sim::ScalePrediction> predictions;

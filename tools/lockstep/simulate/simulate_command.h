@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -37,6 +38,7 @@ struct SimulateOptions {
   std::string hook = "none";
   int accumulation = 1;
   double jitter = 0;
+  std::vector<std::string> jitter_from;  // LOCKSTEP_TRACE files to measure the jitter from
   bool bucket_view = false;  // gradient_as_bucket_view: no copies into the buckets
   bool list_presets = false;
   std::string out = "lockstep-simulate";
