@@ -15,9 +15,11 @@ share of the cores), for every place:
    --steps steps, medians): once on one rank at the default bucket cap (the
    bucket timeline; on the cluster, alone on host 0), and on N ranks under
    no_sync (compute while the ranks share the machine, without
-   communication).
+   communication, and how much it varies from rank to rank and step to
+   step).
 3. Predicts, with `lockstep simulate --trace ... --cluster ...` (and
-   `--compute-trace` for the N-rank compute), the step time of every
+   `--compute-trace` and `--jitter-from` for the N-rank compute and its
+   spread, which makes stragglers), the step time of every
    configuration (model x world size x bucket cap) and writes the
    predictions down before any configuration of that place is measured.
 4. Runs every configuration (under `lockstep run`, across the hosts on the
@@ -29,7 +31,7 @@ kept in --out.
 
 Usage: bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
            [--models mlp,convnet] [--steps 15] [--repeats 3] [--bench-ranks 2]
-           [--calibrate-min-bytes 8M] [--cluster-rates 1gbit,10gbit] [--hosts 2]
+           [--calibrate-min-bytes 8M] [--profile-repeats 3] [--cluster-rates 1gbit,10gbit] [--hosts 2]
            [--cluster-caps 5,25,100] [--local/--no-local] [--out DIR]
 """
 import argparse
@@ -144,18 +146,26 @@ def validate(a, place, models):
     # 2. Profiles: the bucket timeline from one rank at the default bucket
     # cap; compute also from N ranks under no_sync (no communication, but
     # the ranks share the cores and memory as they will when synchronised).
+    # Each is traced --profile-repeats times, the runs interleaved, and the
+    # run with the median step is the profile: a VM's speed drifts by 10-20%
+    # from one minute to the next, more than any term of the model.
+    profiles = {}  # (model, ranks) -> [(median step in ms, trace prefix)]
+    kinds = [(m, k) for m in models for k in [1] + [w for w in place.world_sizes if w > 1]]
+    for repeat in range(a.profile_repeats):
+        for model, k in kinds:
+            prefix = os.path.join(out_dir, f"profile-{model}" + (f"-{k}ranks-nosync" if k > 1 else "") + f"-{repeat}")
+            program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1)
+            env = dict(os.environ, LOCKSTEP_TRACE=prefix)
+            text = place.run_alone(program, env=env) if k == 1 else place.run_ranks(k, program, env=env)
+            profiles.setdefault((model, k), []).append((float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
     traces, compute_traces = {}, {}
-    for model in models:
-        prefix = os.path.join(out_dir, f"profile-{model}")
-        place.run_alone(throughput_program(a, model, 25, steps=2 * a.steps), env=dict(os.environ, LOCKSTEP_TRACE=prefix))
-        traces[model] = prefix + ".rank0.json"
-        for n in place.world_sizes:
-            if n == 1:
-                continue
-            prefix = os.path.join(out_dir, f"profile-{model}-{n}ranks-nosync")
-            place.run_ranks(n, throughput_program(a, model, 25, steps=2 * a.steps, no_sync=True),
-                            env=dict(os.environ, LOCKSTEP_TRACE=prefix))
-            compute_traces[(model, n)] = prefix + ".rank0.json"
+    for (model, n), runs in profiles.items():
+        runs.sort()
+        prefix = runs[len(runs) // 2][1]
+        if n == 1:
+            traces[model] = prefix + ".rank0.json"
+        else:
+            compute_traces[(model, n)] = [f"{prefix}.rank{r}.json" for r in range(n)]
 
     # 3. Predictions, all written before the first measured run: from the
     # one-rank profile alone, and with the N-rank compute.
@@ -163,7 +173,9 @@ def validate(a, place, models):
     predicted, predicted_n = {}, {}
     for model, n, cap in configs:
         for extra, table, kind in (([], predicted, "1rank"),
-                                   (["--compute-trace", compute_traces.get((model, n), "")], predicted_n, "nrank")):
+                                   (["--compute-trace", compute_traces.get((model, n), [""])[0],
+                                     "--jitter-from", ",".join(compute_traces.get((model, n), []))],
+                                    predicted_n, "nrank")):
             if kind == "nrank" and n == 1:
                 table[(model, n, cap)] = predicted[(model, n, cap)]
                 continue
@@ -211,6 +223,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of every configuration, interleaved; the median is compared")
     parser.add_argument("--bench-ranks", type=int, default=2)
+    parser.add_argument("--profile-repeats", type=int, default=3,
+                        help="traces of every profile, interleaved; the one with the median step is used")
     parser.add_argument("--calibrate-min-bytes", default="8M",
                         help="fit the bench rows of the buckets' sizes (larger than the caches)")
     parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
