@@ -14,7 +14,8 @@ host, and measures on the same links:
                           (against its own choice of algorithm)
     Gloo                  bench/gloo_allreduce.py per host (torch.distributed)
   the DDP MLP step time (examples/ddp_throughput against bench/pytorch_ddp.py,
-  PyTorch's DDP over Gloo).
+  PyTorch's DDP over Gloo), and lockstep's under no_sync: the same compute on
+  the same cores without communication, the floor of any DDP's step.
 Needs root (namespaces, tc). Prints markdown tables for docs/performance.md.
 
 Usage: sudo bench/compare_cluster.py [--build build] [--quick] [--rates 1gbit,10gbit]
@@ -153,10 +154,13 @@ class Runner:
         return self.on_every_host(cluster, lambda i: bench + ["--node-rank", str(i)], {"GLOO_SOCKET_IFNAME": "eth0"})
 
     def ddp_step(self, cluster, ranks, which):
+        """The median step (ms) of lockstep's DDP, of lockstep's under no_sync
+        (the same compute without communication: the floor), or PyTorch's."""
         a = self.args
         model = ["--model", "mlp", "--batch", "32", "--steps", str(a.steps)] + (["--bucket-view"] if a.bucket_view else [])
-        if which == "lockstep":
-            out = self.lockstep_run(cluster, ranks, [os.path.join(a.build, "examples", "ddp_throughput")] + model)
+        if which in ("lockstep", "lockstep no_sync"):
+            program = [os.path.join(a.build, "examples", "ddp_throughput")] + model
+            out = self.lockstep_run(cluster, ranks, program + (["--no-sync"] if which != "lockstep" else []))
         else:
             port, hosts = self.next_port(), len(cluster.hosts)
             ddp = [a.python, os.path.join(HERE, "pytorch_ddp.py"), "-np", str(ranks), "--nnodes", str(hosts),
@@ -236,10 +240,12 @@ def main():
                     tables["Gloo"] = parse_table(runner.gloo_bench(cluster, ranks), world)
                 ours = runner.ddp_step(cluster, ranks, "lockstep")
                 theirs = runner.ddp_step(cluster, ranks, "torch") if have_torch else None
+                compute = runner.ddp_step(cluster, ranks, "lockstep no_sync")
             link = rate_gbytes(rate)
             names = list(tables)
             ratio = f"{ours / theirs:.2f}" if ours and theirs else "n/a"
-            ddp_rows.append(f"| {rate} | {args.hosts} × {ranks} | {ours or 'n/a'} | {theirs or 'n/a'} | {ratio} |")
+            ddp_rows.append(f"| {rate} | {args.hosts} × {ranks} | {ours or 'n/a'} | {theirs or 'n/a'} | {ratio} | "
+                            f"{compute or 'n/a'} |")
             if not names:
                 continue
             lines += [f"**{rate}, {args.hosts} hosts × {ranks} rank(s)** (link {link:.3f} GB/s)", "",
@@ -251,7 +257,8 @@ def main():
                 lines.append(f"| {size >> 20} MiB | " + " | ".join(cells) + f" | {share} |")
             lines.append("")
     lines += [f"DDP MLP step time (ms, lower is better){', gradient_as_bucket_view' if args.bucket_view else ''}:", "",
-              "| link | hosts × ranks | lockstep | PyTorch DDP (Gloo) | lockstep / PyTorch |", "|---|---|---|---|---|"]
+              "| link | hosts × ranks | lockstep | PyTorch DDP (Gloo) | lockstep / PyTorch | lockstep under no_sync "
+              "(compute alone) |", "|---|---|---|---|---|---|"]
     lines += ddp_rows
     text = "\n".join(lines)
     print(text)
