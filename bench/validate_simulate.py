@@ -53,6 +53,11 @@ def run(cmd, env=None, timeout=900):
     return proc.stdout
 
 
+def parse_caps(text):
+    """Bucket caps in MB as given ("1,5,25" or "0.5"), for the command lines."""
+    return [float(c) if "." in c else int(c) for c in text.split(",")]
+
+
 def bench_sizes():
     return ["-b", "256K", "-e", "128M", "-f", "1.4142"]
 
@@ -69,7 +74,7 @@ class ThisMachine:
     def __init__(self, a):
         self.a = a
         self.world_sizes = [int(n) for n in a.ranks.split(",")]
-        self.caps = [float(c) if "." in c else int(c) for c in a.caps.split(",")]
+        self.caps = parse_caps(a.caps)
         self.ranks_per_host = 0  # the calibration's
 
     def tag(self):
@@ -98,7 +103,7 @@ class EmulatedCluster:
         self.a, self.rate = a, rate
         self.name = f"{a.hosts} hosts × 1 rank, {rate}"
         self.world_sizes = [a.hosts]
-        self.caps = [float(c) if "." in c else int(c) for c in a.cluster_caps.split(",")]
+        self.caps = parse_caps(a.cluster_caps)
         self.ranks_per_host = 1
         self.runner = Runner(a)
 

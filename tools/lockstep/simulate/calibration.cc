@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -80,11 +81,16 @@ double relative_error(const Sample& s, const Row3& c) {
   return std::abs(s.x[0] * c[0] + s.x[1] * c[1] + s.x[2] * c[2] - 1);
 }
 
+// The middle value (the upper one of an even count); `v` is not empty.
+double middle_value(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 double median_error(const std::vector<Sample>& s, const Row3& c) {
   std::vector<double> e;
   for (const auto& r : s) e.push_back(relative_error(r, c));
-  std::nth_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2), e.end());
-  return e[e.size() / 2];
+  return middle_value(std::move(e));
 }
 
 // A shared machine makes some rows fast or slow by whatever else ran while
@@ -203,9 +209,7 @@ double comm_cpu_share(const std::vector<cli::BenchRow>& rows, double min_bytes) 
   for (const auto& r : rows)
     if (r.op == "allreduce" && r.ranks >= 2 && r.bytes >= min_bytes && r.time_us > 0 && r.cpu_us > 0)
       shares.push_back(std::min(1.0, r.cpu_us / r.time_us));
-  if (shares.empty()) return 0;
-  std::nth_element(shares.begin(), shares.begin() + static_cast<std::ptrdiff_t>(shares.size() / 2), shares.end());
-  return shares[shares.size() / 2];
+  return shares.empty() ? 0 : middle_value(std::move(shares));
 }
 
 }  // namespace lockstep::sim
