@@ -87,6 +87,9 @@ struct Config {
   std::optional<std::size_t> shm_single_copy_bytes;
   std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
   bool mpi_abort_on_failure = true;
+  // CUDA memory over shm, tcp, hier and mpi: the bytes of each chunk staged
+  // through pinned host memory (null: 4 MiB). Every rank must use the same.
+  std::optional<std::size_t> cuda_staging_chunk_bytes;
 
   // Diagnostics.
   DebugLevel debug = DebugLevel::off;

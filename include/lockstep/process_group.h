@@ -40,6 +40,7 @@ namespace lockstep {
 
 namespace detail {
 class ProgressEngine;
+class StreamOrder;
 }
 
 // The handle of one asynchronous operation.
@@ -51,7 +52,15 @@ class Work {
   // Waits until the operation finished and rethrows its error, if any. If it
   // is still running after `timeout`, throws TimeoutError (the operation goes
   // on; its own deadline is the group's timeout).
+  //
+  // CUDA memory: "finished" means its device work is queued; wait() then
+  // makes the buffers' stream wait for that work without blocking the host,
+  // so kernels queued there next see the result (as c10d's Work::wait()).
   void wait(Duration timeout = Duration::max());
+  // wait(), and for CUDA memory the host also waits until the device work
+  // is done (the result can be read from another stream, or copied out).
+  // Throws TimeoutError when `timeout` passes first. Host memory: wait().
+  void synchronize(Duration timeout = Duration::max());
   bool done() const;
   // The operation's exception, or null while running or after success.
   std::exception_ptr error() const;
@@ -67,6 +76,8 @@ class Work {
   const OpInfo& info() const { return info_; }
   // E.g. "allreduce #12 (float x 1000, sum)".
   std::string description() const { return describe(info_, seq_); }
+  // Set by the process group on an operation over CUDA memory.
+  void attach_stream_order(std::shared_ptr<detail::StreamOrder> order);
   // Steady-clock microseconds: when the operation was issued, started and
   // finished; 0 if not yet. Operations short enough to run on the issuing
   // thread are stamped at the kernel tick's resolution (1-4 ms) unless a
@@ -90,6 +101,7 @@ class Work {
   std::int64_t started_us_ = 0;
   std::int64_t finished_us_ = 0;
   std::vector<std::function<void(const Work&)>> callbacks_;
+  std::shared_ptr<detail::StreamOrder> stream_order_;  // set before the Work is handed out
 };
 
 // How to form a group. Every field has a default taken from `config`, which

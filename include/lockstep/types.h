@@ -85,12 +85,34 @@ std::ostream& operator<<(std::ostream& out, Collective collective);
 std::optional<ReduceOp> parse_reduce_op(std::string_view name);
 std::optional<Collective> parse_collective(std::string_view name);
 
+// Where a buffer's memory is: the host, or CUDA device `index`.
+enum class DeviceKind : std::uint8_t { host, cuda };
+struct Device {
+  DeviceKind kind = DeviceKind::host;
+  int index = 0;  // cuda only
+
+  static Device host() { return {}; }
+  static Device cuda(int index) { return {DeviceKind::cuda, index}; }
+  bool is_cuda() const { return kind == DeviceKind::cuda; }
+  friend bool operator==(const Device&, const Device&) = default;
+};
+// "host", "cuda:0".
+std::string to_string(Device device);
+
 // A typed view of memory a collective reads and writes. The memory belongs to
 // the caller and must stay valid until the collective's Work is done.
+//
+// CUDA memory (device = Device::cuda(n)) also names the stream whose work
+// writes and reads it (a cudaStream_t; null is the default stream). The
+// collective runs after the work queued there before the call, and
+// Work::wait() makes that stream wait for the collective (docs/algorithms.md,
+// "CUDA memory and streams"). Host memory ignores `stream`.
 struct Buffer {
   void* data = nullptr;
   std::size_t count = 0;
   DType dtype = DType::f32;
+  Device device{};
+  void* stream = nullptr;
 
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
@@ -99,10 +121,14 @@ struct ConstBuffer {
   const void* data = nullptr;
   std::size_t count = 0;
   DType dtype = DType::f32;
+  Device device{};
+  void* stream = nullptr;
 
   ConstBuffer() = default;
-  ConstBuffer(const void* d, std::size_t n, DType t) : data(d), count(n), dtype(t) {}
-  ConstBuffer(Buffer b) : data(b.data), count(b.count), dtype(b.dtype) {}  // NOLINT: implicit on purpose
+  ConstBuffer(const void* d, std::size_t n, DType t, Device dev = {}, void* s = nullptr)
+      : data(d), count(n), dtype(t), device(dev), stream(s) {}
+  ConstBuffer(Buffer b)  // NOLINT: implicit on purpose
+      : data(b.data), count(b.count), dtype(b.dtype), device(b.device), stream(b.stream) {}
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
 
@@ -119,11 +145,14 @@ struct OpInfo {
   // digest of the counts every rank must agree on; 0 for the others. The
   // collective check compares it, so ranks with different counts fail.
   std::uint64_t counts_digest = 0;
+  // Where the buffers are. Ranks must agree on the kind (host or CUDA), not
+  // on the index: two ranks may use different GPUs.
+  Device device{};
 
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
 
-// "allreduce #12 (float x 1000, sum)".
+// "allreduce #12 (float x 1000, sum)"; "... on cuda:0" for CUDA memory.
 std::string describe(const OpInfo& info, std::uint64_t seq);
 
 template <typename T>

@@ -25,6 +25,10 @@
 
 namespace lockstep {
 
+namespace detail {
+class StreamOrder;  // comm/device_memory.h
+}
+
 // What one operation is, for error messages and deadlines.
 struct OpContext {
   std::uint64_t seq = 0;
@@ -36,6 +40,9 @@ struct OpContext {
   // throw OperationCancelled, so the operation ends within moments instead
   // of at its deadline. Null: never cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // CUDA memory: the operation's place on the device's streams (see
+  // comm/device_memory.h). Null for host memory.
+  detail::StreamOrder* streams = nullptr;
 
   // "allreduce #12 (float x 1000, sum)"
   std::string description() const { return describe(info, seq); }
@@ -102,6 +109,11 @@ class Backend {
   virtual void recv(const OpContext& op, Buffer data, int src, int tag) = 0;
 
   virtual bool supports(Collective, DType, ReduceOp) const { return true; }
+
+  // Whether this backend moves CUDA memory itself (nccl). The others get
+  // CUDA memory through a staging backend (DeviceRuntime::staged_over) and
+  // never see it.
+  virtual bool handles_device_memory() const { return false; }
 
   // Operations up to this size run on the issuing thread when the group is
   // idle (see ProgressEngine). 0: never.

@@ -93,9 +93,9 @@ std::shared_ptr<Work> ProcessGroup::gather(ConstBuffer input, Buffer output, int
   } else {
     output = Buffer{nullptr, 0, input.dtype};
   }
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, block_info(Collective::gather, input.dtype, input.count, root),
-                           [b, input, output, root](const OpContext& ctx) { b->gather(ctx, input, output, root); });
+  const Route r = route(*impl_, "gather", {{"input", input}, {"output", output}});
+  return submit_routed(*impl_, block_info(Collective::gather, input.dtype, input.count, root), r,
+                       [input, output, root](Backend& b, const OpContext& ctx) { b.gather(ctx, input, output, root); });
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(ConstBuffer input, Buffer output, int root) {
@@ -110,9 +110,9 @@ std::shared_ptr<Work> ProcessGroup::scatter(ConstBuffer input, Buffer output, in
   } else {
     input = ConstBuffer{nullptr, 0, output.dtype};
   }
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, block_info(Collective::scatter, output.dtype, output.count, root),
-                           [b, input, output, root](const OpContext& ctx) { b->scatter(ctx, input, output, root); });
+  const Route r = route(*impl_, "scatter", {{"input", input}, {"output", output}});
+  return submit_routed(*impl_, block_info(Collective::scatter, output.dtype, output.count, root), r,
+                       [input, output, root](Backend& b, const OpContext& ctx) { b.scatter(ctx, input, output, root); });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(ConstBuffer input, Buffer output) {
@@ -128,9 +128,11 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(ConstBuffer input, Buffer output)
   check_apart(input, output, "all_to_all");
   const std::size_t block = input.count / n;
   auto counts = std::make_shared<BlockCounts>(BlockCounts::uniform(size(), rank(), block));
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, block_info(Collective::all_to_all, input.dtype, block),
-                           [b, input, output, counts](const OpContext& ctx) { b->all_to_all(ctx, input, output, *counts); });
+  const Route r = route(*impl_, "all_to_all", {{"input", input}, {"output", output}});
+  return submit_routed(*impl_, block_info(Collective::all_to_all, input.dtype, block), r,
+                       [input, output, counts](Backend& b, const OpContext& ctx) {
+                         b.all_to_all(ctx, input, output, *counts);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(ConstBuffer input, std::vector<std::size_t> input_counts, Buffer output,
@@ -149,15 +151,21 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(ConstBuffer input, std::vector<st
   check_apart(input, output, "all_to_all");
   OpInfo info = block_info(Collective::all_to_all, input.dtype, input.count);
   info.counts_digest = 1;  // per-rank counts; the agreed table's digest replaces it when the operation runs
-  Backend* b = impl_->backend.get();
+  const Route route_ = route(*impl_, "all_to_all", {{"input", input}, {"output", output}});
+  // The counts are host memory: the group's own backend agrees on them.
+  Backend* host = impl_->backend.get();
   const int r = rank(), world = size();
-  return submit_collective(
-      *impl_, info,
-      [b, input, output, r, world, send = std::move(input_counts), recv = std::move(output_counts)](const OpContext& ctx) {
-        std::vector<std::size_t> matrix = agree_on_counts(*b, ctx, r, world, send, recv);
+  return submit_routed(
+      *impl_, info, route_,
+      [host, input, output, r, world, send = std::move(input_counts), recv = std::move(output_counts)](
+          Backend& b, const OpContext& ctx) {
+        OpContext on_host = ctx;
+        on_host.streams = nullptr;
+        on_host.info.device = Device::host();
+        std::vector<std::size_t> matrix = agree_on_counts(*host, on_host, r, world, send, recv);
         OpContext agreed = ctx;
         agreed.info.counts_digest = counts_digest(matrix);
-        b->all_to_all(agreed, input, output, BlockCounts(world, r, std::move(matrix)));
+        b.all_to_all(agreed, input, output, BlockCounts(world, r, std::move(matrix)));
       });
 }
 
@@ -174,9 +182,9 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output, 
                      sum(counts), output.count);
   OpInfo info = block_info(Collective::allgather_v, input.dtype, output.count);
   info.counts_digest = counts_digest(counts);
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info, [b, input, output, counts = std::move(counts)](const OpContext& ctx) {
-    b->allgather_v(ctx, input, output, counts);
+  const Route r = route(*impl_, "allgather", {{"input", input}, {"output", output}});
+  return submit_routed(*impl_, info, r, [input, output, counts = std::move(counts)](Backend& b, const OpContext& ctx) {
+    b.allgather_v(ctx, input, output, counts);
   });
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/device_memory.h"
 #include "common/os.h"
 #include "comm/group_diagnostics.h"
 #include "comm/progress_engine.h"
@@ -63,6 +64,12 @@ struct ProcessGroup::Impl {
 
   std::mutex subgroups_mutex;
   std::map<std::vector<int>, int> subgroups_created;  // per rank list, how many so far
+
+  // CUDA memory: made at the first operation on it (device_mutex guards
+  // making them; once made they are only read).
+  std::mutex device_mutex;
+  std::unique_ptr<DeviceRuntime> device_runtime;
+  std::unique_ptr<Backend> staged_backend;  // over `backend`, when it moves host memory only
 };
 
 std::shared_ptr<ProcessGroup> make_group(GroupSpec spec);
@@ -89,6 +96,49 @@ std::shared_ptr<Work> submit_collective(ProcessGroup::Impl& s, const OpInfo& inf
 inline void check_buffer(const ConstBuffer& b, const char* what) {
   if (b.count != 0 && b.data == nullptr)
     throw InvalidArgument(std::string(what) + ": the buffer has " + std::to_string(b.count) + " elements but no memory");
+}
+
+// Where an operation runs: the backend that takes its buffers, and for
+// CUDA memory its place on the streams (recorded when it is routed, on the
+// issuing thread).
+struct Route {
+  Backend* backend = nullptr;
+  Device device{};
+  std::shared_ptr<detail::StreamOrder> order;  // null for host memory
+};
+
+// A buffer of one call, named for messages ("input").
+struct NamedBuffer {
+  const char* name;
+  ConstBuffer buffer;
+};
+
+// The route of a call over `buffers` (empty ones are ignored). All must be
+// on one device and name one stream, else InvalidArgument; CUDA memory
+// makes the group's DeviceRuntime on first use (ConfigError without CUDA).
+Route route(ProcessGroup::Impl& s, const char* what, std::initializer_list<NamedBuffer> buffers);
+
+// Queues an operation along its route: `fn(Backend&, const OpContext&)`
+// runs on the routed backend, and for CUDA memory the Work carries the
+// stream order, whose end is recorded when `fn` returns. Collectives are
+// numbered for fingerprints; point-to-point operations (`numbered` false)
+// are not.
+template <typename Fn>
+std::shared_ptr<Work> submit_routed(ProcessGroup::Impl& s, OpInfo info, const Route& r, Fn fn, bool numbered = true) {
+  info.device = r.device;
+  const auto submit = [&](auto task) {
+    return numbered ? submit_collective(s, info, std::move(task)) : s.engine->submit(info, std::move(task));
+  };
+  if (!r.order) return submit([b = r.backend, fn = std::move(fn)](const OpContext& ctx) { fn(*b, ctx); });
+  auto work = submit([b = r.backend, order = r.order, fn = std::move(fn)](const OpContext& ctx) {
+    OpContext on_device = ctx;
+    on_device.streams = order.get();
+    order->begin();
+    fn(*b, on_device);
+    order->record_done();
+  });
+  work->attach_stream_order(r.order);
+  return work;
 }
 
 // "auto" -> a concrete backend for these hosts; others are checked and kept.

@@ -17,6 +17,7 @@ OpInfo unpack(std::uint64_t what, std::uint64_t count) {
   info.collective = static_cast<Collective>(what & 0xff);
   info.dtype = static_cast<DType>((what >> 8) & 0xff);
   info.op = static_cast<ReduceOp>((what >> 16) & 0xff);
+  if ((what >> 24) & 1) info.device = Device::cuda(0);  // the kind travels, not the index
   // A peer's stamp may hold anything (a corrupted stream): any 32-bit root
   // must decode without overflow.
   const auto root_plus_one = static_cast<std::uint32_t>(what >> 32);
@@ -44,15 +45,18 @@ OpInfo unpack(std::uint64_t what, std::uint64_t count) {
 
 std::uint64_t stamp_what(const OpInfo& info) {
   return static_cast<std::uint64_t>(info.collective) | static_cast<std::uint64_t>(info.dtype) << 8 |
-         static_cast<std::uint64_t>(info.op) << 16 | static_cast<std::uint64_t>(static_cast<std::uint32_t>(info.peer + 1)) << 32;
+         static_cast<std::uint64_t>(info.op) << 16 | static_cast<std::uint64_t>(info.device.is_cuda()) << 24 |
+         static_cast<std::uint64_t>(static_cast<std::uint32_t>(info.peer + 1)) << 32;
 }
 
-// 4 bits each for collective, dtype and reduction, 8 for the count, 12 for
-// the root (plus one; larger roots wrap, the same way on every rank).
+// 4 bits each for collective, dtype and reduction, 8 for the count, 11 for
+// the root (plus one; larger roots wrap, the same way on every rank), 1 for
+// CUDA memory.
 std::uint32_t inline_stamp(const OpInfo& info) {
   return static_cast<std::uint32_t>(info.collective) | static_cast<std::uint32_t>(info.dtype) << 4 |
          static_cast<std::uint32_t>(info.op) << 8 | static_cast<std::uint32_t>(stamp_count(info) & 0xff) << 12 |
-         (static_cast<std::uint32_t>(info.peer + 1) & 0xfff) << 20;
+         (static_cast<std::uint32_t>(info.peer + 1) & 0x7ff) << 20 |
+         static_cast<std::uint32_t>(info.device.is_cuda()) << 31;
 }
 
 void check_round_stamp(const OpContext& op, std::uint64_t what, std::uint64_t count, int peer,
@@ -63,7 +67,8 @@ void check_round_stamp(const OpContext& op, std::uint64_t what, std::uint64_t co
 void check_inline_stamp(const OpContext& op, std::uint32_t stamp, int peer, const std::string& self) {
   if (stamp == inline_stamp(op.info)) return;
   const std::uint64_t what = (stamp & 0xf) | ((stamp >> 4) & 0xf) << 8 | ((stamp >> 8) & 0xf) << 16 |
-                             static_cast<std::uint64_t>(stamp >> 20) << 32;
+                             static_cast<std::uint64_t>(stamp >> 31) << 24 |
+                             static_cast<std::uint64_t>((stamp >> 20) & 0x7ff) << 32;
   refuse(op, unpack(what, (stamp >> 12) & 0xff), peer, self);
 }
 

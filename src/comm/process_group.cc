@@ -29,12 +29,17 @@ OpInfo info_of(Collective c, const ConstBuffer& b, ReduceOp op = ReduceOp::sum, 
   return info;
 }
 
-// Runs a premul_sum's multiplication before `fn` reduces with sum: in
-// place when the buffer it reduces is the caller's to change, else into a
-// copy. Refuses integer types (PREMUL_SUM is defined for floating types).
-void check_reduction(const Reduction& op, DType dtype, const char* what) {
-  LOCKSTEP_CHECK_ARG(op.op != ReduceOp::premul_sum || is_floating(dtype),
-                     "{}: premul_sum takes floating types, not {}; multiply integers yourself and use sum", what, dtype);
+// Refuses premul_sum where it cannot run: on integer types (PREMUL_SUM is
+// defined for floating types) and on CUDA memory.
+void check_reduction(const Reduction& op, const ConstBuffer& data, const char* what) {
+  if (op.op != ReduceOp::premul_sum) return;
+  LOCKSTEP_CHECK_ARG(is_floating(data.dtype),
+                     "{}: premul_sum takes floating types, not {}; multiply integers yourself and use sum", what,
+                     data.dtype);
+  // The factor is applied by the host before the backend reduces.
+  LOCKSTEP_CHECK_ARG(!data.device.is_cuda(),
+                     "{}: premul_sum on CUDA memory ({}) is not supported; multiply the tensor by the factor on its "
+                     "stream and use sum", what, to_string(data.device));
 }
 
 }  // namespace
@@ -104,51 +109,52 @@ bool ProcessGroup::supports(Collective collective, DType dtype, ReduceOp op) con
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, Reduction op) {
   check_buffer(data, "allreduce");
-  check_reduction(op, data.dtype, "allreduce");
+  const Route r = route(*impl_, "allreduce", {{"data", data}});
+  check_reduction(op, data, "allreduce");
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
                      backend(), data.dtype, op.op);
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::allreduce, data, op.op),
-                           [b, data, op, kernel_op](const OpContext& ctx) {
-                             if (op.op == ReduceOp::premul_sum)
-                               premultiply(data.data, data.data, data.count, data.dtype, op.factor);
-                             b->allreduce(ctx, data, kernel_op);
-                           });
+  return submit_routed(*impl_, info_of(Collective::allreduce, data, op.op), r,
+                       [data, op, kernel_op](Backend& b, const OpContext& ctx) {
+                         if (op.op == ReduceOp::premul_sum)
+                           premultiply(data.data, data.data, data.count, data.dtype, op.factor);
+                         b.allreduce(ctx, data, kernel_op);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, Reduction op) {
-  if (input.data == output.data && input.count == output.count && input.dtype == output.dtype)
+  if (input.data == output.data && input.count == output.count && input.dtype == output.dtype &&
+      input.device == output.device)
     return allreduce(output, op);
   check_buffer(input, "allreduce input");
   check_buffer(output, "allreduce output");
   LOCKSTEP_CHECK_ARG(input.dtype == output.dtype && input.count == output.count,
                      "allreduce: input ({} x {}) and output ({} x {}) must have the same dtype and length",
                      input.dtype, input.count, output.dtype, output.count);
+  const Route r = route(*impl_, "allreduce", {{"input", input}, {"output", output}});
   const auto* in = static_cast<const std::byte*>(input.data);
   const auto* out = static_cast<const std::byte*>(output.data);
   LOCKSTEP_CHECK_ARG(in + input.bytes() <= out || out + output.bytes() <= in,
                      "allreduce: input and output overlap without being the same memory");
-  check_reduction(op, output.dtype, "allreduce");
+  check_reduction(op, output, "allreduce");
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, output.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
                      backend(), output.dtype, op.op);
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::allreduce, output, op.op),
-                           [b, input, output, op, kernel_op](const OpContext& ctx) {
-                             if (op.op != ReduceOp::premul_sum) return b->allreduce_into(ctx, input, output, op.op);
-                             // The input stays unchanged: multiply into the output, sum that.
-                             premultiply(output.data, input.data, output.count, output.dtype, op.factor);
-                             b->allreduce(ctx, output, kernel_op);
-                           });
+  return submit_routed(*impl_, info_of(Collective::allreduce, output, op.op), r,
+                       [input, output, op, kernel_op](Backend& b, const OpContext& ctx) {
+                         if (op.op != ReduceOp::premul_sum) return b.allreduce_into(ctx, input, output, op.op);
+                         // The input stays unchanged: multiply into the output, sum that.
+                         premultiply(output.data, input.data, output.count, output.dtype, op.factor);
+                         b.allreduce(ctx, output, kernel_op);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(Buffer data, int root) {
   check_buffer(data, "broadcast");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "broadcast: root {} is not a rank of this group of {}", root, size());
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::broadcast, data, ReduceOp::sum, root),
-                               [b, data, root](const OpContext& ctx) { b->broadcast(ctx, data, root); });
+  const Route r = route(*impl_, "broadcast", {{"data", data}});
+  return submit_routed(*impl_, info_of(Collective::broadcast, data, ReduceOp::sum, root), r,
+                       [data, root](Backend& b, const OpContext& ctx) { b.broadcast(ctx, data, root); });
 }
 
 std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) {
@@ -158,9 +164,9 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) 
   LOCKSTEP_CHECK_ARG(output.count == input.count * static_cast<std::size_t>(size()),
                      "allgather: output must hold size() x input = {} x {} = {} elements, not {}", size(),
                      input.count, input.count * static_cast<std::size_t>(size()), output.count);
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::allgather, input),
-                               [b, input, output](const OpContext& ctx) { b->allgather(ctx, input, output); });
+  const Route r = route(*impl_, "allgather", {{"input", input}, {"output", output}});
+  return submit_routed(*impl_, info_of(Collective::allgather, input), r,
+                       [input, output](Backend& b, const OpContext& ctx) { b.allgather(ctx, input, output); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer output, Reduction op) {
@@ -171,43 +177,43 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
                      "reduce_scatter: input must hold size() x output = {} x {} = {} elements, not {}", size(),
                      output.count, output.count * static_cast<std::size_t>(size()), input.count);
-  check_reduction(op, input.dtype, "reduce_scatter");
+  const Route r = route(*impl_, "reduce_scatter", {{"input", input}, {"output", output}});
+  check_reduction(op, input, "reduce_scatter");
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, kernel_op),
                      "{} backend cannot reduce_scatter {} with {}", backend(), input.dtype, op.op);
-  Backend* b = impl_->backend.get();
-  return submit_collective(*impl_, info_of(Collective::reduce_scatter, output, op.op),
-                           [b, input, output, op, kernel_op](const OpContext& ctx) {
-                             if (op.op != ReduceOp::premul_sum) return b->reduce_scatter(ctx, input, output, op.op);
-                             // The input is the caller's and const: multiply a copy.
-                             std::vector<std::byte> scaled(input.bytes());
-                             premultiply(scaled.data(), input.data, input.count, input.dtype, op.factor);
-                             b->reduce_scatter(ctx, ConstBuffer{scaled.data(), input.count, input.dtype}, output,
-                                               kernel_op);
-                           });
+  return submit_routed(*impl_, info_of(Collective::reduce_scatter, output, op.op), r,
+                       [input, output, op, kernel_op](Backend& b, const OpContext& ctx) {
+                         if (op.op != ReduceOp::premul_sum) return b.reduce_scatter(ctx, input, output, op.op);
+                         // The input is the caller's and const: multiply a copy.
+                         std::vector<std::byte> scaled(input.bytes());
+                         premultiply(scaled.data(), input.data, input.count, input.dtype, op.factor);
+                         b.reduce_scatter(ctx, ConstBuffer{scaled.data(), input.count, input.dtype}, output,
+                                          kernel_op);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, Reduction op) {
   check_buffer(data, "reduce");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "reduce: root {} is not a rank of this group of {}", root, size());
-  check_reduction(op, data.dtype, "reduce");
+  const Route r = route(*impl_, "reduce", {{"data", data}});
+  check_reduction(op, data, "reduce");
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, kernel_op), "{} backend cannot reduce {} with {}",
                      backend(), data.dtype, op.op);
-  Backend* b = impl_->backend.get();
   const bool is_root = root == rank();
-  return submit_collective(*impl_, info_of(Collective::reduce, data, op.op, root),
-                           [b, data, root, op, kernel_op, is_root](const OpContext& ctx) {
-                             if (op.op != ReduceOp::premul_sum) return b->reduce(ctx, data, root, op.op);
-                             if (is_root) {
-                               premultiply(data.data, data.data, data.count, data.dtype, op.factor);
-                               return b->reduce(ctx, data, root, kernel_op);
-                             }
-                             // Other ranks' data stays unchanged: multiply a copy.
-                             std::vector<std::byte> scaled(data.bytes());
-                             premultiply(scaled.data(), data.data, data.count, data.dtype, op.factor);
-                             b->reduce(ctx, Buffer{scaled.data(), data.count, data.dtype}, root, kernel_op);
-                           });
+  return submit_routed(*impl_, info_of(Collective::reduce, data, op.op, root), r,
+                       [data, root, op, kernel_op, is_root](Backend& b, const OpContext& ctx) {
+                         if (op.op != ReduceOp::premul_sum) return b.reduce(ctx, data, root, op.op);
+                         if (is_root) {
+                           premultiply(data.data, data.data, data.count, data.dtype, op.factor);
+                           return b.reduce(ctx, data, root, kernel_op);
+                         }
+                         // Other ranks' data stays unchanged: multiply a copy.
+                         std::vector<std::byte> scaled(data.bytes());
+                         premultiply(scaled.data(), data.data, data.count, data.dtype, op.factor);
+                         b.reduce(ctx, Buffer{scaled.data(), data.count, data.dtype}, root, kernel_op);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
@@ -222,18 +228,20 @@ std::shared_ptr<Work> ProcessGroup::send(ConstBuffer data, int dst, int tag) {
   check_buffer(data, "send");
   LOCKSTEP_CHECK_ARG(dst >= 0 && dst < size() && dst != rank(), "send: destination {} is not another rank of this "
                      "group of {} (this is rank {})", dst, size(), rank());
-  Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::send, data, ReduceOp::sum, dst, tag),
-                               [b, data, dst, tag](const OpContext& ctx) { b->send(ctx, data, dst, tag); });
+  const Route r = route(*impl_, "send", {{"data", data}});
+  return submit_routed(*impl_, info_of(Collective::send, data, ReduceOp::sum, dst, tag), r,
+                       [data, dst, tag](Backend& b, const OpContext& ctx) { b.send(ctx, data, dst, tag); },
+                       /*numbered=*/false);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
   check_buffer(data, "recv");
   LOCKSTEP_CHECK_ARG(src >= 0 && src < size() && src != rank(), "recv: source {} is not another rank of this "
                      "group of {} (this is rank {})", src, size(), rank());
-  Backend* b = impl_->backend.get();
-  return impl_->engine->submit(info_of(Collective::recv, data, ReduceOp::sum, src, tag),
-                               [b, data, src, tag](const OpContext& ctx) { b->recv(ctx, data, src, tag); });
+  const Route r = route(*impl_, "recv", {{"data", data}});
+  return submit_routed(*impl_, info_of(Collective::recv, data, ReduceOp::sum, src, tag), r,
+                       [data, src, tag](Backend& b, const OpContext& ctx) { b.recv(ctx, data, src, tag); },
+                       /*numbered=*/false);
 }
 
 void ProcessGroup::annotate(std::uint64_t seq, std::string label) {

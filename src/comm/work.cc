@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/device_memory.h"
 #include "common/clock.h"
 #include "lockstep/process_group.h"
 
@@ -14,19 +15,28 @@ Work::Work(std::uint64_t seq, const OpInfo& info, std::int64_t issued_us, std::i
     : seq_(seq), info_(info), issued_us_(issued_us), started_us_(started_us) {}
 
 void Work::wait(Duration timeout) {
-  if (done_.load(std::memory_order_acquire)) {
-    if (error_) std::rethrow_exception(error_);  // written before done_ was set
-    return;
+  if (!done_.load(std::memory_order_acquire)) {
+    std::unique_lock lock(mutex_);
+    if (timeout == Duration::max()) {
+      finished_.wait(lock, [&] { return done_.load(); });
+    } else if (!finished_.wait_for(lock, timeout, [&] { return done_.load(); })) {
+      throw TimeoutError(fmt::format("{} still running after Work::wait({} ms); it goes on until its own deadline",
+                                     description(), timeout.count()));
+    }
   }
-  std::unique_lock lock(mutex_);
-  if (timeout == Duration::max()) {
-    finished_.wait(lock, [&] { return done_.load(); });
-  } else if (!finished_.wait_for(lock, timeout, [&] { return done_.load(); })) {
-    throw TimeoutError(fmt::format("{} still running after Work::wait({} ms); it goes on until its own deadline",
-                                   description(), timeout.count()));
-  }
-  if (error_) std::rethrow_exception(error_);
+  if (error_) std::rethrow_exception(error_);  // written before done_ was set
+  if (stream_order_) stream_order_->caller_stream_waits();
 }
+
+void Work::synchronize(Duration timeout) {
+  const auto deadline = Deadline::after(timeout);
+  wait(timeout);
+  if (stream_order_ && !stream_order_->host_waits(deadline.remaining()))
+    throw TimeoutError(fmt::format("{}: its device work was still running after Work::synchronize({} ms)",
+                                   description(), timeout.count()));
+}
+
+void Work::attach_stream_order(std::shared_ptr<detail::StreamOrder> order) { stream_order_ = std::move(order); }
 
 bool Work::done() const { return done_.load(std::memory_order_acquire); }
 

@@ -123,6 +123,7 @@ void read_backends(const VariableReader& vars, Config& c) {
   c.tcp_small_bytes = read_bytes(vars, env::kTcpSmallBytes, kMaxMessageBytes);
   c.shm_one_shot_bytes = read_bytes(vars, env::kShmOneShotBytes, kMaxMessageBytes);
   c.shm_chunk_bytes = read_bytes(vars, env::kShmChunkBytes, kMaxMessageBytes);
+  c.cuda_staging_chunk_bytes = read_bytes(vars, env::kCudaStagingChunkBytes, kMaxMessageBytes);
   // How long a wait spins before it sleeps: up to a second (past that, a
   // sleeping wait's 2 ms slices cost nothing).
   c.shm_spin_micros = vars.integer(env::kShmSpinMicros, 0, 1'000'000);

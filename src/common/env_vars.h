@@ -51,6 +51,7 @@ inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";
 inline constexpr char kShmOneShotBytes[] = "LOCKSTEP_SHM_ONESHOT_BYTES";
 inline constexpr char kShmChunkBytes[] = "LOCKSTEP_SHM_CHUNK_BYTES";
+inline constexpr char kCudaStagingChunkBytes[] = "LOCKSTEP_CUDA_STAGING_CHUNK_BYTES";
 inline constexpr char kShmSpinMicros[] = "LOCKSTEP_SHM_SPIN_US";
 inline constexpr char kShmTag[] = "LOCKSTEP_SHM_TAG";
 inline constexpr char kShmSingleCopyBytes[] = "LOCKSTEP_SHM_SINGLE_COPY_BYTES";

@@ -112,6 +112,10 @@ std::string_view to_string(Collective collective) {
   return "?";
 }
 
+std::string to_string(Device device) {
+  return device.is_cuda() ? "cuda:" + std::to_string(device.index) : "host";
+}
+
 std::ostream& operator<<(std::ostream& out, DType dtype) { return out << to_string(dtype); }
 std::ostream& operator<<(std::ostream& out, ReduceOp op) { return out << to_string(op); }
 std::ostream& operator<<(std::ostream& out, Collective collective) { return out << to_string(collective); }
@@ -143,6 +147,7 @@ std::string describe(const OpInfo& info, std::uint64_t seq) {
       details = shape + " from rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
       break;
   }
+  if (info.device.is_cuda()) details += (details.empty() ? "" : ", ") + std::string("on ") + to_string(info.device);
   std::string out = std::string(to_string(info.collective)) + " #" + std::to_string(seq);
   if (!details.empty()) out += " (" + details + ")";
   return out;

@@ -1,0 +1,89 @@
+// See cuda_runtime.h.
+#include "cuda/cuda_runtime.h"
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+
+namespace lockstep::cuda {
+namespace {
+
+// A device wait polls this often: short against a collective, long enough
+// not to take a core from the host backend running beside it.
+constexpr auto kPollInterval = std::chrono::microseconds(20);
+
+}  // namespace
+
+void check(cudaError_t status, std::string_view what) {
+  if (status == cudaSuccess) return;
+  throw Error(fmt::format("{}: CUDA error {} ({})", what, cudaGetErrorName(status), cudaGetErrorString(status)));
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  check(cudaGetDevice(&previous_), "reading the current CUDA device");
+  if (previous_ != device) check(cudaSetDevice(device), fmt::format("making cuda:{} current", device));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+Stream::Stream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a CUDA stream"); }
+
+Stream::~Stream() { cudaStreamDestroy(stream_); }
+
+Event::Event() { check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating a CUDA event"); }
+
+Event::~Event() { cudaEventDestroy(event_); }
+
+void Event::record(cudaStream_t stream) { check(cudaEventRecord(event_, stream), "recording a CUDA event"); }
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) return false;
+  check(status, "waiting for the device");
+  return true;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+std::byte* PinnedBuffer::reserve(std::size_t bytes) {
+  if (bytes <= bytes_) return data_;
+  if (data_ != nullptr) check(cudaFreeHost(data_), "freeing pinned host memory");
+  data_ = nullptr;
+  bytes_ = 0;
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+        fmt::format("allocating {} bytes of pinned host memory for staging", bytes));
+  data_ = static_cast<std::byte*>(p);
+  bytes_ = bytes;
+  return data_;
+}
+
+void wait_for(const Event& event, const OpContext& op, std::string_view what) {
+  while (!event.query()) {
+    if (op.cancelled()) throw OperationCancelled(fmt::format("{} was cancelled while {}", op.description(), what));
+    if (op.deadline.expired())
+      throw TimeoutError(fmt::format("{} timed out after {:.1f} s {}: the device did not finish its work. A kernel "
+                                     "queued before the collective on the same stream may be stuck; if the device "
+                                     "is only busy, raise LOCKSTEP_TIMEOUT",
+                                     op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what));
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+bool wait_for(const Event& event, Duration timeout) {
+  const auto deadline = Deadline::after(timeout);
+  while (!event.query()) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,70 @@
+// See staging_area.h.
+#include "cuda/staging_area.h"
+
+#include <algorithm>
+
+#include "comm/device_memory.h"
+
+namespace lockstep::cuda {
+namespace {
+
+cudaStream_t stream_of(const OpContext& op) { return static_cast<cudaStream_t>(op.streams->stream()); }
+
+void copy(void* to, const void* from, std::size_t bytes, cudaStream_t stream, const char* what) {
+  if (bytes > 0) check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream), what);
+}
+
+std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+void StagingArea::reuse(const OpContext& op) { wait_for(released_, op, "waiting for the staging copies of the previous collective"); }
+
+void StagingArea::pipelined(const OpContext& op, ConstBuffer in, Buffer out, bool copy_in, bool copy_out,
+                            const ChunkRun& run) {
+  const std::size_t element = dtype_size(out.dtype);
+  const std::size_t chunk_count = std::max<std::size_t>(1, chunk_bytes_ / element);
+  const std::size_t slot_bytes = round_up(chunk_count * element);
+  const std::size_t chunks = (out.count + chunk_count - 1) / chunk_count;
+  const cudaStream_t stream = stream_of(op);
+  reuse(op);
+  std::byte* const host = memory_.reserve(2 * slot_bytes);
+  const auto first = [&](std::size_t i) { return i * chunk_count; };
+  const auto count = [&](std::size_t i) { return std::min(chunk_count, out.count - first(i)); };
+  const auto slot = [&](std::size_t i) { return host + (i % 2) * slot_bytes; };
+  const auto queue_in = [&](std::size_t i) {
+    if (copy_in)
+      copy(slot(i), static_cast<const std::byte*>(in.data) + first(i) * element, count(i) * element, stream,
+           "copying a chunk of CUDA memory to the host");
+    arrived_[i % 2].record(stream);
+  };
+  if (chunks > 0) queue_in(0);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    // Chunk i+1's copy in goes behind chunk i-1's copy back, which read the same slot.
+    if (i + 1 < chunks) queue_in(i + 1);
+    wait_for(arrived_[i % 2], op, "copying CUDA memory to the host");
+    OpContext chunk_op = op;
+    chunk_op.info.count = count(i);
+    run(chunk_op, Buffer{slot(i), count(i), out.dtype});
+    if (copy_out)
+      copy(static_cast<std::byte*>(out.data) + first(i) * element, slot(i), count(i) * element, stream,
+           "copying a chunk back to CUDA memory");
+  }
+  released_.record(stream);
+}
+
+void StagingArea::whole(const OpContext& op, ConstBuffer in, Buffer out, const WholeRun& run) {
+  const cudaStream_t stream = stream_of(op);
+  reuse(op);
+  std::byte* const host = memory_.reserve(round_up(in.bytes()) + round_up(out.bytes()) + 1);
+  std::byte* const host_out = host + round_up(in.bytes());
+  copy(host, in.data, in.bytes(), stream, "copying CUDA memory to the host");
+  arrived_[0].record(stream);
+  wait_for(arrived_[0], op, "copying CUDA memory to the host");
+  run(ConstBuffer{in.count > 0 ? host : nullptr, in.count, in.dtype},
+      Buffer{out.count > 0 ? host_out : nullptr, out.count, out.dtype});
+  copy(out.data, host_out, out.bytes(), stream, "copying the result back to CUDA memory");
+  released_.record(stream);
+}
+
+}  // namespace lockstep::cuda

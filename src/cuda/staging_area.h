@@ -1,0 +1,51 @@
+// The pinned host memory one device's staged operations copy through, and
+// the two ways they use it:
+//  - pipelined, for the collectives that work in place on one buffer
+//    (allreduce, broadcast, reduce): chunk i+1 is copied to the host while
+//    the host backend runs on chunk i, and chunk i is copied back while it
+//    runs on chunk i+1; two chunk slots, one stream, so stream order alone
+//    keeps a slot from being overwritten before its copy back is done;
+//  - whole, for the rest: the input copied in, the host collective, the
+//    output copied back.
+// Either way the host returns once the copy back is queued; the operation's
+// StreamOrder then marks its end on the stream.
+//
+// Thread-safety: used by the thread running the group's operations, one at
+// a time.
+#pragma once
+
+#include <functional>
+
+#include "cuda/cuda_runtime.h"
+
+namespace lockstep::cuda {
+
+class StagingArea {
+ public:
+  explicit StagingArea(std::size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
+
+  // Runs `run(op, chunk)` on host copies of successive chunks of `in`, each
+  // chunk's OpContext counting its own elements, and copies each chunk back
+  // into `out` (which may be `in`). `copy_in`/`copy_out` false: this rank's
+  // input is not read (a broadcast's non-root) / its output not written (a
+  // reduce's non-root).
+  using ChunkRun = std::function<void(const OpContext& chunk_op, Buffer chunk)>;
+  void pipelined(const OpContext& op, ConstBuffer in, Buffer out, bool copy_in, bool copy_out, const ChunkRun& run);
+
+  // Copies `in` to the host, runs `run(host_in, host_out)`, copies the
+  // host's output back into `out`. Either may be empty.
+  using WholeRun = std::function<void(ConstBuffer host_in, Buffer host_out)>;
+  void whole(const OpContext& op, ConstBuffer in, Buffer out, const WholeRun& run);
+
+ private:
+  // Waits until the previous operation's copies out of the area are done,
+  // so the host may write it again.
+  void reuse(const OpContext& op);
+
+  const std::size_t chunk_bytes_;
+  PinnedBuffer memory_;
+  Event arrived_[2];  // a chunk slot's copy to the host is done
+  Event released_;    // the last copy out of the area is done
+};
+
+}  // namespace lockstep::cuda
