@@ -72,6 +72,12 @@ step_build() {
   if [ -x "$PREFIX/usr/bin/mpicc" ] && "$PREFIX/usr/bin/mpicc" --showme:version >/dev/null 2>&1; then
     mpi_flags=(-DLOCKSTEP_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc")
   fi
+  # NCCL: the toolkit's, else the one PyTorch's wheels bring (nvidia/nccl).
+  if [ -z "${NCCL_HOME:-}" ]; then
+    NCCL_HOME=$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null \
+      || "$PYTHON" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+    [ -n "$NCCL_HOME" ] && export NCCL_HOME && log "NCCL from $NCCL_HOME"
+  fi
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr" "${mpi_flags[@]}" > "$BUILD/configure.log" 2>&1 \
     || { cat "$BUILD/configure.log"; exit 1; }
@@ -94,6 +100,15 @@ step_gpu() {
   offline_env
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   (cd "$BUILD" && ctest --output-on-failure -L gpu 2>&1 | tee "$OUT/ctest-gpu.log" | tail -40)
+  # Staging alone (one rank: the copies in and out, against cudaMemcpy on
+  # pinned memory), then two ranks sharing the GPU over shm and tcp.
+  "$BUILD/lockstep" bench --device cuda -np 1 --backend shm -b 1M -e 256M -f 4 -n 20 \
+    --json "$OUT/bench-cuda-staging-1.json" | tee "$OUT/bench-cuda-staging-1.txt"
+  local backend
+  for backend in shm tcp; do
+    "$BUILD/lockstep" bench --device cuda -np 2 --backend "$backend" -b 1M -e 256M -f 4 -n 20 \
+      --json "$OUT/bench-cuda-$backend-2.json" | tee "$OUT/bench-cuda-$backend-2.txt"
+  done
 }
 
 step_allreduce() {

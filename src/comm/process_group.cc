@@ -109,8 +109,8 @@ bool ProcessGroup::supports(Collective collective, DType dtype, ReduceOp op) con
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Buffer data, Reduction op) {
   check_buffer(data, "allreduce");
-  const Route r = route(*impl_, "allreduce", {{"data", data}});
   check_reduction(op, data, "allreduce");
+  const Route r = route(*impl_, "allreduce", {{"data", data}});
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, data.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
                      backend(), data.dtype, op.op);
@@ -131,12 +131,12 @@ std::shared_ptr<Work> ProcessGroup::allreduce(ConstBuffer input, Buffer output, 
   LOCKSTEP_CHECK_ARG(input.dtype == output.dtype && input.count == output.count,
                      "allreduce: input ({} x {}) and output ({} x {}) must have the same dtype and length",
                      input.dtype, input.count, output.dtype, output.count);
+  check_reduction(op, output, "allreduce");
   const Route r = route(*impl_, "allreduce", {{"input", input}, {"output", output}});
   const auto* in = static_cast<const std::byte*>(input.data);
   const auto* out = static_cast<const std::byte*>(output.data);
   LOCKSTEP_CHECK_ARG(in + input.bytes() <= out || out + output.bytes() <= in,
                      "allreduce: input and output overlap without being the same memory");
-  check_reduction(op, output, "allreduce");
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::allreduce, output.dtype, kernel_op), "{} backend cannot allreduce {} with {}",
                      backend(), output.dtype, op.op);
@@ -177,8 +177,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
                      "reduce_scatter: input must hold size() x output = {} x {} = {} elements, not {}", size(),
                      output.count, output.count * static_cast<std::size_t>(size()), input.count);
-  const Route r = route(*impl_, "reduce_scatter", {{"input", input}, {"output", output}});
   check_reduction(op, input, "reduce_scatter");
+  const Route r = route(*impl_, "reduce_scatter", {{"input", input}, {"output", output}});
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce_scatter, input.dtype, kernel_op),
                      "{} backend cannot reduce_scatter {} with {}", backend(), input.dtype, op.op);
@@ -196,8 +196,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
 std::shared_ptr<Work> ProcessGroup::reduce(Buffer data, int root, Reduction op) {
   check_buffer(data, "reduce");
   LOCKSTEP_CHECK_ARG(root >= 0 && root < size(), "reduce: root {} is not a rank of this group of {}", root, size());
-  const Route r = route(*impl_, "reduce", {{"data", data}});
   check_reduction(op, data, "reduce");
+  const Route r = route(*impl_, "reduce", {{"data", data}});
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;
   LOCKSTEP_CHECK_ARG(supports(Collective::reduce, data.dtype, kernel_op), "{} backend cannot reduce {} with {}",
                      backend(), data.dtype, op.op);

@@ -285,6 +285,8 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   verify_same_descriptions(*s.pg, describe_options(s.options), "the DistributedDataParallel options",
                            "Every rank must pass the same DDPOptions: ranks that bucket, hook or look for unused "
                            "parameters differently issue different collectives.");
+  for (const auto& [name, t] : named_params) host_buffer_of(t, fmt::format("parameter '{}'", name));
+  for (const auto& [name, t] : named_buffers) host_buffer_of(t, fmt::format("buffer '{}'", name));
   verify_same_across_ranks(*s.pg, named_params, "parameters");
   verify_same_across_ranks(*s.pg, named_buffers, "buffers");
 

@@ -34,8 +34,7 @@ Tensor per_channel(const Tensor& v, const Tensor& input) {
 }
 
 void allreduce_sum(ProcessGroup& group, Tensor& t) {
-  group.allreduce(Buffer{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())}, ReduceOp::sum)
-      ->wait();
+  group.allreduce(host_buffer_of(t, "SyncBatchNorm's input"), ReduceOp::sum)->wait();
 }
 
 // Forward: y = (x - mean) * invstd * weight + bias with the global batch's

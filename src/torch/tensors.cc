@@ -27,6 +27,16 @@ DType dtype_of(::torch::ScalarType type) {
   throw InvalidArgument(fmt::format("lockstep cannot communicate tensors of type {}", c10::toString(type)));
 }
 
+Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what) {
+  if (!t.device().is_cpu())
+    throw InvalidArgument(fmt::format(
+        "{} is on {}: lockstep's DistributedDataParallel, SyncBatchNorm and ZeroRedundancyOptimizer keep their "
+        "buckets and statistics in host memory and take CPU tensors only for now (the process group's collectives "
+        "take CUDA memory: docs/gpu.md). Keep the model on the CPU",
+        what, t.device().str()));
+  return Buffer{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())};
+}
+
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root) {
   if (pg.size() == 1 || tensors.empty()) return;
   ::torch::NoGradGuard no_grad;
@@ -37,7 +47,7 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
     std::vector<::torch::Tensor> flat;
     for (const auto& t : group) flat.push_back(t.reshape({-1}));
     ::torch::Tensor packed = ::torch::cat(flat).contiguous();
-    pg.broadcast(Buffer{packed.data_ptr(), static_cast<std::size_t>(packed.numel()), dtype_of(type)}, root)->wait();
+    pg.broadcast(host_buffer_of(packed, "a tensor of the model"), root)->wait();
     std::int64_t offset = 0;
     for (auto& t : group) {
       t.copy_(packed.slice(0, offset, offset + t.numel()).view_as(t));

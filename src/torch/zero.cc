@@ -107,8 +107,8 @@ void ZeroRedundancyOptimizer::step() {
       offset += parameters_[i].numel();
     }
     Tensor all = ::torch::empty({block * ranks}, packed.options());
-    group_->allgather(ConstBuffer{packed.data_ptr(), static_cast<std::size_t>(block), dtype_of(type)},
-                      Buffer{all.data_ptr(), static_cast<std::size_t>(block * ranks), dtype_of(type)})
+    group_->allgather(host_buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
+                      host_buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
         ->wait();
     std::vector<std::int64_t> cursor(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) cursor[static_cast<std::size_t>(r)] = r * block;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/process_group.h"
+#include "placement.h"
 #include "reference.h"
 
 namespace lockstep::testing {
@@ -68,8 +69,10 @@ inline std::vector<std::byte> input_of(int r, std::size_t count, DType dtype) {
 
 // Returns "" if this rank's result is right, else what is wrong. For
 // gather and scatter `count` is each rank's block; for all_to_all about
-// each rank's total; for the uneven allgather, about the total.
-inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t count, DType dtype, int root) {
+// each rank's total; for the uneven allgather, about the total. The
+// collective's buffers are where `at` puts them (host memory by default).
+inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t count, DType dtype, int root,
+                                  Placement&& at = HostPlacement()) {
   using detail::copy_elements;
   const int n = pg.size();
   const int r = pg.rank();
@@ -82,9 +85,7 @@ inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t cou
       const auto input = detail::input_of(r, count, dtype);
       const bool is_root = r == root;
       got = detail::poisoned(is_root ? count * un : 0, elem);
-      pg.gather(ConstBuffer{input.data(), count, dtype}, Buffer{is_root ? got.data() : nullptr, is_root ? count * un : 0, dtype},
-                root)
-          ->wait();
+      at.finish(*pg.gather(at.place_input(input, count, dtype), at.place(got, is_root ? count * un : 0, dtype), root));
       want = got;
       if (is_root)
         for (int q = 0; q < n; ++q) copy_elements(want, static_cast<std::size_t>(q) * count, q, 0, count, dtype);
@@ -96,8 +97,7 @@ inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t cou
       // The root's input: block q is rank q's part of a buffer the root made.
       const auto input = r == root ? detail::input_of(root, count * un, dtype) : std::vector<std::byte>(1);
       got = detail::poisoned(count, elem);
-      pg.scatter(ConstBuffer{input.data(), r == root ? count * un : 0, dtype}, Buffer{got.data(), count, dtype}, root)
-          ->wait();
+      at.finish(*pg.scatter(at.place_input(input, r == root ? count * un : 0, dtype), at.place(got, count, dtype), root));
       want = got;
       copy_elements(want, 0, root, static_cast<std::size_t>(r) * count, count, dtype);
       check_count = count;
@@ -107,7 +107,7 @@ inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t cou
       const std::size_t block = (count + un - 1) / un;
       const auto input = detail::input_of(r, block * un, dtype);
       got = detail::poisoned(block * un, elem);
-      pg.all_to_all(ConstBuffer{input.data(), block * un, dtype}, Buffer{got.data(), block * un, dtype})->wait();
+      at.finish(*pg.all_to_all(at.place_input(input, block * un, dtype), at.place(got, block * un, dtype)));
       want = got;
       for (int q = 0; q < n; ++q)
         copy_elements(want, static_cast<std::size_t>(q) * block, q, static_cast<std::size_t>(r) * block, block, dtype);
@@ -124,8 +124,7 @@ inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t cou
       for (std::size_t q = 0; q < un; ++q) send_total += sends[q], recv_total += recvs[q];
       const auto input = detail::input_of(r, send_total, dtype);
       got = detail::poisoned(recv_total, elem);
-      pg.all_to_all(ConstBuffer{input.data(), send_total, dtype}, sends, Buffer{got.data(), recv_total, dtype}, recvs)
-          ->wait();
+      at.finish(*pg.all_to_all(at.place_input(input, send_total, dtype), sends, at.place(got, recv_total, dtype), recvs));
       want = got;
       std::size_t at = 0;
       for (int q = 0; q < n; ++q) {
@@ -146,7 +145,7 @@ inline std::string run_block_case(ProcessGroup& pg, BlockCase c, std::size_t cou
       const std::size_t mine = counts[static_cast<std::size_t>(r)];
       const auto input = detail::input_of(r, mine, dtype);
       got = detail::poisoned(total, elem);
-      pg.allgather(ConstBuffer{input.data(), mine, dtype}, Buffer{got.data(), total, dtype}, counts)->wait();
+      at.finish(*pg.allgather(at.place_input(input, mine, dtype), at.place(got, total, dtype), counts));
       want = got;
       std::size_t at = 0;
       for (int q = 0; q < n; ++q) {

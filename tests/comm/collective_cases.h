@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/process_group.h"
+#include "placement.h"
 #include "reference.h"
 
 namespace lockstep::testing {
@@ -15,9 +16,10 @@ namespace lockstep::testing {
 // The counts every sweep covers: empty, one, odd, medium, large and odd.
 inline constexpr std::size_t kSweepCounts[] = {0, 1, 7, 1000, 1048579};
 
-// Returns "" if this rank's result is right, else what is wrong.
+// Returns "" if this rank's result is right, else what is wrong. The
+// collective's buffers are where `at` puts them (host memory by default).
 inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size_t count, DType dtype, ReduceOp op,
-                                       int root) {
+                                       int root, Placement&& at = HostPlacement()) {
   const int n = pg.size();
   const int r = pg.rank();
   const std::size_t elem = dtype_size(dtype);
@@ -27,14 +29,14 @@ inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size
   switch (c) {
     case Collective::allreduce: {
       got = make_input(r, count, dtype, op);
-      pg.allreduce(Buffer{got.data(), count, dtype}, op)->wait();
+      at.finish(*pg.allreduce(at.place(got, count, dtype), op));
       want.resize(got.size());
       for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, n, op);
       break;
     }
     case Collective::reduce: {
       got = make_input(r, count, dtype, op);
-      pg.reduce(Buffer{got.data(), count, dtype}, root, op)->wait();
+      at.finish(*pg.reduce(at.place(got, count, dtype), root, op));
       if (r == root) {
         want.resize(got.size());
         for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, n, op);
@@ -45,15 +47,15 @@ inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size
     }
     case Collective::broadcast: {
       got = make_input(r, count, dtype, op);
-      pg.broadcast(Buffer{got.data(), count, dtype}, root)->wait();
+      at.finish(*pg.broadcast(at.place(got, count, dtype), root));
       want = make_input(root, count, dtype, op);
       break;
     }
     case Collective::allgather: {
       auto input = make_input(r, count, dtype, op);
       got.assign(count * static_cast<std::size_t>(n) * elem + 1, std::byte{0x5a});
-      pg.allgather(ConstBuffer{input.data(), count, dtype}, Buffer{got.data(), count * static_cast<std::size_t>(n), dtype})
-          ->wait();
+      at.finish(*pg.allgather(at.place_input(input, count, dtype),
+                              at.place(got, count * static_cast<std::size_t>(n), dtype)));
       want.resize(got.size());
       for (int q = 0; q < n; ++q) {
         auto block = make_input(q, count, dtype, op);
@@ -67,7 +69,7 @@ inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size
       const std::size_t total = count * static_cast<std::size_t>(n);
       auto input = make_input(r, total, dtype, op);
       got.assign(count * elem + 1, std::byte{0x5a});
-      pg.reduce_scatter(ConstBuffer{input.data(), total, dtype}, Buffer{got.data(), count, dtype}, op)->wait();
+      at.finish(*pg.reduce_scatter(at.place_input(input, total, dtype), at.place(got, count, dtype), op));
       want.resize(got.size());
       for (std::size_t i = 0; i < count; ++i)
         store_expected_at(want.data(), dtype, i, static_cast<std::size_t>(r) * count + i, n, op);

@@ -54,6 +54,29 @@ TEST(DistributedDataParallel, MismatchedModelsAreRefusedOnEveryRankNamingTheDiff
   }
 }
 
+// A model that is not on the CPU is refused at construction, naming the
+// tensor and its device, before any collective could read device memory as
+// host memory. (The meta device stands in for CUDA, which this libtorch may
+// not have.)
+struct OffCpuNetImpl : nn::Module {
+  OffCpuNetImpl() { weight = register_parameter("weight", ::torch::empty({4, 4}, ::torch::Device(::torch::kMeta))); }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return x.matmul(weight); }
+  ::torch::Tensor weight;
+};
+
+TEST(DistributedDataParallel, AModelOffTheCpuIsRefusedNamingTheTensorAndDevice) {
+  auto model = std::make_shared<OffCpuNetImpl>();
+  ThreadWorld world(1);
+  try {
+    DistributedDataParallel<OffCpuNetImpl> ddp(model, borrow(world.group(0)));
+    FAIL() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("parameter 'weight' is on meta"), std::string::npos) << what;
+    EXPECT_NE(what.find("take CPU tensors only"), std::string::npos) << what;
+  }
+}
+
 // Different options make ranks issue different collectives (other bucket
 // boundaries, a compressed dtype): refused at construction on every rank,
 // before the first backward could pair mismatched all-reduces.

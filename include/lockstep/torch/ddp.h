@@ -253,6 +253,12 @@ DistributedDataParallel(std::shared_ptr<ModuleImpl>, std::shared_ptr<ProcessGrou
 // types lockstep does not move (complex, ...).
 DType dtype_of(::torch::ScalarType type);
 
+// The host memory of a CPU tensor, for the collectives of DDP,
+// SyncBatchNorm and ZeroRedundancyOptimizer, which keep their state in
+// host memory. A tensor on another device is an InvalidArgument naming
+// `what` (the process group itself takes CUDA memory; these do not yet).
+Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what);
+
 // Broadcasts `tensors` from `root`, one collective per dtype (flattened).
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root);
 

@@ -27,6 +27,7 @@
 #include "common/env.h"
 #include "common/format.h"
 #include "common/half.h"
+#include "bench/device_memory.h"
 #include "lockstep/affinity.h"
 #include "lockstep/error.h"
 #include "lockstep/process_group.h"
@@ -114,15 +115,26 @@ bool checkable(ReduceOp op, DType dtype, int n) {
 
 class Bench {
  public:
-  Bench(ProcessGroup& pg, const BenchOptions& o, DType dtype, ReduceOp op)
-      : pg_(pg), o_(o), dtype_(dtype), op_(op), n_(pg.size()), r_(pg.rank()) {}
+  // `device`: buffers in CUDA memory (--device cuda); null: host memory.
+  Bench(ProcessGroup& pg, const BenchOptions& o, DType dtype, ReduceOp op, DeviceMemory* device)
+      : pg_(pg), o_(o), dtype_(dtype), op_(op), n_(pg.size()), r_(pg.rank()), device_(device) {}
+  ~Bench() {
+    if (device_ == nullptr) return;
+    device_->release(a_.device);
+    device_->release(b_.device);
+  }
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
 
   // Buffers in the group's shared memory with --shared-buffers (single
   // copy on the shm backend), else ordinary memory. Same size on every
-  // rank, so the collective allocation lines up.
+  // rank, so the collective allocation lines up. With --device cuda the
+  // collective runs on a copy in CUDA memory; the host memory fills and
+  // checks it.
   struct Buf {
     std::shared_ptr<std::byte[]> shared;
     std::vector<std::byte> plain;
+    void* device = nullptr;
     std::size_t size = 0;
     std::byte* data() { return shared ? shared.get() : plain.data(); }
   };
@@ -133,39 +145,53 @@ class Bench {
     } else {
       b.plain.assign(std::max<std::size_t>(bytes, 1), std::byte{0});
     }
+    if (device_ != nullptr) {
+      device_->release(b.device);
+      b.device = device_->allocate(bytes);
+    }
   }
+  // The host memory's contents to the device, and back.
+  void upload(Buf& b) {
+    if (device_ != nullptr) device_->upload(b.device, b.data(), b.size);
+  }
+  void download(Buf& b) {
+    if (device_ != nullptr) device_->download(b.data(), b.device, b.size);
+  }
+  // The collective's view of `count` elements of `b`.
+  Buffer at(Buf& b, std::size_t count) {
+    if (device_ == nullptr) return Buffer{b.data(), count, dtype_};
+    return Buffer{b.device, count, dtype_, device_->device(), nullptr};
+  }
+  // Waits for an operation; on the device until its result is there.
+  static void finish(const std::shared_ptr<Work>& work) { work->synchronize(); }
 
   // Runs one collective on the current buffers.
   void once(Collective c, std::size_t count) {
     switch (c) {
-      case Collective::allreduce: pg_.allreduce(Buffer{a_.data(), count, dtype_}, op_)->wait(); break;
-      case Collective::broadcast: pg_.broadcast(Buffer{a_.data(), count, dtype_}, o_.root)->wait(); break;
-      case Collective::reduce: pg_.reduce(Buffer{a_.data(), count, dtype_}, o_.root, op_)->wait(); break;
+      case Collective::allreduce: finish(pg_.allreduce(at(a_, count), op_)); break;
+      case Collective::broadcast: finish(pg_.broadcast(at(a_, count), o_.root)); break;
+      case Collective::reduce: finish(pg_.reduce(at(a_, count), o_.root, op_)); break;
       case Collective::allgather:
-        pg_.allgather(ConstBuffer{a_.data(), count, dtype_}, Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_})->wait();
+        finish(pg_.allgather(at(a_, count), at(b_, count * static_cast<std::size_t>(n_))));
         break;
       case Collective::reduce_scatter:
-        pg_.reduce_scatter(ConstBuffer{a_.data(), count * static_cast<std::size_t>(n_), dtype_}, Buffer{b_.data(), count, dtype_}, op_)->wait();
+        finish(pg_.reduce_scatter(at(a_, count * static_cast<std::size_t>(n_)), at(b_, count), op_));
         break;
       case Collective::allgather_v:
-        pg_.allgather(ConstBuffer{a_.data(), count, dtype_}, Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_},
-                      std::vector<std::size_t>(static_cast<std::size_t>(n_), count))
-            ->wait();
+        finish(pg_.allgather(at(a_, count), at(b_, count * static_cast<std::size_t>(n_)),
+                      std::vector<std::size_t>(static_cast<std::size_t>(n_), count)));
         break;
       case Collective::all_to_all:
-        pg_.all_to_all(ConstBuffer{a_.data(), count * static_cast<std::size_t>(n_), dtype_},
-                       Buffer{b_.data(), count * static_cast<std::size_t>(n_), dtype_})
-            ->wait();
+        finish(pg_.all_to_all(at(a_, count * static_cast<std::size_t>(n_)),
+                       at(b_, count * static_cast<std::size_t>(n_))));
         break;
       case Collective::gather:
-        pg_.gather(ConstBuffer{a_.data(), count, dtype_},
-                   Buffer{b_.data(), r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0, dtype_}, o_.root)
-            ->wait();
+        finish(pg_.gather(at(a_, count),
+                   at(b_, r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0), o_.root));
         break;
       case Collective::scatter:
-        pg_.scatter(ConstBuffer{a_.data(), r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0, dtype_},
-                    Buffer{b_.data(), count, dtype_}, o_.root)
-            ->wait();
+        finish(pg_.scatter(at(a_, r_ == o_.root ? count * static_cast<std::size_t>(n_) : 0),
+                    at(b_, count), o_.root));
         break;
       default: throw InvalidArgument(fmt::format("bench does not measure {}", c));
     }
@@ -174,6 +200,14 @@ class Bench {
   // The value rank q's input holds at index i (u8 inputs are shifted to
   // stay non-negative).
   double input(int q, std::size_t i) const { return pattern(q, i) + (dtype_ == DType::u8 ? 4 : 0); }
+
+  // One run on the inputs just filled, its results back in host memory.
+  void run_checked(Collective c, std::size_t count) {
+    upload(a_);
+    once(c, count);
+    download(a_);
+    download(b_);
+  }
 
   // Elements wrong on this rank after one run on known inputs.
   std::int64_t check(Collective c, std::size_t count) {
@@ -184,20 +218,20 @@ class Bench {
       case Collective::allreduce:
       case Collective::reduce:
         fill(a_.data(), dtype_, count, r_);
-        once(c, count);
+        run_checked(c, count);
         if (c == Collective::reduce && r_ != o_.root) break;
         if (!checkable(op_, dtype_, n_)) break;
         for (std::size_t i = 0; i < count; ++i) wrong += value_at(a_.data(), dtype_, i) != expected(dtype_, op_, n_, i);
         break;
       case Collective::broadcast:
         fill(a_.data(), dtype_, count, r_);
-        once(c, count);
+        run_checked(c, count);
         for (std::size_t i = 0; i < count; ++i)
           wrong += value_at(a_.data(), dtype_, i) != (dtype_ == DType::u8 ? pattern(o_.root, i) + 4 : pattern(o_.root, i));
         break;
       case Collective::gather:
         fill(a_.data(), dtype_, count, r_);
-        once(c, count);
+        run_checked(c, count);
         if (r_ != o_.root) break;
         for (std::size_t q = 0; q < n; ++q)
           for (std::size_t i = 0; i < count; ++i)
@@ -205,13 +239,13 @@ class Bench {
         break;
       case Collective::scatter:
         fill(a_.data(), dtype_, r_ == o_.root ? count * n : 0, r_);
-        once(c, count);
+        run_checked(c, count);
         for (std::size_t i = 0; i < count; ++i)
           wrong += value_at(b_.data(), dtype_, i) != input(o_.root, static_cast<std::size_t>(r_) * count + i);
         break;
       case Collective::all_to_all:
         fill(a_.data(), dtype_, count * n, r_);
-        once(c, count);
+        run_checked(c, count);
         for (std::size_t q = 0; q < n; ++q)
           for (std::size_t i = 0; i < count; ++i)
             wrong += value_at(b_.data() + q * count * elem, dtype_, i) !=
@@ -220,7 +254,7 @@ class Bench {
       case Collective::allgather:
       case Collective::allgather_v:
         fill(a_.data(), dtype_, count, r_);
-        once(c, count);
+        run_checked(c, count);
         for (std::size_t q = 0; q < n; ++q)
           for (std::size_t i = 0; i < count; ++i) {
             const double want = pattern(static_cast<int>(q), i) + (dtype_ == DType::u8 ? 4 : 0);
@@ -229,7 +263,7 @@ class Bench {
         break;
       case Collective::reduce_scatter:
         fill(a_.data(), dtype_, count * n, r_);
-        once(c, count);
+        run_checked(c, count);
         if (!checkable(op_, dtype_, n_)) break;
         for (std::size_t i = 0; i < count; ++i)
           wrong += value_at(b_.data(), dtype_, i) != expected(dtype_, op_, n_, static_cast<std::size_t>(r_) * count + i);
@@ -262,6 +296,7 @@ class Bench {
     }
     if (o_.check) row.wrong = check(c, row.count);
     fill(a_.data(), dtype_, a_.size / elem, r_);
+    upload(a_);
     for (int i = 0; i < o_.warmup; ++i) once(c, row.count);
     pg_.barrier()->wait();
     const auto start = Clock::now();
@@ -286,6 +321,7 @@ class Bench {
   ReduceOp op_;
   int n_;
   int r_;
+  DeviceMemory* device_;
   Buf a_, b_;
 };
 
@@ -366,15 +402,20 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
   group.backend = o.backend;
   auto pg = init_process_group(group);
   const bool printer = pg->rank() == 0;
+  if (o.device != "host" && o.device != "cuda")
+    throw InvalidArgument(fmt::format("--device {}: use host or cuda", o.device));
+  const auto device = o.device == "cuda" ? open_device_memory(config.launcher.local_rank) : nullptr;
   check_sizes(o);
   const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
 
   nlohmann::json report = {{"backend", pg->backend()}, {"ranks", pg->size()}, {"dtype", to_string(*dtype)},
                            {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
+  if (device) report["device"] = to_string(device->device());
   if (printer) {
-    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers\n",
+    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers%s\n",
                 pg->size(), pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off",
-                o.shared_buffers ? "shared" : "ordinary");
+                o.shared_buffers ? "shared" : "ordinary",
+                device ? fmt::format(" in {} memory", to_string(device->device())).c_str() : "");
     std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
                 "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
@@ -383,7 +424,7 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
   int rows = 0;
   std::int64_t wrong_total = 0;
   double last_busbw = 0;
-  Bench bench(*pg, o, *dtype, *op);
+  Bench bench(*pg, o, *dtype, *op, device.get());
   for (Collective c : ops) {
     if (printer && ops.size() > 1) std::printf("# %s\n", std::string(to_string(c)).c_str());
     const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
@@ -418,6 +459,14 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     report["memcpy_gbps"] = copy;
     report["cores_per_rank"] = cores_per_rank;
     report["wrong"] = wrong_total;
+    if (device) {
+      // What staging is measured against: cudaMemcpy on pinned memory, the
+      // largest size of the sweep (at most 256 MiB).
+      const auto rates = device->pinned_copy_rates(std::min<std::size_t>(max_bytes, 256u << 20));
+      std::printf("# cudaMemcpy, pinned   : %.3f GB/s to the device, %.3f GB/s to the host\n", rates.to_device,
+                  rates.to_host);
+      report["pinned_copy_gbps"] = {{"to_device", rates.to_device}, {"to_host", rates.to_host}};
+    }
     if (!o.json_path.empty()) std::ofstream(o.json_path) << report.dump(2) << "\n";
   }
   return wrong_total == 0 ? 0 : 1;
@@ -463,6 +512,10 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("-r,--root", o.root, "Root rank for broadcast, reduce, gather and scatter")->capture_default_str();
   b->add_option("--json", o.json_path, "Also write the results to this JSON file");
   b->add_option("--pin", o.pin, "Pin each rank to its own core (1) or not (0)")->capture_default_str();
+  b->add_option("--device", o.device,
+                "host, or cuda: buffers in CUDA memory on cuda:(local rank % devices); each operation is timed until "
+                "its result is in device memory")
+      ->capture_default_str();
   b->add_flag("--shared-buffers", o.shared_buffers,
               "Allocate buffers with ProcessGroup::allocate_shared (single copy on the shm backend)");
 }

@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string json_path;
   bool pin = true;
   bool shared_buffers = false;  // place buffers in the backend's shared memory when it has some
+  std::string device = "host";  // host or cuda
 };
 
 void add_bench_command(CLI::App& app, BenchOptions& options);
