@@ -10,9 +10,24 @@
 namespace lockstep::cuda {
 namespace {
 
-// A device wait polls this often: short against a collective, long enough
-// not to take a core from the host backend running beside it.
+// A device wait first spins for a while, since a chunk's copy takes tens of
+// microseconds and a sleep costs about as much again in timer slack; then
+// it polls this often, so a long wait does not take a core from the host
+// backend running beside it.
+constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kPollInterval = std::chrono::microseconds(20);
+
+// Waits until `done()`, spinning then sleeping; false when `give_up()` first.
+template <typename Done, typename GiveUp>
+bool poll(Done done, GiveUp give_up) {
+  const auto spin_until = Clock::now() + kSpin;
+  while (!done()) {
+    if (give_up()) return false;
+    if (Clock::now() < spin_until) std::this_thread::yield();
+    else std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -66,24 +81,17 @@ std::byte* PinnedBuffer::reserve(std::size_t bytes) {
 }
 
 void wait_for(const Event& event, const OpContext& op, std::string_view what) {
-  while (!event.query()) {
-    if (op.cancelled()) throw OperationCancelled(fmt::format("{} was cancelled while {}", op.description(), what));
-    if (op.deadline.expired())
-      throw TimeoutError(fmt::format("{} timed out after {:.1f} s {}: the device did not finish its work. A kernel "
-                                     "queued before the collective on the same stream may be stuck; if the device "
-                                     "is only busy, raise LOCKSTEP_TIMEOUT",
-                                     op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what));
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  if (poll([&] { return event.query(); }, [&] { return op.cancelled() || op.deadline.expired(); })) return;
+  if (op.cancelled()) throw OperationCancelled(fmt::format("{} was cancelled while {}", op.description(), what));
+  throw TimeoutError(fmt::format("{} timed out after {:.1f} s {}: the device did not finish its work. A kernel "
+                                 "queued before the collective on the same stream may be stuck; if the device "
+                                 "is only busy, raise LOCKSTEP_TIMEOUT",
+                                 op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what));
 }
 
 bool wait_for(const Event& event, Duration timeout) {
   const auto deadline = Deadline::after(timeout);
-  while (!event.query()) {
-    if (deadline.expired()) return false;
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  return true;
+  return poll([&] { return event.query(); }, [&] { return deadline.expired(); });
 }
 
 }  // namespace lockstep::cuda
