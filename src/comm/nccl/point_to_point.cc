@@ -18,7 +18,9 @@ class PeerExchange {
  public:
   PeerExchange(Communicator& comm, const OpContext& op, cudaStream_t stream, int self)
       : comm_(comm), handle_(comm.get(op)), op_(op), stream_(stream), self_(self) {
-    comm_.settle(ncclGroupStart(), op_, "opening an NCCL group");
+    const ncclResult_t started = ncclGroupStart();
+    closed_ = started != ncclSuccess;  // a group that did not open is not closed
+    comm_.settle(started, op_, "opening an NCCL group");
   }
   ~PeerExchange() {
     if (!closed_) ncclGroupEnd();

@@ -34,14 +34,11 @@ ncclRedOp_t to_nccl(ReduceOp op) {
   throw InvalidArgument(fmt::format("the nccl backend cannot reduce with {}", to_string(op)));
 }
 
-bool reduces_like_lockstep(DType dtype, ReduceOp op) {
-  if (op == ReduceOp::premul_sum) return false;
-  // NCCL averages integers with its own post-division, whose rounding of
-  // negative sums lockstep's "truncating" contract has not been checked
-  // against; refusing is honest, and callers can sum and divide.
-  if (op == ReduceOp::avg) return is_floating(dtype);
-  return true;
-}
+// Every type and operator but premul_sum, which the front end turns into a
+// sum after premultiplying. ncclAvg on integers is NCCL's sum (wrapping in
+// the element type) followed by one C division by n, which truncates toward
+// zero: lockstep's definition.
+bool reduces_like_lockstep(DType dtype, ReduceOp op) { return op != ReduceOp::premul_sum; }
 
 void check(ncclResult_t result, ncclComm_t comm, std::string_view what) {
   if (result == ncclSuccess) return;
