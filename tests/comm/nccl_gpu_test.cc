@@ -7,9 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstring>
+#include <cstdint>
 #include <memory>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
