@@ -115,7 +115,8 @@ struct GroupOptions {
   // "auto" (default, or LOCKSTEP_BACKEND): shared memory when every rank is on
   // one host; "hier" (shared memory inside each host, TCP across) when the
   // ranks span hosts and some host runs several; TCP when every host runs
-  // one. Or "tcp", "shm", "hier" (on one host it is shm), "mpi" (when built).
+  // one. Or "tcp", "shm", "hier" (on one host it is shm), "mpi" or "nccl" (when built;
+  // nccl needs one GPU per rank).
   std::string backend;
   // Rank and world size; -1: from the environment (RANK / WORLD_SIZE,
   // OMPI_COMM_WORLD_*, SLURM_*). With neither set anywhere, the program runs

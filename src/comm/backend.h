@@ -1,4 +1,4 @@
-// The interface every backend folder (tcp/, shm/, hier/, mpi/) implements. A backend
+// The interface every backend folder (tcp/, shm/, hier/, mpi/, nccl/) implements. A backend
 // runs one operation at a time, synchronously, on the group's progress
 // thread; the ProcessGroup front end owns queueing, sequence numbers,
 // argument checks and Work completion. Arguments reaching a backend are
@@ -137,5 +137,8 @@ std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx);
 std::unique_ptr<Backend> make_hier_backend(const BackendContext& ctx);
 // Throws ConfigError when lockstep was built without MPI.
 std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx);
+// NCCL on this rank's GPU (nccl/nccl_backend.h). Throws ConfigError when
+// lockstep was built without NCCL, or when this process sees no CUDA device.
+std::unique_ptr<Backend> make_nccl_backend(const BackendContext& ctx);
 
 }  // namespace lockstep

@@ -108,8 +108,9 @@ std::string resolve_backend(const std::string& requested, const std::vector<std:
     throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto', "
                       "'hier' or 'tcp'");
   if (requested == "hier") return one_host ? "shm" : "hier";
-  if (requested == "tcp" || requested == "shm" || requested == "mpi") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm, hier or mpi", requested));
+  // nccl only when asked for: it needs one GPU per rank, which "auto" cannot know.
+  if (requested == "tcp" || requested == "shm" || requested == "mpi" || requested == "nccl") return requested;
+  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm, hier, mpi or nccl", requested));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
@@ -117,6 +118,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendCont
   if (name == "shm") return make_shm_backend(ctx);
   if (name == "hier") return make_hier_backend(ctx);
   if (name == "mpi") return make_mpi_backend(ctx);
+  if (name == "nccl") return make_nccl_backend(ctx);
   throw ConfigError(fmt::format("unknown backend '{}'", name));
 }
 

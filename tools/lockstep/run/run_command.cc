@@ -229,7 +229,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
   run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
   run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
-  run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, hier, mpi");
+  run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, hier, mpi, nccl");
   run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
   run->footer(
       "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,\n"

@@ -1,0 +1,194 @@
+// The nccl backend on a GPU, in a world of one (NCCL runs one rank per GPU,
+// and one GPU is what a test machine has): every collective, in and out of
+// place, every dtype and reduction the backend says it supports, on CUDA
+// memory and on host memory (the backend's copy through device scratch),
+// against a reference computed here. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/reference.h"
+#include "lockstep/config.h"
+#include "lockstep/error.h"
+#include "lockstep/process_group.h"
+#include "lockstep/store.h"
+
+namespace lockstep {
+namespace {
+
+using testing::compare_elements;
+using testing::make_input;
+using testing::store_expected;
+
+constexpr std::size_t kCounts[] = {1, 1023};
+
+// Device memory of cuda:0 holding a copy of host bytes; freed at scope end.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(std::size_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(data_, 0, bytes == 0 ? 1 : bytes), cudaSuccess);
+  }
+  explicit DeviceBytes(const std::vector<std::byte>& host) : DeviceBytes(host.size()) {
+    EXPECT_EQ(cudaMemcpy(data_, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBytes() { cudaFree(data_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+
+  std::vector<std::byte> to_host() const {
+    std::vector<std::byte> host(bytes_);
+    EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  Buffer view(std::size_t count, DType dtype) const { return Buffer{data_, count, dtype, Device::cuda(0), nullptr}; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class NcclOnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices == 0)
+      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorString(status) << "): the nccl backend needs a GPU";
+    GroupOptions options;
+    options.config = Config{};
+    options.rank = 0;
+    options.world_size = 1;
+    options.backend = "nccl";
+    options.store = std::make_shared<HashStore>();
+    pg_ = init_process_group(options);
+    ASSERT_EQ(pg_->backend(), "nccl");
+  }
+
+  std::shared_ptr<ProcessGroup> pg_;
+};
+
+// The expected result of reducing `count` elements over the world (of one).
+std::vector<std::byte> expected_reduction(std::size_t count, DType dtype, ReduceOp op) {
+  std::vector<std::byte> want(count * dtype_size(dtype) + 1);
+  for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, 1, op);
+  return want;
+}
+
+TEST_F(NcclOnGpu, AllreduceInPlaceAndOutOfPlaceEveryDtypeAndOp) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      if (!pg_->supports(Collective::allreduce, dtype, op)) continue;
+      for (std::size_t count : kCounts) {
+        SCOPED_TRACE(::testing::Message() << dtype << " " << op << " x " << count);
+        const auto input = make_input(0, count, dtype, op);
+        const auto want = expected_reduction(count, dtype, op);
+        DeviceBytes in_place(input);
+        pg_->allreduce(in_place.view(count, dtype), op)->synchronize();
+        EXPECT_EQ(compare_elements(in_place.to_host().data(), want.data(), count, dtype), "");
+        DeviceBytes source(input);
+        DeviceBytes result(input.size());
+        pg_->allreduce(source.view(count, dtype), result.view(count, dtype), op)->synchronize();
+        EXPECT_EQ(compare_elements(result.to_host().data(), want.data(), count, dtype), "");
+        EXPECT_EQ(compare_elements(source.to_host().data(), input.data(), count, dtype), "") << "input changed";
+      }
+    }
+  }
+}
+
+TEST_F(NcclOnGpu, ReduceAndReduceScatterEveryDtypeAndOp) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      for (std::size_t count : kCounts) {
+        SCOPED_TRACE(::testing::Message() << dtype << " " << op << " x " << count);
+        const auto input = make_input(0, count, dtype, op);
+        const auto want = expected_reduction(count, dtype, op);
+        if (pg_->supports(Collective::reduce, dtype, op)) {
+          DeviceBytes data(input);
+          pg_->reduce(data.view(count, dtype), 0, op)->synchronize();
+          EXPECT_EQ(compare_elements(data.to_host().data(), want.data(), count, dtype), "");
+        }
+        if (pg_->supports(Collective::reduce_scatter, dtype, op)) {
+          DeviceBytes source(input);
+          DeviceBytes result(input.size());
+          pg_->reduce_scatter(source.view(count, dtype), result.view(count, dtype), op)->synchronize();
+          EXPECT_EQ(compare_elements(result.to_host().data(), want.data(), count, dtype), "");
+        }
+      }
+    }
+  }
+}
+
+// The collectives that move data without reducing it: in a world of one each
+// leaves the output equal to the input.
+TEST_F(NcclOnGpu, DataMovementEveryDtype) {
+  for (DType dtype : kAllDTypes) {
+    for (std::size_t count : kCounts) {
+      SCOPED_TRACE(::testing::Message() << dtype << " x " << count);
+      const auto input = make_input(0, count, dtype, ReduceOp::sum);
+      const auto check_copy = [&](const char* what, auto run) {
+        DeviceBytes source(input);
+        DeviceBytes result(input.size());
+        run(source.view(count, dtype), result.view(count, dtype));
+        EXPECT_EQ(compare_elements(result.to_host().data(), input.data(), count, dtype), "") << what;
+      };
+      check_copy("allgather", [&](Buffer in, Buffer out) { pg_->allgather(in, out)->synchronize(); });
+      check_copy("allgather_v", [&](Buffer in, Buffer out) { pg_->allgather(in, out, {count})->synchronize(); });
+      check_copy("gather", [&](Buffer in, Buffer out) { pg_->gather(in, out, 0)->synchronize(); });
+      check_copy("scatter", [&](Buffer in, Buffer out) { pg_->scatter(in, out, 0)->synchronize(); });
+      check_copy("all_to_all", [&](Buffer in, Buffer out) { pg_->all_to_all(in, out)->synchronize(); });
+      check_copy("all_to_all with counts",
+                 [&](Buffer in, Buffer out) { pg_->all_to_all(in, {count}, out, {count})->synchronize(); });
+      DeviceBytes data(input);
+      pg_->broadcast(data.view(count, dtype), 0)->synchronize();
+      EXPECT_EQ(compare_elements(data.to_host().data(), input.data(), count, dtype), "") << "broadcast";
+    }
+  }
+}
+
+TEST_F(NcclOnGpu, BarrierCompletes) {
+  pg_->barrier()->wait();
+  pg_->barrier()->wait();
+}
+
+// Host memory goes through the backend's device scratch.
+TEST_F(NcclOnGpu, HostMemoryIsCopiedThroughTheDevice) {
+  std::vector<float> data(1000);
+  std::iota(data.begin(), data.end(), 1.0f);
+  const std::vector<float> want = data;
+  pg_->allreduce(view(std::span(data)), ReduceOp::max)->wait();
+  EXPECT_EQ(data, want);
+  std::vector<std::int32_t> in{1, 2, 3};
+  std::vector<std::int32_t> out(3, 0);
+  pg_->allgather(const_view(std::span<const std::int32_t>(in)), view(std::span(out)))->wait();
+  EXPECT_EQ(out, in);
+}
+
+TEST_F(NcclOnGpu, MemoryOfAnotherDeviceIsRefusedNamingBothDevices) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs two CUDA devices";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void* other = nullptr;
+  ASSERT_EQ(cudaMalloc(&other, sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  try {
+    pg_->allreduce(Buffer{other, 1, DType::f32, Device::cuda(1), nullptr})->wait();
+    ADD_FAILURE() << "an allreduce on cuda:1 memory ran on a backend bound to cuda:0";
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("cuda:1"), std::string::npos) << message;
+    EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+  }
+  cudaFree(other);
+}
+
+}  // namespace
+}  // namespace lockstep
