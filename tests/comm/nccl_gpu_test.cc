@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/reference.h"
+#include "harness/thread_world.h"
 #include "lockstep/config.h"
 #include "lockstep/error.h"
 #include "lockstep/process_group.h"
@@ -188,6 +189,35 @@ TEST_F(NcclOnGpu, MemoryOfAnotherDeviceIsRefusedNamingBothDevices) {
     EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
   }
   cudaFree(other);
+}
+
+// NCCL runs one rank per GPU: two ranks on the one device of this machine
+// are refused at group creation with a ConfigError that says so, on every
+// rank that gets that far, and nothing hangs.
+TEST(NcclOnOneGpu, TwoRanksAreAConfigErrorSayingOneGpuPerRank) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  auto store = std::make_shared<HashStore>();
+  const auto errors = testing::run_threads(2, [&](int rank) {
+    GroupOptions options;
+    options.config = Config{};  // local rank 0 for both: both choose cuda:0
+    options.rank = rank;
+    options.world_size = 2;
+    options.backend = "nccl";
+    options.store = store;
+    options.connect_timeout = std::chrono::seconds(30);
+    init_process_group(options);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(rank)]) << "rank " << rank << " formed an nccl group on a shared GPU";
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(rank)]);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("one GPU per rank"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": not a ConfigError: " << e.what();
+    }
+  }
 }
 
 }  // namespace

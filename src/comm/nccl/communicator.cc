@@ -78,8 +78,8 @@ Communicator::Communicator(const BackendContext& ctx, int device)
                                   "backend shm or tcp for several ranks that share a GPU",
                                   who(), detail));
   if (state == ncclInvalidUsage)
-    throw ConfigError(fmt::format("{}: NCCL refused to form the communicator ({}); check that each rank has its own "
-                                  "GPU and that every rank runs the same NCCL version",
+    throw ConfigError(fmt::format("{}: NCCL refused to form the communicator ({}); the nccl backend needs one GPU "
+                                  "per rank and the same NCCL version on every rank",
                                   who(), detail));
   check(state, nullptr, fmt::format("{}: forming the NCCL communicator ({})", who(), detail));
 }
