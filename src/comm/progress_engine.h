@@ -7,7 +7,8 @@
 // thread runs it itself before returning its (finished) Work. That saves
 // two thread hand-offs (several microseconds) on the latency-bound path;
 // large operations always go to the progress thread, so they overlap with
-// the caller's work.
+// the caller's work, and so do operations on CUDA memory, whatever their
+// size (the caller's stream orders them; the host does not wait).
 //
 // Failure policy: the first operation that fails aborts the engine; every
 // queued and later operation completes at once with that same error, so no
@@ -54,7 +55,12 @@ class ProgressEngine {
     const auto now = precise_issue_ ? Clock::now() : coarse_now();
     const std::int64_t now_us = to_us(now);
     std::unique_lock lock(mutex_);
-    const bool run_here = queue_.empty() && !running_ && !abort_error_ && !stopping_ && info.bytes() <= inline_max_bytes_;
+    // Never an operation on CUDA memory: it would wait here for the device
+    // and the peers, a host synchronisation the stream contract exists to
+    // avoid, on a thread that may be autograd's device thread, which every
+    // rank of a process shares.
+    const bool run_here = queue_.empty() && !running_ && !abort_error_ && !stopping_ &&
+                          info.bytes() <= inline_max_bytes_ && !info.device.is_cuda();
     // An operation run here starts as it is issued.
     auto work = std::make_shared<Work>(next_seq_++, info, now_us, run_here ? now_us : 0);
     if (recorder_) recorder_->issued(work->seq(), info, now_us, /*started=*/run_here);
