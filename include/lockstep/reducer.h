@@ -85,10 +85,18 @@ class GradientSource {
   // If parameter i's gradient lives at `slot`, gives it memory of its own
   // with the same values: the reducer is about to reuse the slot.
   virtual void move_out_of(std::size_t i, const void* slot) = 0;
+  // Where every gradient is: host memory, or one CUDA device. On a device
+  // the reducer keeps its buckets there, and queues its copies and its
+  // collectives on current_stream(), the stream the framework computes
+  // gradients on at the moment of the call (a cudaStream_t; null: the
+  // default stream), so that no step waits on the host (docs/gpu.md).
+  virtual Device device() const { return Device::host(); }
+  virtual void* current_stream() const { return nullptr; }
 };
 
 // What a communication hook reduces: bucket `index`. `buffer` must hold
-// the group's average when the returned Work is done. `input` holds this
+// the group's average when the returned Work is done (CUDA memory: for the
+// work queued on buffer.stream after Work::wait() and finish()). `input` holds this
 // rank's gradients: for a hook whose out_of_place() is true it is other
 // memory, which the hook must leave unchanged; otherwise it is `buffer`.
 //
@@ -117,6 +125,15 @@ class CommHook {
   // bucket.buffer. If not, the reducer copies the gradients into the
   // buffer first.
   virtual bool out_of_place() const { return false; }
+  // Whether it can reduce buckets in `device`'s memory; the Reducer
+  // refuses at construction a hook that cannot.
+  virtual bool supports(Device device) const { return true; }
+  // Called after the Work that run() returned was waited for, on the
+  // waiting thread, with the same bucket except for its streams: those of
+  // the waiter, which the wait ordered after the collective. A hook on
+  // CUDA memory queues its last device work there (a compression hook
+  // widens its result); hooks on host memory finish inside their Work.
+  virtual void finish(const GradBucket& bucket) {}
 };
 
 // allreduce(avg) of the bucket as is.
@@ -272,6 +289,10 @@ class Reducer {
   std::shared_ptr<void> owner(int set, std::size_t i) const;
   std::size_t trailer_elements() const;
   bool solo() const;
+  void* stream() const;
+  GradBucket grad_bucket(std::size_t b, void* input, void* output, std::size_t count, void* stream) const;
+  void report_missing(double flag, std::uint64_t iteration);
+  void take_pending_flags();
   void finish_iteration();
   bool measuring() const;
   void record_timeline();

@@ -36,6 +36,19 @@ void check(cudaError_t status, std::string_view what) {
   throw Error(fmt::format("{}: CUDA error {} ({})", what, cudaGetErrorName(status), cudaGetErrorString(status)));
 }
 
+int visible_devices(std::string_view what_is) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0)
+    throw ConfigError(fmt::format(
+        "{} on CUDA memory, but this process sees no CUDA device ({}). Check the driver (nvidia-smi) and "
+        "CUDA_VISIBLE_DEVICES",
+        what_is,
+        status != cudaSuccess ? fmt::format("{}: {}", cudaGetErrorName(status), cudaGetErrorString(status))
+                              : "cudaGetDeviceCount found none"));
+  return count;
+}
+
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "reading the current CUDA device");
   if (previous_ != device) check(cudaSetDevice(device), fmt::format("making cuda:{} current", device));

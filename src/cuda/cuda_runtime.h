@@ -17,6 +17,10 @@ namespace lockstep::cuda {
 // Throws Error("<what>: CUDA error <name> (<description>)") unless `status` is cudaSuccess.
 void check(cudaError_t status, std::string_view what);
 
+// The number of CUDA devices this process sees; none is a ConfigError
+// saying "<what_is> on CUDA memory" ("this operation is") and what to check.
+int visible_devices(std::string_view what_is);
+
 // Makes `device` current on this thread for its scope, and restores the one before.
 class DeviceGuard {
  public:

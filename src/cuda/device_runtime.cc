@@ -17,22 +17,10 @@ namespace {
 
 constexpr std::size_t kDefaultStagingChunkBytes = 4 << 20;
 
-int visible_devices() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || count == 0)
-    throw ConfigError(fmt::format(
-        "this operation is on CUDA memory, but this process sees no CUDA device ({}). Check the driver "
-        "(nvidia-smi) and CUDA_VISIBLE_DEVICES",
-        status != cudaSuccess ? fmt::format("{}: {}", cudaGetErrorName(status), cudaGetErrorString(status))
-                              : "cudaGetDeviceCount found none"));
-  return count;
-}
-
 class CudaRuntime final : public DeviceRuntime {
  public:
   explicit CudaRuntime(const Config& config)
-      : devices_(visible_devices()),
+      : devices_(cuda::visible_devices("this operation is")),
         chunk_bytes_(config.cuda_staging_chunk_bytes.value_or(kDefaultStagingChunkBytes)) {}
 
   std::shared_ptr<detail::StreamOrder> order_after(Device device, void* caller_stream) override {

@@ -1,12 +1,12 @@
 // Built-in communication hooks: plain average, and fp16 / bf16 compression.
-// Compression keeps 16-bit scratch per bucket, keyed by the bucket's memory,
-// so one hook object may serve several reducers at once. Thread-safe.
+// Compression keeps 16-bit scratch per bucket, keyed by the bucket's memory
+// and kept in the same memory (host or device), so one hook object may
+// serve several reducers at once. Thread-safe.
 #include <algorithm>
 #include <map>
 #include <mutex>
 
-#include "comm/reduce_kernels.h"
-#include "common/half.h"
+#include "ddp/bucket_memory.h"
 #include "lockstep/reducer.h"
 
 namespace lockstep {
@@ -23,7 +23,9 @@ class AllreduceHook final : public CommHook {
 
 // Divides by the world size first (as PyTorch's hook does) so that sums of
 // large gradients stay within fp16's range, sends 16 bits, sums in fp32 on
-// the receiving side, and widens into the bucket when done.
+// the receiving side, and widens into the bucket when done: on host memory
+// inside the Work (on the progress thread), on CUDA memory in finish(), on
+// the stream the wait ordered after the collective.
 class CompressHook final : public CommHook {
  public:
   explicit CompressHook(DType wire) : wire_(wire) {}
@@ -32,38 +34,55 @@ class CompressHook final : public CommHook {
   std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) override {
     if (bucket.buffer.dtype != DType::f32) return pg.allreduce(bucket.input, bucket.buffer, ReduceOp::avg);
     const std::size_t n = bucket.buffer.count;
-    std::vector<std::uint16_t>* scratch = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      scratch = &scratch_[bucket.buffer.data];
+    const Device device = bucket.buffer.device;
+    void* stream = bucket.buffer.stream;
+    Scratch& scratch = scratch_for(bucket);
+    scratch.memory->narrow(static_cast<const float*>(bucket.input.data), scratch.wire.get(), n,
+                           1.0f / static_cast<float>(pg.size()), wire_, stream);
+    auto work = pg.allreduce(Buffer{scratch.wire.get(), n, wire_, device, stream}, ReduceOp::sum);
+    if (!device.is_cuda()) {
+      auto* reduced = static_cast<float*>(bucket.buffer.data);
+      work->on_complete([&scratch, reduced, n, wire = wire_](const Work& w) {
+        if (!w.error()) scratch.memory->widen(scratch.wire.get(), reduced, n, wire, nullptr);
+      });
     }
-    scratch->resize(n);
-    scale_and_narrow(static_cast<const float*>(bucket.input.data), scratch->data(), n, 1.0f / static_cast<float>(pg.size()));
-    auto work = pg.allreduce(Buffer{scratch->data(), n, wire_}, ReduceOp::sum);
-    auto* reduced = static_cast<float*>(bucket.buffer.data);
-    const DType wire = wire_;
-    work->on_complete([scratch, reduced, n, wire](const Work& w) {
-      if (!w.error()) widen_to_f32(scratch->data(), reduced, n, wire);
-    });
     return work;
   }
+
+  void finish(const GradBucket& bucket) override {
+    if (bucket.buffer.dtype != DType::f32 || !bucket.buffer.device.is_cuda()) return;
+    Scratch& scratch = scratch_for(bucket);
+    scratch.memory->widen(scratch.wire.get(), static_cast<float*>(bucket.buffer.data), bucket.buffer.count, wire_,
+                          bucket.buffer.stream);
+  }
+
   bool out_of_place() const override { return true; }
 
  private:
-  // wire = narrow(grads x scale), a block at a time (one pass over grads).
-  void scale_and_narrow(const float* grads, std::uint16_t* wire, std::size_t n, float scale) const {
-    constexpr std::size_t kBlock = 1024;
-    float block[kBlock];
-    for (std::size_t i = 0; i < n; i += kBlock) {
-      const std::size_t m = std::min(kBlock, n - i);
-      for (std::size_t j = 0; j < m; ++j) block[j] = grads[i + j] * scale;
-      narrow_from_f32(block, wire + i, m, wire_);
+  // The 16-bit copy of one bucket, in the bucket's memory.
+  struct Scratch {
+    std::unique_ptr<detail::BucketMemory> memory;
+    std::shared_ptr<std::byte[]> wire;
+    std::size_t count = 0;
+  };
+
+  Scratch& scratch_for(const GradBucket& bucket) {
+    std::lock_guard lock(mutex_);
+    Scratch& scratch = scratch_[bucket.buffer.data];
+    if (!scratch.memory || scratch.memory->device() != bucket.buffer.device) {
+      scratch.memory = detail::bucket_memory_for(bucket.buffer.device);
+      scratch.wire.reset();
     }
+    if (!scratch.wire || scratch.count < bucket.buffer.count) {
+      scratch.wire = scratch.memory->allocate_scratch(bucket.buffer.count * dtype_size(wire_), bucket.buffer.stream);
+      scratch.count = bucket.buffer.count;
+    }
+    return scratch;
   }
 
   DType wire_;
   std::mutex mutex_;  // guards the map; each entry is used by one bucket at a time
-  std::map<const void*, std::vector<std::uint16_t>> scratch_;
+  std::map<const void*, Scratch> scratch_;
 };
 
 }  // namespace

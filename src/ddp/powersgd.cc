@@ -107,6 +107,9 @@ class PowerSGD final : public PowerSGDHook {
     return stats_;
   }
 
+  // Its low-rank products run on the host.
+  bool supports(Device device) const override { return !device.is_cuda(); }
+
   std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) override {
     const bool compress = iterations_ >= options_.start_powersgd_iter && bucket.buffer.dtype == DType::f32;
     if (bucket.last) ++iterations_;  // a backward pass ends with its last bucket

@@ -24,6 +24,16 @@
 // that must keep its values while its input slot is reused, e.g. one unused
 // on every rank, is first moved into memory of its own.)
 //
+// CUDA gradients (GradientSource::device()): the buckets are device memory
+// and every copy, zeroing and collective is queued on the framework's
+// current stream (detail::BucketMemory), so the step never waits on the
+// host. finalize() makes its own current stream wait for the collectives
+// (Work::wait) and reads the last bucket's flags back asynchronously: the
+// missing-gradient report is read at the first forward that finds the copy
+// landed (at the latest at the next finalize). Only find_unused_parameters reads the flags at once (it
+// needs them to know which gradients to point at the averages), which is a
+// host synchronisation per step, as in PyTorch's reducer.
+//
 // Reporting missing gradients without hanging: the last bucket carries one
 // extra element, a flag each rank sets to 1 if it had to fill in missing
 // gradients. It is averaged with the bucket, so after the step every rank
@@ -44,38 +54,16 @@
 
 #include "common/clock.h"
 #include "ddp/bucket_autotune.h"
+#include "ddp/bucket_memory.h"
 #include "lockstep/error.h"
 #include "lockstep/reducer.h"
 
 namespace lockstep {
 namespace {
 
-void write_flag(void* at, DType dtype, double v) { store_from_double(at, dtype, 0, v); }
-
-double read_flag(const void* at, DType dtype) { return load_as_double(at, dtype, 0); }
-
-// data[0, count) *= factor, for the floating-point dtypes gradients have.
-void scale(void* data, std::size_t count, DType dtype, double factor) {
-  switch (dtype) {
-    case DType::f32: {
-      auto* p = static_cast<float*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] * factor);
-      break;
-    }
-    case DType::f64: {
-      auto* p = static_cast<double*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
-      break;
-    }
-    case DType::f16:
-    case DType::bf16: {
-      auto* p = static_cast<std::uint16_t*>(data);
-      for (std::size_t i = 0; i < count; ++i) write_flag(p + i, dtype, read_flag(p + i, dtype) * factor);
-      break;
-    }
-    default: break;  // integer gradients are not averaged
-  }
-}
+// The flags after the last bucket's gradients: [0] missing-gradient, [1 + i]
+// parameter i produced a gradient (find_unused_parameters only).
+constexpr std::size_t kMissingFlag = 0;
 
 }  // namespace
 
@@ -92,6 +80,7 @@ std::size_t StepStats::bytes() const {
 }
 
 struct Reducer::State {
+  std::unique_ptr<detail::BucketMemory> memory;  // host or the gradients' device
   std::string store_prefix;                          // "ddp/<instance>"
   std::array<std::vector<std::shared_ptr<std::byte[]>>, 2> storage;  // [set][bucket]
   int input_set = 0;  // the set the next synchronised backward reduces from
@@ -104,6 +93,7 @@ struct Reducer::State {
   std::vector<std::size_t> pending;  // parameters not yet ready, per bucket
   std::size_t next_launch = 0;
   std::vector<std::shared_ptr<Work>> works;
+  std::vector<GradBucket> launched;  // what each bucket's hook was given (for its finish())
   std::vector<BucketTiming> timings;
   std::vector<std::size_t> ready_order;
   std::vector<std::size_t> missing;  // filled with zeros although not declared unused
@@ -123,6 +113,10 @@ struct Reducer::State {
   std::vector<int> expected_calls;            // static_graph: from the first iteration
   bool static_learned = false;
   std::string pending_error;  // reported at the next forward
+  // The last bucket's flags, on their way back from device memory: read
+  // at the next forward (take_pending_flags), for iteration pending_iteration.
+  std::unique_ptr<detail::ValuesReadBack> pending_flags;
+  std::uint64_t pending_iteration = 0;
   bool pending_mismatch = false;  // pending_error is a MismatchError, not an InvalidArgument
 };
 
@@ -137,6 +131,12 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params
   // The k-th reducer a rank creates on this group is the k-th on every rank.
   const auto instance = pg_->store()->add(fmt::format("ddp/instances/{}", pg_->rank()), 1);
   state_->store_prefix = fmt::format("ddp/{}", instance);
+  if (!options_.comm_hook->supports(gradients_.device()))
+    throw InvalidArgument(fmt::format(
+        "the communication hook {} cannot reduce gradients on {}; use the allreduce, fp16_compress or bf16_compress "
+        "hook there, or keep the model in host memory",
+        options_.comm_hook->name(), to_string(gradients_.device())));
+  state_->memory = detail::bucket_memory_for(gradients_.device());
   buckets_ = plan_buckets(params_, reverse_order(params_.size()), options_.buckets);
   allocate_buckets();
   state_->calls.assign(params_.size(), 0);
@@ -166,8 +166,8 @@ void Reducer::allocate_buckets() {
       const Bucket& bucket = buckets_[b];
       const bool last = b + 1 == buckets_.size();
       // Collective on every rank in the same order (ProcessGroup::allocate_shared).
-      s.storage[set].push_back(
-          pg_->allocate_shared((bucket.count + (last ? trailer_elements() : 0)) * dtype_size(bucket.dtype)));
+      s.storage[set].push_back(s.memory->allocate_bucket(
+          *pg_, (bucket.count + (last ? trailer_elements() : 0)) * dtype_size(bucket.dtype)));
     }
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -199,12 +199,21 @@ std::shared_ptr<void> Reducer::owner(int set, std::size_t i) const {
 void Reducer::zero_slot(std::size_t i) {
   void* slot = bucket_slot(i);
   if (double_buffered()) gradients_.move_out_of(i, slot);
-  std::memset(slot, 0, params_[i].count * dtype_size(params_[i].dtype));
+  state_->memory->zero(slot, params_[i].count * dtype_size(params_[i].dtype), stream());
 }
 
 std::uint64_t Reducer::iterations() const { return state_->iterations; }
 
 bool Reducer::solo() const { return pg_->size() == 1; }
+
+void* Reducer::stream() const { return gradients_.current_stream(); }
+
+GradBucket Reducer::grad_bucket(std::size_t b, void* input, void* output, std::size_t count, void* stream) const {
+  const Bucket& bucket = buckets_[b];
+  const Device device = state_->memory->device();
+  return GradBucket{b, Buffer{output, count, bucket.dtype, device, stream}, b + 1 == buckets_.size(),
+                    ConstBuffer{input, count, bucket.dtype, device, stream}, &bucket, &params_};
+}
 
 // Elements after the last bucket's gradients: the missing-gradient flag,
 // and with find_unused_parameters a used flag per parameter.
@@ -255,20 +264,25 @@ bool Reducer::maybe_rebuild_buckets() {
   // until they are copied into the new ones at the next backward. A
   // gradient the framework dropped stays dropped (not revived with the old
   // values, which backward would then accumulate onto).
-  std::vector<std::vector<std::byte>> saved(options_.gradient_as_bucket_view ? params_.size() : 0);
+  void* here = stream();
+  std::vector<std::shared_ptr<std::byte[]>> saved(options_.gradient_as_bucket_view ? params_.size() : 0);
   for (std::size_t i = 0; i < saved.size(); ++i) {
     if (!gradients_.has_gradient(i)) continue;
-    const auto* grad = static_cast<const std::byte*>(gradients_.gradient(i));
-    saved[i].assign(grad, grad + params_[i].count * dtype_size(params_[i].dtype));
+    const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
+    saved[i] = s.memory->allocate_scratch(bytes, here);
+    s.memory->copy(saved[i].get(), gradients_.gradient(i), bytes, here);
   }
   buckets_ = std::move(plan);
   allocate_buckets();
   for (std::size_t i = 0; i < saved.size(); ++i)
-    if (!saved[i].empty()) std::memcpy(bucket_slot(i), saved[i].data(), saved[i].size());
+    if (saved[i]) s.memory->copy(bucket_slot(i), saved[i].get(), params_[i].count * dtype_size(params_[i].dtype), here);
   return true;
 }
 
 void Reducer::check_previous_iteration() {
+  // Flags still on their way from the device are read at a later forward
+  // (or by finalize) rather than waited for: the host keeps running ahead.
+  if (state_->pending_flags && state_->pending_flags->ready()) take_pending_flags();
   if (state_->pending_error.empty()) return;
   std::string message = std::move(state_->pending_error);
   state_->pending_error.clear();
@@ -290,6 +304,7 @@ void Reducer::prepare_for_backward(const std::vector<std::size_t>& unused) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) s.pending[b] = buckets_[b].params.size();
   s.next_launch = 0;
   s.works.assign(buckets_.size(), nullptr);
+  s.launched.assign(buckets_.size(), GradBucket{});
   s.timings.assign(buckets_.size(), BucketTiming{});
   s.ready_order.clear();
   s.missing.clear();
@@ -338,7 +353,7 @@ void Reducer::mark_ready(std::size_t i) {
   void* slot = bucket_slot(i);
   void* grad = gradients_.gradient(i);
   if (grad != slot && !solo()) {
-    std::memcpy(slot, grad, bytes);
+    s.memory->copy(slot, grad, bytes, stream());
     if (options_.gradient_as_bucket_view) gradients_.use_as_gradient(i, slot, owner(s.input_set, i));
   }
   s.ready[i] = true;
@@ -363,11 +378,11 @@ void Reducer::launch(std::size_t b) {
       for (std::size_t i : s.missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", params_[i].name);
       pg_->store()->set(fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, pg_->rank()), names);
     }
-    std::byte* trailer = s.storage[s.input_set][b].get() + count * dtype_size(bucket.dtype);
-    write_flag(trailer, bucket.dtype, s.missing.empty() ? 0.0 : 1.0);
+    std::vector<double> flags(trailer_elements(), 0.0);
+    flags[kMissingFlag] = s.missing.empty() ? 0.0 : 1.0;
     if (options_.find_unused_parameters)
-      for (std::size_t i = 0; i < params_.size(); ++i)
-        write_flag(trailer + (1 + i) * dtype_size(bucket.dtype), bucket.dtype, s.produced[i] ? 1.0 : 0.0);
+      for (std::size_t i = 0; i < params_.size(); ++i) flags[1 + i] = s.produced[i] ? 1.0 : 0.0;
+    s.memory->write(s.storage[s.input_set][b].get() + count * dtype_size(bucket.dtype), bucket.dtype, flags, stream());
     count += trailer_elements();
   }
   BucketTiming& timing = s.timings[b];
@@ -377,14 +392,15 @@ void Reducer::launch(std::size_t b) {
     timing.started_us = timing.finished_us = timing.launched_us;
     return;
   }
+  void* here = stream();
   std::byte* input = s.storage[s.input_set][b].get();
   std::byte* output = s.storage[output_set()][b].get();
   if (input != output && !options_.comm_hook->out_of_place()) {
-    std::memcpy(output, input, count * dtype_size(bucket.dtype));
+    s.memory->copy(output, input, count * dtype_size(bucket.dtype), here);
     input = output;
   }
-  s.works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{output, count, bucket.dtype}, last,
-                                                        ConstBuffer{input, count, bucket.dtype}, &bucket, &params_});
+  s.launched[b] = grad_bucket(b, input, output, count, here);
+  s.works[b] = options_.comm_hook->run(*pg_, s.launched[b]);
   if (s.works[b]->done()) {
     // It ran to completion on this thread (a small operation on an idle
     // group): timed here, precisely. Inside backward (finalize has not
@@ -409,7 +425,7 @@ void Reducer::force_missing() {
       // First static iteration: the gradient is there, just not counted yet.
       const std::size_t bytes = params_[i].count * dtype_size(params_[i].dtype);
       void* grad = gradients_.gradient(i);
-      if (grad != bucket_slot(i) && !solo()) std::memcpy(bucket_slot(i), grad, bytes);
+      if (grad != bucket_slot(i) && !solo()) s.memory->copy(bucket_slot(i), grad, bytes, stream());
       s.produced[i] = true;
     } else {
       if (!solo()) zero_slot(i);
@@ -434,9 +450,17 @@ void Reducer::finalize() {
   last_step_.backward_end_us = now_us();
   force_missing();
   launch_ready_buckets();
+  // Work queued on this thread's stream from here on (the optimizer's step)
+  // sees the averages: each wait orders the bucket's launch stream after
+  // its collective, and that stream is ordered before ours.
+  void* here = stream();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (!s.works[b]) continue;  // nothing was sent (a world of one)
     s.works[b]->wait();
+    s.memory->order(s.launched[b].buffer.stream, here);
+    GradBucket waited = s.launched[b];
+    waited.buffer.stream = waited.input.stream = here;
+    options_.comm_hook->finish(waited);
     if (s.timings[b].finished_us != 0) continue;  // timed at launch
     s.timings[b].started_us = s.works[b]->started_us();
     s.timings[b].finished_us = s.works[b]->finished_us();
@@ -446,50 +470,75 @@ void Reducer::finalize() {
     // The hook averaged over the whole group; ranks that joined sent zeros.
     const double factor = static_cast<double>(pg_->size()) / contributing_ranks_;
     for (std::size_t b = 0; b < buckets_.size(); ++b)
-      scale(s.storage[out][b].get(), buckets_[b].count, buckets_[b].dtype, factor);
+      s.memory->scale(s.storage[out][b].get(), buckets_[b].count, buckets_[b].dtype, factor, here);
   }
   contributing_ranks_ = 0;
-  const std::byte* trailer = buckets_.empty() ? nullptr
-                                              : s.storage[out].back().get() +
-                                                    buckets_.back().count * dtype_size(buckets_.back().dtype);
-  if (double_buffered()) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const bool used_somewhere = !options_.find_unused_parameters ||
-                                  read_flag(trailer + (1 + i) * dtype_size(buckets_.back().dtype), buckets_.back().dtype) != 0;
-      if (used_somewhere) gradients_.use_as_gradient(i, slot_in(out, i), owner(out, i));
-    }
-    s.input_set = out;
-  }
   if (!buckets_.empty()) {
     const Bucket& last = buckets_.back();
-    const double flag = solo() ? (s.missing.empty() ? 0.0 : 1.0) : read_flag(trailer, last.dtype);
-    if (flag != 0 && !options_.find_unused_parameters) {
-      std::string report;
-      for (int r = 0; r < pg_->size(); ++r) {
-        const std::string key = fmt::format("{}/missing/{}/{}", s.store_prefix, s.iterations, r);
-        if (pg_->store()->check({key})) report += fmt::format("\n  rank {}: {}", r, pg_->store()->get(key));
+    take_pending_flags();  // a report nobody asked for yet is not overwritten
+    if (solo()) {
+      report_missing(s.missing.empty() ? 0.0 : 1.0, s.iterations);
+    } else {
+      auto flags = s.memory->read(s.storage[out].back().get() + last.count * dtype_size(last.dtype), last.dtype,
+                                  trailer_elements(), here);
+      if (double_buffered() && options_.find_unused_parameters) {
+        // Which gradients to point at the averages depends on the flags:
+        // read them now (on CUDA, the host waits for the last bucket).
+        const std::vector<double> values = flags->values(pg_->timeout());
+        for (std::size_t i = 0; i < params_.size(); ++i)
+          if (values[1 + i] != 0) gradients_.use_as_gradient(i, slot_in(out, i), owner(out, i));
+        s.input_set = out;
+        report_missing(values[kMissingFlag], s.iterations);
+      } else {
+        s.pending_flags = std::move(flags);
+        s.pending_iteration = s.iterations;
       }
-      // No rank said it missed a gradient, yet the flag came back set: what
-      // was summed there was not the flag on every rank, so the ranks'
-      // buckets (or their collectives) do not line up.
-      s.pending_mismatch = report.empty();
-      s.pending_error =
-          report.empty()
-              ? fmt::format(
-                    "rank {}/{}: in iteration {}, the ranks' gradient buckets did not line up: the last bucket's "
-                    "missing-gradient flag came back set though no rank missed a gradient, so the all-reduces "
-                    "paired different data. The ranks use different models, bucket sizes or DDP options, or one "
-                    "issued a collective the others did not; the gradients of this iteration are wrong.",
-                    pg_->rank(), pg_->size(), s.iterations)
-              : fmt::format(
-                    "rank {}/{}: in iteration {}, these parameters received no gradient (they were not used to "
-                    "compute the loss):{}\nEvery parameter must take part in the loss on every rank, or construct "
-                    "DistributedDataParallel with find_unused_parameters=true so that missing gradients count as "
-                    "zeros.",
-                    pg_->rank(), pg_->size(), s.iterations, report);
     }
   }
+  if (double_buffered() && s.input_set != out) {
+    for (std::size_t i = 0; i < params_.size(); ++i) gradients_.use_as_gradient(i, slot_in(out, i), owner(out, i));
+    s.input_set = out;
+  }
   finish_iteration();
+}
+
+// The last bucket's flags of an earlier iteration, if still unread: the
+// report of missing gradients (or of buckets that did not line up).
+void Reducer::take_pending_flags() {
+  auto& s = *state_;
+  if (!s.pending_flags) return;
+  auto flags = std::move(s.pending_flags);
+  report_missing(flags->values(pg_->timeout())[kMissingFlag], s.pending_iteration);
+}
+
+// `flag`: the averaged missing-gradient flag of `iteration`. Non-zero: the
+// report for the next forward, naming every rank's missing parameters.
+void Reducer::report_missing(double flag, std::uint64_t iteration) {
+  auto& s = *state_;
+  if (flag == 0 || options_.find_unused_parameters) return;
+  std::string report;
+  for (int r = 0; r < pg_->size(); ++r) {
+    const std::string key = fmt::format("{}/missing/{}/{}", s.store_prefix, iteration, r);
+    if (pg_->store()->check({key})) report += fmt::format("\n  rank {}: {}", r, pg_->store()->get(key));
+  }
+  // No rank said it missed a gradient, yet the flag came back set: what
+  // was summed there was not the flag on every rank, so the ranks'
+  // buckets (or their collectives) do not line up.
+  s.pending_mismatch = report.empty();
+  s.pending_error =
+      report.empty()
+          ? fmt::format(
+                "rank {}/{}: in iteration {}, the ranks' gradient buckets did not line up: the last bucket's "
+                "missing-gradient flag came back set though no rank missed a gradient, so the all-reduces "
+                "paired different data. The ranks use different models, bucket sizes or DDP options, or one "
+                "issued a collective the others did not; the gradients of this iteration are wrong.",
+                pg_->rank(), pg_->size(), iteration)
+          : fmt::format(
+                "rank {}/{}: in iteration {}, these parameters received no gradient (they were not used to "
+                "compute the loss):{}\nEvery parameter must take part in the loss on every rank, or construct "
+                "DistributedDataParallel with find_unused_parameters=true so that missing gradients count as "
+                "zeros.",
+                pg_->rank(), pg_->size(), iteration, report);
 }
 
 // The collectives of launch(), in bucket order, on zeros: what this rank
@@ -498,20 +547,27 @@ void Reducer::finalize() {
 void Reducer::shadow_backward() {
   auto& s = *state_;
   if (solo()) return;
-  std::vector<std::vector<std::byte>> zeros(buckets_.size()), results(buckets_.size());
+  void* here = stream();
+  std::vector<std::shared_ptr<std::byte[]>> zeros(buckets_.size()), results(buckets_.size());
+  std::vector<GradBucket> launched(buckets_.size());
   std::vector<std::shared_ptr<Work>> works(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
-    const bool last = b + 1 == buckets_.size();
-    const std::size_t count = bucket.count + (last ? trailer_elements() : 0);
-    zeros[b].assign(count * dtype_size(bucket.dtype), std::byte{0});
-    results[b].assign(zeros[b].size(), std::byte{0});
-    const std::byte* input = options_.comm_hook->out_of_place() ? zeros[b].data() : results[b].data();
-    works[b] = options_.comm_hook->run(*pg_, GradBucket{b, Buffer{results[b].data(), count, bucket.dtype}, last,
-                                                        ConstBuffer{input, count, bucket.dtype}, &bucket, &params_});
+    const std::size_t count = bucket.count + (b + 1 == buckets_.size() ? trailer_elements() : 0);
+    results[b] = s.memory->allocate_scratch(count * dtype_size(bucket.dtype), here);
+    std::byte* input = results[b].get();
+    if (options_.comm_hook->out_of_place()) {
+      zeros[b] = s.memory->allocate_scratch(count * dtype_size(bucket.dtype), here);
+      input = zeros[b].get();
+    }
+    launched[b] = grad_bucket(b, input, results[b].get(), count, here);
+    works[b] = options_.comm_hook->run(*pg_, launched[b]);
     pg_->annotate(works[b]->seq(), fmt::format("bucket {} (joined: zeros)", b));
   }
-  for (auto& w : works) w->wait();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    works[b]->wait();
+    options_.comm_hook->finish(launched[b]);
+  }
   // The ranks still training rebuild their buckets after their first
   // synchronised backward; a rank that joined before its first one must
   // take part in that rebuild (with rank 0's order, like everyone).

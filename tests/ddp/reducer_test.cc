@@ -3,15 +3,19 @@
 // hooks and static graphs — everything except libtorch.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "comm/device_memory.h"
 #include "common/clock.h"
 #include "common/half.h"
 #include "harness/thread_world.h"
 #include "harness/vector_gradients.h"
+#include "lockstep/powersgd.h"
 #include "lockstep/reducer.h"
 
 namespace lockstep {
@@ -295,6 +299,53 @@ TEST_P(ReducerTest, AGradientArrivingTwiceWithoutStaticGraphIsAnError) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ReducerTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
+
+// Gradients that say they are on cuda:0; never touched (every test here
+// is refused before a gradient is read).
+class CudaLabelledGradients final : public GradientSource {
+ public:
+  void* gradient(std::size_t) override { throw std::logic_error("a refused reducer read a gradient"); }
+  bool has_gradient(std::size_t) const override { return false; }
+  void use_as_gradient(std::size_t, void*, std::shared_ptr<void>) override {}
+  void move_out_of(std::size_t, const void*) override {}
+  Device device() const override { return Device::cuda(0); }
+};
+
+// A hook whose work runs on the host cannot take buckets in device memory:
+// refused when the Reducer is built, naming the hook and the device, not
+// in the middle of a backward pass.
+TEST(ReducerOnCuda, AHostOnlyHookIsRefusedAtConstruction) {
+  ThreadWorld world(1);
+  CudaLabelledGradients grads;
+  ReducerOptions options;
+  options.comm_hook = powersgd_hook();
+  try {
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&world.group(0), [](ProcessGroup*) {}),
+                    {ParamSpec{"w", 16, DType::f32, {4, 4}}}, grads, options);
+    FAIL() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot reduce gradients on cuda:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("powersgd"), std::string::npos) << what;
+  }
+}
+
+// Where no GPU can be used, gradients on one are a ConfigError that says
+// why: this lockstep has no CUDA, or this process sees no device.
+TEST(ReducerOnCuda, GradientsOnAGpuWithoutOneSayWhy) {
+  if (built_with_cuda() && access("/dev/nvidiactl", F_OK) == 0) GTEST_SKIP() << "this machine has a CUDA device";
+  ThreadWorld world(1);
+  CudaLabelledGradients grads;
+  try {
+    Reducer reducer(std::shared_ptr<ProcessGroup>(&world.group(0), [](ProcessGroup*) {}),
+                    {ParamSpec{"w", 16, DType::f32, {}}}, grads);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(built_with_cuda() ? "sees no CUDA device" : "built without CUDA"), std::string::npos) << what;
+    EXPECT_NE(what.find("gradients are on"), std::string::npos) << what;
+  }
+}
 
 }  // namespace
 }  // namespace lockstep
