@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <fstream>
+#include <optional>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "cuda_stream.h"
 #include "lockstep/error.h"
 
 namespace lockstep::torch {
@@ -24,10 +26,15 @@ namespace {
 namespace autograd = ::torch::autograd;
 
 // param.grad() as the Reducer needs it: contiguous, created on demand, and
-// re-pointable into a bucket.
+// re-pointable into a bucket; on the parameters' device, computed on
+// libtorch's current stream there.
 class TorchGradients final : public GradientSource {
  public:
-  explicit TorchGradients(std::vector<::torch::Tensor> params) : params_(std::move(params)) {}
+  TorchGradients(std::vector<::torch::Tensor> params, c10::Device device)
+      : params_(std::move(params)), device_(device) {}
+
+  Device device() const override { return device_.is_cuda() ? Device::cuda(device_.index()) : Device::host(); }
+  void* current_stream() const override { return lockstep::torch::current_stream(device_); }
 
   void* gradient(std::size_t i) override {
     ::torch::Tensor& p = params_[i];
@@ -68,7 +75,27 @@ class TorchGradients final : public GradientSource {
   }
 
   std::vector<::torch::Tensor> params_;
+  const c10::Device device_;
 };
+
+// The one device every parameter and buffer is on (CPU or CUDA): DDP
+// replicates a whole module on each rank, and buckets live on its device.
+c10::Device module_device(const std::vector<std::pair<std::string, ::torch::Tensor>>& params,
+                          const std::vector<std::pair<std::string, ::torch::Tensor>>& buffers) {
+  std::optional<std::pair<std::string, c10::Device>> first;
+  const auto visit = [&](const std::string& what, const ::torch::Tensor& t) {
+    buffer_of(t, what);  // a device lockstep takes
+    if (!first) first.emplace(what, t.device());
+    else if (t.device() != first->second)
+      throw InvalidArgument(fmt::format(
+          "DistributedDataParallel: {} is on {} but {} is on {}; every parameter and buffer of the module must be "
+          "on one device: move the module there (module->to(device)) before wrapping it",
+          what, t.device().str(), first->first, first->second.str()));
+  };
+  for (const auto& [name, t] : params) visit(fmt::format("parameter '{}'", name), t);
+  for (const auto& [name, t] : buffers) visit(fmt::format("buffer '{}'", name), t);
+  return first ? first->second : c10::Device(c10::kCPU);
+}
 
 // The options that decide which collectives a rank issues, as text.
 std::vector<std::pair<std::string, std::string>> describe_options(const DDPOptions& o) {
@@ -285,8 +312,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   verify_same_descriptions(*s.pg, describe_options(s.options), "the DistributedDataParallel options",
                            "Every rank must pass the same DDPOptions: ranks that bucket, hook or look for unused "
                            "parameters differently issue different collectives.");
-  for (const auto& [name, t] : named_params) host_buffer_of(t, fmt::format("parameter '{}'", name));
-  for (const auto& [name, t] : named_buffers) host_buffer_of(t, fmt::format("buffer '{}'", name));
+  const c10::Device device = module_device(named_params, named_buffers);
   verify_same_across_ranks(*s.pg, named_params, "parameters");
   verify_same_across_ranks(*s.pg, named_buffers, "buffers");
 
@@ -306,7 +332,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
     s.params.push_back(t);
     specs.push_back(ParamSpec{name, static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type()), t.sizes().vec()});
   }
-  s.gradients = std::make_unique<TorchGradients>(s.params);
+  s.gradients = std::make_unique<TorchGradients>(s.params, device);
   s.reducer = std::make_unique<Reducer>(s.pg, std::move(specs), *s.gradients, reducer_options(s.options));
 
   for (std::size_t i = 0; i < s.params.size(); ++i) {

@@ -8,6 +8,7 @@
 
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
+#include "cuda_stream.h"
 
 namespace lockstep::torch {
 
@@ -27,12 +28,24 @@ DType dtype_of(::torch::ScalarType type) {
   throw InvalidArgument(fmt::format("lockstep cannot communicate tensors of type {}", c10::toString(type)));
 }
 
+Buffer buffer_of(const ::torch::Tensor& t, std::string_view what) {
+  const auto device = t.device();
+  if (!device.is_cpu() && !device.is_cuda())
+    throw InvalidArgument(fmt::format("{} is on {}: lockstep takes CPU and CUDA tensors", what, device.str()));
+  Buffer b{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())};
+  if (device.is_cuda()) {
+    b.device = Device::cuda(device.index());
+    b.stream = current_stream(device);
+  }
+  return b;
+}
+
 Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what) {
   if (!t.device().is_cpu())
     throw InvalidArgument(fmt::format(
-        "{} is on {}: lockstep's DistributedDataParallel, SyncBatchNorm and ZeroRedundancyOptimizer keep their "
-        "buckets and statistics in host memory and take CPU tensors only for now (the process group's collectives "
-        "take CUDA memory: docs/gpu.md). Keep the model on the CPU",
+        "{} is on {}: lockstep's SyncBatchNorm and ZeroRedundancyOptimizer keep their statistics and shards in "
+        "host memory and take CPU tensors only for now (DistributedDataParallel and the process group's "
+        "collectives take CUDA tensors: docs/gpu.md). Keep this module on the CPU",
         what, t.device().str()));
   return Buffer{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())};
 }
@@ -47,7 +60,9 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
     std::vector<::torch::Tensor> flat;
     for (const auto& t : group) flat.push_back(t.reshape({-1}));
     ::torch::Tensor packed = ::torch::cat(flat).contiguous();
-    pg.broadcast(host_buffer_of(packed, "a tensor of the model"), root)->wait();
+    // On a GPU, wait() orders the current stream after the broadcast, so
+    // the copies out of `packed` below (queued there) see its result.
+    pg.broadcast(buffer_of(packed, "a tensor of the model"), root)->wait();
     std::int64_t offset = 0;
     for (auto& t : group) {
       t.copy_(packed.slice(0, offset, offset + t.numel()).view_as(t));

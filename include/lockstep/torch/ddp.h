@@ -253,10 +253,17 @@ DistributedDataParallel(std::shared_ptr<ModuleImpl>, std::shared_ptr<ProcessGrou
 // types lockstep does not move (complex, ...).
 DType dtype_of(::torch::ScalarType type);
 
-// The host memory of a CPU tensor, for the collectives of DDP,
-// SyncBatchNorm and ZeroRedundancyOptimizer, which keep their state in
-// host memory. A tensor on another device is an InvalidArgument naming
-// `what` (the process group itself takes CUDA memory; these do not yet).
+// The memory of a contiguous CPU or CUDA tensor, for a collective. A CUDA
+// tensor's buffer names libtorch's current stream of its device on this
+// thread, so the collective runs after the work queued there and
+// Work::wait() orders that stream after it. Another device is an
+// InvalidArgument naming `what`.
+Buffer buffer_of(const ::torch::Tensor& t, std::string_view what);
+
+// The host memory of a CPU tensor, for the collectives of SyncBatchNorm
+// and ZeroRedundancyOptimizer, which keep their state in host memory. A
+// tensor on another device is an InvalidArgument naming `what` (DDP and
+// the process group take CUDA tensors; these do not yet).
 Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what);
 
 // Broadcasts `tensors` from `root`, one collective per dtype (flattened).
