@@ -6,12 +6,16 @@
 // and "convnet" (the Fashion-MNIST net: Conv 1->32->64, MaxPool, Linear
 // 9216->128->10, cross-entropy). Batch is per rank; SGD. --no-sync measures
 // the same step with gradient synchronisation off, so step - no_sync step is
-// the communication the step exposes.
+// the communication the step exposes. --device cuda trains on the GPU of
+// the local rank (cuda:(LOCAL_RANK % devices)), timing each step until the
+// device is done with it; --no-ddp trains the same model without the DDP
+// wrapper, the baseline of DDP's overhead in a world of one.
 #include <lockstep/error.h>
 #include <lockstep/affinity.h>
 #include <lockstep/powersgd.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <lockstep_models/models.h>
@@ -34,6 +38,8 @@ struct Options {
   int steps = 20;
   int warmup = 3;
   bool no_sync = false;
+  bool no_ddp = false;
+  std::string device = "cpu";
   bool bucket_view = false;
   double bucket_cap_mb = 25;
   bool autotune = false;
@@ -41,10 +47,22 @@ struct Options {
   int powersgd_rank = 1;
 };
 
+// The device this rank trains on: the CPU, or its local rank's GPU.
+torch::Device training_device(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available())
+    throw lockstep::ConfigError("--device cuda: libtorch sees no CUDA device (or was built without CUDA)");
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const int index = (local_rank ? std::atoi(local_rank) : 0) % static_cast<int>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 template <typename Model>
 int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
+  const torch::Device device = training_device(o.device);
   torch::manual_seed(1);
   auto model = std::make_shared<Model>();
+  model->to(device);
   lockstep::torch::DDPOptions ddp_options;
   ddp_options.gradient_as_bucket_view = o.bucket_view;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
@@ -59,33 +77,39 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
     powersgd = o.hook == "powersgd" ? lockstep::powersgd_hook(psgd) : lockstep::batched_powersgd_hook(psgd);
     ddp_options.comm_hook = powersgd;
   }
-  lockstep::torch::DistributedDataParallel<Model> ddp(model, pg, ddp_options);
+  std::unique_ptr<lockstep::torch::DistributedDataParallel<Model>> ddp;
+  if (!o.no_ddp) ddp = std::make_unique<lockstep::torch::DistributedDataParallel<Model>>(model, pg, ddp_options);
   torch::optim::SGD opt(model->parameters(), 0.01);
   const bool conv = o.model == "convnet";
   torch::manual_seed(100 + pg->rank());
-  auto x = conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, 2048});
-  auto y = conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, 2048});
+  auto x = (conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, 2048})).to(device);
+  auto y = (conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, 2048})).to(device);
+  // A step ends when the device is done with it, not when it is queued.
+  const auto finish_step = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
 
   std::vector<double> step_ms, exposed_ms;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     opt.zero_grad();
     const auto forward_backward = [&] {
-      auto out = ddp.forward(x);
+      auto out = ddp ? ddp->forward(x) : model->forward(x);
       auto loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
       loss.backward();
     };
-    if (o.no_sync) {
-      auto guard = ddp.no_sync();  // as in PyTorch, around the forward and the backward
+    if (o.no_sync && ddp) {
+      auto guard = ddp->no_sync();  // as in PyTorch, around the forward and the backward
       forward_backward();
     } else {
       forward_backward();
     }
     opt.step();
+    finish_step();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (s >= o.warmup) {
       step_ms.push_back(ms);
-      exposed_ms.push_back(ddp.last_step().backward.exposed_communication_ms());
+      exposed_ms.push_back(ddp ? ddp->last_step().backward.exposed_communication_ms() : 0.0);
     }
   }
   std::sort(step_ms.begin(), step_ms.end());
@@ -97,16 +121,17 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   if (pg->rank() == 0) {
     std::size_t params = 0;
     for (auto& p : model->parameters()) params += static_cast<std::size_t>(p.numel());
-    std::printf("model %s (%.1fM parameters), %d rank(s), backend %s, batch %d per rank, %s%s, hook %s\n",
-                o.model.c_str(), static_cast<double>(params) / 1e6, pg->size(), pg->backend().c_str(), o.batch,
-                o.no_sync ? "no_sync" : "synchronised", o.bucket_view ? ", gradient_as_bucket_view" : "",
-                o.hook.c_str());
+    std::printf("model %s (%.1fM parameters) on %s, %d rank(s), backend %s, batch %d per rank, %s%s, hook %s\n",
+                o.model.c_str(), static_cast<double>(params) / 1e6, device.str().c_str(), pg->size(),
+                pg->backend().c_str(), o.batch,
+                o.no_ddp ? "without DDP" : o.no_sync ? "no_sync" : "synchronised",
+                o.bucket_view ? ", gradient_as_bucket_view" : "", o.hook.c_str());
     std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", median, exposed,
                 o.batch * pg->size() * 1000.0 / median);
     if (powersgd) std::printf("compression_ratio %.1f\n", powersgd->compression_stats().ratio());
-    if (const auto& tuned = ddp.bucket_autotune())
+    if (ddp && ddp->bucket_autotune())
       std::printf("autotuned bucket_cap_mb %.2f buckets %zu (predicted exposed %.2f ms, %.2f ms at %.0f MB)\n",
-                  ddp.bucket_cap_mb(), tuned->buckets, tuned->predicted_exposed_ms, tuned->configured_exposed_ms,
+                  ddp->bucket_cap_mb(), ddp->bucket_autotune()->buckets, ddp->bucket_autotune()->predicted_exposed_ms, ddp->bucket_autotune()->configured_exposed_ms,
                   o.bucket_cap_mb);
   }
   return 0;
@@ -121,6 +146,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Untimed steps first");
   app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
   app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
+  app.add_flag("--no-ddp", o.no_ddp, "Train without the DDP wrapper (the baseline of its overhead)");
+  app.add_option("--device", o.device, "cpu, or cuda (the local rank's GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap (with --autotune: of the measured first steps)");
   app.add_flag("--autotune", o.autotune, "Choose the bucket cap from the first steps' measurements");
   app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")

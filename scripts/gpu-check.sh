@@ -15,6 +15,7 @@
 #   test      every test except those needing network namespaces (netns, root)
 #   torchtest only the tests of the libtorch frontend and the examples
 #   gpu       the gpu-labelled tests and the GPU benchmarks
+#   sanitize  compute-sanitizer's memcheck and racecheck over DDP on CUDA
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
 #   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
@@ -109,6 +110,46 @@ step_gpu() {
     "$BUILD/lockstep" bench --device cuda -np 2 --backend "$backend" -b 1M -e 256M -f 4 -n 20 \
       --json "$OUT/bench-cuda-$backend-2.json" | tee "$OUT/bench-cuda-$backend-2.txt"
   done
+  "$BUILD/lockstep" bench --device cuda -np 1 --backend nccl -b 1M -e 256M -f 4 -n 20 \
+    --json "$OUT/bench-cuda-nccl-1.json" | tee "$OUT/bench-cuda-nccl-1.txt"
+  step_ddp_overhead
+}
+
+# DDP's overhead in a world of one on the GPU: the same training step with
+# and without the DDP wrapper, interleaved, three runs each; the median.
+step_ddp_overhead() {
+  offline_env
+  local model run variant
+  for model in mlp convnet; do
+    for run in 1 2 3; do
+      for variant in --no-ddp ""; do
+        echo "$model ${variant:-ddp} $("$BUILD/examples/ddp_throughput" --device cuda --model "$model" \
+          --steps "${STEPS:-50}" --warmup 10 $variant | awk '/^step_ms/ {print $2}')"
+      done
+    done
+  done | tee "$OUT/ddp-overhead-raw.txt" | "$PYTHON" -c '
+import statistics, sys
+runs = {}
+for line in sys.stdin:
+    model, variant, ms = line.split()
+    runs.setdefault(model, {}).setdefault(variant, []).append(float(ms))
+for model, v in runs.items():
+    plain, ddp = statistics.median(v["--no-ddp"]), statistics.median(v["ddp"])
+    print(f"{model}: step {plain:.3f} ms without DDP, {ddp:.3f} ms with (world of one): overhead {100 * (ddp / plain - 1):+.1f}%")
+' | tee "$OUT/ddp-overhead.txt"
+}
+
+# compute-sanitizer over DDP on CUDA: memcheck (no access out of bounds or
+# to freed memory) and racecheck, on the world of one and the two ranks
+# sharing the GPU (the tool follows the forked rank processes).
+step_sanitize() {
+  offline_env
+  local tool
+  command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 3 \
+      "$BUILD/tests/ddp_cuda_test" --gtest_filter='SharedGpu/OnCuda.*' 2>&1 | tee "$OUT/sanitizer-$tool.log" | tail -5
+  done
 }
 
 step_allreduce() {
@@ -155,7 +196,7 @@ step_doctor() {
 [ $# -gt 0 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 for step in "$@"; do
   case "$step" in
-    build|test|torchtest|gpu|allreduce|shmspin|ddp|doctor) log "== $step"; "step_$step" ;;
-    *) log "unknown step '$step' (build, test, torchtest, gpu, allreduce, shmspin, ddp, doctor)"; exit 2 ;;
+    build|test|torchtest|gpu|sanitize|allreduce|shmspin|ddp|doctor) log "== $step"; "step_$step" ;;
+    *) log "unknown step '$step' (build, test, torchtest, gpu, sanitize, allreduce, shmspin, ddp, doctor)"; exit 2 ;;
   esac
 done
