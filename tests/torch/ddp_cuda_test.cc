@@ -31,6 +31,7 @@
 #include "harness/thread_world.h"
 #include "lockstep/powersgd.h"
 #include "lockstep/torch/ddp.h"
+#include "lockstep/torch/join.h"
 
 namespace lockstep::torch {
 namespace {
@@ -242,6 +243,32 @@ void expect_close(const std::vector<::torch::Tensor>& got, const std::vector<::t
   }
 }
 
+// Uneven inputs under Join: rank r has kJoinSteps[r] batches of its own
+// and, once out, shadows the others with zeros from device scratch. The
+// averages divide by the ranks still training, so the buckets are rescaled
+// on the device as well.
+constexpr int kJoinSteps[] = {2, 4};
+
+std::vector<::torch::Tensor> train_join_rank(int rank, ProcessGroup& pg, ::torch::Device device, Net model,
+                                             const Batches& batches) {
+  model->to(device);
+  DistributedDataParallel<NetImpl> ddp(model.ptr(), std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}));
+  ::torch::optim::SGD opt(model->parameters(), ::torch::optim::SGDOptions(0.05));
+  JoinOptions options;
+  options.divide_by_initial_world_size = false;
+  {
+    Join join({ddp}, options);
+    for (int step = 0; step < kJoinSteps[rank]; ++step) {
+      const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+      opt.zero_grad();
+      ::torch::mse_loss(ddp.forward(x.chunk(2)[rank].to(device), false), y.chunk(2)[rank].to(device)).backward();
+      opt.step();
+    }
+    join.join();
+  }
+  return snapshot(*model, true);
+}
+
 // A directory for the ranks' results, removed with everything in it.
 struct TempDir {
   TempDir() {
@@ -277,6 +304,53 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
     expect_close(gpu_parameters, want, c.rtol, c.name + ": DDP on cuda:0 against one process on the CPU");
     expect_close(on_gpu, on_cpu, c.rtol, c.name + ": DDP on cuda:0 against DDP on the CPU");
   }
+}
+
+// Join on the GPU: two rank processes over shm, against the same Join on
+// the CPU (join_test checks the CPU against its reference semantics).
+TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
+  if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
+  const TempDir dir;
+  const std::string no_gpu = dir.path + "/no-gpu", result = dir.path + "/join.pt";
+  const int port = testing::free_port();
+  {
+    testing::ProcessRanks ranks(
+        2,
+        [&](int rank) {
+          return testing::EnvMap{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"},   {"MASTER_PORT", std::to_string(port)},
+                                 {"LOCKSTEP_BACKEND", "shm"},    {"LOCKSTEP_TIMEOUT", "60"}};
+        },
+        [&](int rank) {
+          if (!::torch::cuda::is_available()) {
+            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
+            return;
+          }
+          at::set_num_threads(1);
+          exact_fp32();
+          auto pg = init_process_group();
+          auto [model, batches] = rank_inputs(rank, Case{});
+          auto state = train_join_rank(rank, *pg, ::torch::Device(::torch::kCUDA, 0), model, batches);
+          if (rank == 0) ::torch::save(state, result);
+        });
+    for (const auto& r : ranks.wait_all(std::chrono::seconds(300)))
+      ASSERT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
+  }
+  std::ifstream reason(no_gpu);
+  if (std::string why; reason && std::getline(reason, why)) GTEST_SKIP() << why;
+  std::vector<::torch::Tensor> on_gpu;
+  ::torch::load(on_gpu, result);
+  at::set_num_threads(1);
+  std::vector<std::pair<Net, Batches>> inputs;
+  for (int rank = 0; rank < 2; ++rank) inputs.push_back(rank_inputs(rank, Case{}));
+  ThreadWorld world(2, "shm");
+  std::vector<::torch::Tensor> on_cpu;
+  world.run([&](int rank, ProcessGroup& pg) {
+    const auto& [model, batches] = inputs[static_cast<std::size_t>(rank)];
+    auto state = train_join_rank(rank, pg, ::torch::Device(::torch::kCPU), model, batches);
+    if (rank == 0) on_cpu = std::move(state);
+  });
+  expect_close(on_gpu, on_cpu, 1e-4, "Join: DDP on cuda:0 against DDP on the CPU");
 }
 
 INSTANTIATE_TEST_SUITE_P(SharedGpu, OnCuda,
