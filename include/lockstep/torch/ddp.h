@@ -19,6 +19,11 @@
 // lockstep::Reducer, which all-reduces full buckets while backward goes on;
 // at the end of backward the averaged gradients are in param.grad().
 //
+// The module may be on the CPU or on one GPU (net->to(device) before
+// wrapping it): on a GPU the buckets are device memory and every copy and
+// collective is ordered by libtorch's current stream, so the step does not
+// wait on the host (docs/gpu.md).
+//
 // With LOCKSTEP_TRACE set, forward, backward, each bucket, the wait at the end
 // of backward and the time between steps go into the rank's timeline; with
 // LOCKSTEP_STATS=<prefix>, each rank writes <prefix>.rank<r>.json (its step
