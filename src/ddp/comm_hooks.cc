@@ -2,7 +2,6 @@
 // Compression keeps 16-bit scratch per bucket, keyed by the bucket's memory
 // and kept in the same memory (host or device), so one hook object may
 // serve several reducers at once. Thread-safe.
-#include <algorithm>
 #include <map>
 #include <mutex>
 

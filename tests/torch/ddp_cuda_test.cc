@@ -198,38 +198,52 @@ std::vector<::torch::Tensor> train_on_cpu(int n, const std::string& backend, con
   return out;
 }
 
-// Every case on cuda:0 in `n` rank processes; rank 0 saves its state per
-// case into `dir`. False (with `why`) when the ranks see no CUDA device.
-bool train_on_gpu(int n, const std::string& backend, const std::string& dir, std::string* why) {
+// Runs body(rank, group) in `n` rank processes that each use cuda:0, with
+// TF32 off and one intra-op thread; a failed rank fails the test. False
+// (with `why`) when the ranks' libtorch sees no CUDA device.
+bool run_on_gpu(int n, const std::string& backend, const std::string& dir,
+                const std::function<void(int rank, ProcessGroup& pg)>& body, std::string* why) {
   const int port = testing::free_port();
   const std::string no_gpu = dir + "/no-gpu";
-  testing::ProcessRanks ranks(
-      n,
-      [&](int rank) {
-        return testing::EnvMap{{"RANK", std::to_string(rank)},   {"WORLD_SIZE", std::to_string(n)},
-                               {"MASTER_ADDR", "127.0.0.1"},     {"MASTER_PORT", std::to_string(port)},
-                               {"LOCKSTEP_BACKEND", backend},    {"LOCKSTEP_TIMEOUT", "60"},
-                               {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-      },
-      [&](int rank) {
-        if (!::torch::cuda::is_available()) {
-          if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
-          return;
-        }
-        at::set_num_threads(1);
-        exact_fp32();
-        auto pg = init_process_group();
+  {
+    testing::ProcessRanks ranks(
+        n,
+        [&](int rank) {
+          return testing::EnvMap{{"RANK", std::to_string(rank)},   {"WORLD_SIZE", std::to_string(n)},
+                                 {"MASTER_ADDR", "127.0.0.1"},     {"MASTER_PORT", std::to_string(port)},
+                                 {"LOCKSTEP_BACKEND", backend},    {"LOCKSTEP_TIMEOUT", "60"},
+                                 {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
+        },
+        [&](int rank) {
+          if (!::torch::cuda::is_available()) {
+            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
+            return;
+          }
+          at::set_num_threads(1);
+          exact_fp32();
+          auto pg = init_process_group();
+          body(rank, *pg);
+        });
+    for (const auto& r : ranks.wait_all(std::chrono::seconds(600)))
+      EXPECT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
+  }
+  std::ifstream reason(no_gpu);
+  return !(reason && std::getline(reason, *why));
+}
+
+// Every case on cuda:0 in `n` rank processes; rank 0 saves its state per
+// case into `dir`.
+bool train_on_gpu(int n, const std::string& backend, const std::string& dir, std::string* why) {
+  return run_on_gpu(
+      n, backend, dir,
+      [&](int rank, ProcessGroup& pg) {
         for (const Case& c : cases()) {
           auto [model, batches] = rank_inputs(rank, c);
-          auto state = train_rank(rank, *pg, c, ::torch::Device(::torch::kCUDA, 0), model, batches);
+          auto state = train_rank(rank, pg, c, ::torch::Device(::torch::kCUDA, 0), model, batches);
           if (rank == 0) ::torch::save(state, dir + "/" + c.name + ".pt");
         }
-      });
-  const auto results = ranks.wait_all(std::chrono::seconds(600));
-  for (const auto& r : results) EXPECT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
-  std::ifstream reason(no_gpu);
-  if (reason && std::getline(reason, *why)) return false;
-  return true;
+      },
+      why);
 }
 
 void expect_close(const std::vector<::torch::Tensor>& got, const std::vector<::torch::Tensor>& want, double rtol,
@@ -311,33 +325,18 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
 TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
   if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
   const TempDir dir;
-  const std::string no_gpu = dir.path + "/no-gpu", result = dir.path + "/join.pt";
-  const int port = testing::free_port();
-  {
-    testing::ProcessRanks ranks(
-        2,
-        [&](int rank) {
-          return testing::EnvMap{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
-                                 {"MASTER_ADDR", "127.0.0.1"},   {"MASTER_PORT", std::to_string(port)},
-                                 {"LOCKSTEP_BACKEND", "shm"},    {"LOCKSTEP_TIMEOUT", "60"}};
-        },
-        [&](int rank) {
-          if (!::torch::cuda::is_available()) {
-            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
-            return;
-          }
-          at::set_num_threads(1);
-          exact_fp32();
-          auto pg = init_process_group();
-          auto [model, batches] = rank_inputs(rank, Case{});
-          auto state = train_join_rank(rank, *pg, ::torch::Device(::torch::kCUDA, 0), model, batches);
-          if (rank == 0) ::torch::save(state, result);
-        });
-    for (const auto& r : ranks.wait_all(std::chrono::seconds(300)))
-      ASSERT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
-  }
-  std::ifstream reason(no_gpu);
-  if (std::string why; reason && std::getline(reason, why)) GTEST_SKIP() << why;
+  const std::string result = dir.path + "/join.pt";
+  std::string why;
+  const bool ran = run_on_gpu(
+      2, "shm", dir.path,
+      [&](int rank, ProcessGroup& pg) {
+        auto [model, batches] = rank_inputs(rank, Case{});
+        auto state = train_join_rank(rank, pg, ::torch::Device(::torch::kCUDA, 0), model, batches);
+        if (rank == 0) ::torch::save(state, result);
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
+  if (HasFailure()) return;  // a rank failed: its output is above
   std::vector<::torch::Tensor> on_gpu;
   ::torch::load(on_gpu, result);
   at::set_num_threads(1);
