@@ -12,13 +12,12 @@
 
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
+#include "libtorch_version.h"
 
 namespace lockstep::torch {
 namespace {
 
 using ::torch::Tensor;
-
-std::string state_key(const Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 // Largest first, each to the rank with the fewest elements so far (the
 // lowest such rank on ties): a pure function of the sizes, so every rank
@@ -41,8 +40,8 @@ std::vector<int> partition(const std::vector<Tensor>& params, int ranks) {
 // Moves each state entry of `params` from `from` into `to` (a copy).
 void copy_state(::torch::optim::Optimizer& from, ::torch::optim::Optimizer& to, const std::vector<Tensor>& params) {
   for (const auto& p : params) {
-    const auto it = from.state().find(state_key(p));
-    if (it != from.state().end()) to.state()[state_key(p)] = it->second->clone();
+    const auto it = from.state().find(libtorch::optimizer_state_key(p));
+    if (it != from.state().end()) to.state()[libtorch::optimizer_state_key(p)] = it->second->clone();
   }
   if (!from.param_groups().empty() && !to.param_groups().empty())
     to.param_groups()[0].set_options(from.param_groups()[0].options().clone());

@@ -15,6 +15,7 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/zero.h"
+#include "torch/libtorch_version.h"
 
 namespace lockstep::torch {
 namespace {
@@ -67,7 +68,7 @@ Factory adam() {
 
 // The per-parameter state as named tensors (step as a tensor too).
 std::map<std::string, Tensor> state_of(::torch::optim::Optimizer& opt, const Tensor& p) {
-  const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  const auto key = libtorch::optimizer_state_key(p);
   std::map<std::string, Tensor> out;
   const auto it = opt.state().find(key);
   if (it == opt.state().end()) return out;
