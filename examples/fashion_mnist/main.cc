@@ -64,6 +64,7 @@ struct Options {
   bool batch_norm = false;
   bool sync_batch_norm = false;
   bool zero = false;
+  bool double_precision = false;  // train in float64 (--double)
   double progress_every = 10;  // seconds between progress lines in a log
   int checkpoint_every = 0;    // steps between mid-epoch checkpoints (0: epoch ends only)
 };
@@ -130,7 +131,8 @@ void draw_progress(int epoch, int epochs, std::size_t done, std::size_t total, d
 }
 
 // Correct predictions and images seen on this rank's exact shard of the test set.
-std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::Dataset test, int rank, int ranks) {
+std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::Dataset test, torch::Dtype dtype, int rank,
+                                   int ranks) {
   lockstep::torch::DistributedSampler sampler(
       {.dataset_size = *test.size(), .num_replicas = ranks, .rank = rank, .shuffle = false, .exact = true});
   auto loader = torch::data::make_data_loader(test.map(torch::data::transforms::Stack<>()), sampler, 500);
@@ -138,7 +140,7 @@ std::pair<double, double> evaluate(examples::ConvNetImpl& model, fashion_mnist::
   model.eval();
   double correct = 0, seen = 0;
   for (auto& batch : *loader) {
-    correct += model.forward(batch.data).argmax(1).eq(batch.target).sum().item<double>();
+    correct += model.forward(batch.data.to(dtype)).argmax(1).eq(batch.target).sum().item<double>();
     seen += static_cast<double>(batch.data.size(0));
   }
   model.train();
@@ -192,6 +194,8 @@ int train(const Options& o) {
   torch::manual_seed(static_cast<std::uint64_t>(o.seed));
   auto model = std::make_shared<ConvNetImpl>(o.batch_norm || o.sync_batch_norm);
   if (o.sync_batch_norm) lockstep::torch::convert_sync_batchnorm(model, pg);
+  const torch::Dtype dtype = o.double_precision ? torch::kDouble : torch::kFloat;
+  model->to(dtype);
   Optimizer optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum), pg, o.zero);
 
   // Resume: every rank reads the checkpoint (same host or shared disk). A
@@ -246,7 +250,7 @@ int train(const Options& o) {
       data_ms += since_ms(fetch);
       const auto step_start = Clock::now();
       optimizer.zero_grad();
-      auto loss = torch::cross_entropy_loss(ddp.forward(batch.data), batch.target);
+      auto loss = torch::cross_entropy_loss(ddp.forward(batch.data.to(dtype)), batch.target);
       loss.backward();
       optimizer.step();
       step_ms += since_ms(step_start);
@@ -281,7 +285,7 @@ int train(const Options& o) {
     const double mean_step = sum_over_ranks(*pg, step_ms) / all_steps;
     const double mean_exposed = sum_over_ranks(*pg, exposed_ms) / all_steps;
     const double mean_data = sum_over_ranks(*pg, data_ms) / all_steps;
-    const auto [correct, seen] = evaluate(*model, test_set, rank, ranks);
+    const auto [correct, seen] = evaluate(*model, test_set, dtype, rank, ranks);
     const double all_correct = sum_over_ranks(*pg, correct), all_seen = sum_over_ranks(*pg, seen);
     optimizer.prepare_save();
     if (leader) {
@@ -333,6 +337,9 @@ int main(int argc, char** argv) {
   app.add_flag("--batchnorm", o.batch_norm, "Batch normalisation after each conv, over each rank's batch");
   app.add_flag("--sync-batchnorm", o.sync_batch_norm,
                "Batch normalisation after each conv, over the global batch (SyncBatchNorm; implies --batchnorm)");
+  app.add_flag("--double", o.double_precision,
+               "Train in float64 (slower): N ranks then match one rank to ~1e-15 whatever the CPU's kernels, "
+               "where float32 differs by their rounding (the equivalence test uses it)");
   app.add_flag("--zero", o.zero, "Shard the optimizer state across ranks (ZeroRedundancyOptimizer)");
   app.add_option("--progress-every", o.progress_every, "Seconds between progress lines when stdout is not a terminal")->capture_default_str();
   app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps, so a restart loses at most N steps (0: at epoch ends only)")->capture_default_str();
