@@ -1,8 +1,9 @@
 // PowerSGD on real data: an MLP (784-256-128-10) trained for 2 epochs on
-// the whole Fashion-MNIST training set by 2 ranks (threads), once with the
-// plain all-reduce and once with PowerSGD at rank 2 (error feedback, warm
-// start), reaches a test accuracy within 0.5 points of the plain run while
-// sending a fraction of the gradients. Skipped without the dataset.
+// the whole Fashion-MNIST training set by 2 ranks (threads), with the plain
+// all-reduce and with PowerSGD at rank 2 (error feedback, warm start), from
+// the same seeds: PowerSGD's mean test accuracy is within 1.75 points of
+// the plain run's while it sends 1/67 of the gradients. Skipped without
+// the dataset.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -59,10 +60,11 @@ struct Result {
   CompressionStats stats;
 };
 
-Result train_and_test(const Split& train, const Split& test, std::shared_ptr<CommHook> (*make_hook)()) {
-  // The epochs' shuffles, drawn here: ranks share one generator otherwise.
+Result train_and_test(const Split& train, const Split& test, std::shared_ptr<CommHook> (*make_hook)(), std::uint64_t seed) {
+  // The epochs' shuffles and the initial weights, drawn here: ranks share
+  // one generator otherwise.
   std::vector<::torch::Tensor> orders;
-  ::torch::manual_seed(1);
+  ::torch::manual_seed(seed);
   for (int e = 0; e < kEpochs; ++e) orders.push_back(::torch::randperm(train.images.size(0)));
   std::vector<std::shared_ptr<MlpImpl>> models;
   for (int r = 0; r < kRanks; ++r) models.push_back(std::make_shared<MlpImpl>());
@@ -102,23 +104,38 @@ std::shared_ptr<CommHook> rank2_powersgd() {
   return powersgd_hook(o);
 }
 
-TEST(PowerSGDFashionMnist, TwoEpochsAtRank2ReachThePlainAccuracyWithinOnePoint) {
+TEST(PowerSGDFashionMnist, AtRank2FiveSeedsAverageWithinOneAndThreeQuarterPointsOfPlain) {
   if (!std::filesystem::exists(std::string(kData) + "/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed (make test installs it)";
   ::torch::set_num_threads(1);  // one core per rank thread
   const Split train = load(true), test = load(false);
-  ::torch::manual_seed(42);
-  const Result plain = train_and_test(train, test, nullptr);
-  ::torch::manual_seed(42);
-  const Result psgd = train_and_test(train, test, &rank2_powersgd);
-  std::printf("test accuracy: plain all-reduce %.2f%%, PowerSGD rank 2 %.2f%%; compression ratio %.1f\n",
-              plain.accuracy, psgd.accuracy, psgd.stats.ratio());
-  EXPECT_GT(plain.accuracy, 80.0);
-  // One seed of each: the two runs' trajectories differ, and which CPU's
-  // BLAS kernels run them moves each accuracy by a few tenths (86.24 against
-  // 85.53 on one machine, within 0.5 on another), so a point, not half.
-  EXPECT_NEAR(psgd.accuracy, plain.accuracy, 1.0);
-  EXPECT_GT(psgd.stats.ratio(), 50.0);
+  // PowerSGD at rank 2 costs about a point here, on either libtorch: over
+  // seeds 1-10 the plain runs average 86.17% on both Debian's 1.13 and
+  // PyTorch 2.11, PowerSGD 85.22% and 85.16% (gaps 0.95 and 1.01 points;
+  // single seeds from -0.01 to 1.80). One seed decides nothing (seed 1's gap
+  // is 0.32 on 1.13 and 0.95 on 2.11, 2.05 on a Xeon with 2.11), so the test
+  // compares the means of five seeds: their standard error (a single
+  // seed's gap varies by 0.4-0.6 points) is about a quarter point, so a true
+  // gap of one point stays under 1.75 (seeds 1-5 here: 0.71 on 1.13, 1.10
+  // on 2.11) and a PowerSGD that lost its error feedback does not (4.73
+  // points below on 2.11).
+  constexpr int kSeeds = 5;
+  double plain_sum = 0, psgd_sum = 0;
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    const Result plain = train_and_test(train, test, nullptr, seed);
+    const Result psgd = train_and_test(train, test, &rank2_powersgd, seed);
+    std::printf("seed %d: test accuracy plain all-reduce %.2f%%, PowerSGD rank 2 %.2f%% (compression ratio %.1f)\n",
+                seed, plain.accuracy, psgd.accuracy, psgd.stats.ratio());
+    EXPECT_GT(plain.accuracy, 80.0) << "seed " << seed;
+    EXPECT_GT(psgd.accuracy, 80.0) << "seed " << seed;
+    EXPECT_GT(psgd.stats.ratio(), 50.0) << "seed " << seed;
+    plain_sum += plain.accuracy;
+    psgd_sum += psgd.accuracy;
+  }
+  const double plain_mean = plain_sum / kSeeds, psgd_mean = psgd_sum / kSeeds;
+  std::printf("mean of %d seeds: plain %.2f%%, PowerSGD rank 2 %.2f%% (%.2f points below)\n", kSeeds, plain_mean,
+              psgd_mean, plain_mean - psgd_mean);
+  EXPECT_LT(plain_mean - psgd_mean, 1.75);
 }
 
 }  // namespace
