@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps configure build run test test-tsan test-asan test-fuzz bench clean
+.PHONY: all deps deps-torch2 configure build build-torch2 run test test-torch2 test-tsan test-asan test-fuzz bench clean
 
 all: build
 
@@ -35,6 +35,37 @@ run: build
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory test-fuzz
+	@$(MAKE) --no-print-directory test-torch2
+
+# The second libtorch: PyTorch 2.x from PyPI (pinned in
+# scripts/torch2-requirements.txt) in the project's own virtual environment,
+# the libtorch most users of DistributedDataParallel have. The frontend,
+# its tests and the examples are built against it in $(TORCH2_DIR) (the
+# torch_checks target: nothing else), and the torch-labelled tests run
+# there. PyPI's wheel is CUDA-enabled, so this build also compiles the
+# frontend's CUDA paths, with the CUDA compiler of the same version that
+# the environment holds (and NCCL from the wheels for the nccl backend),
+# whatever toolkit the machine has or lacks.
+TORCH2_VENV ?= .venv/torch2
+TORCH2_DIR ?= build-torch2
+TORCH2_PYTHON = $(TORCH2_VENV)/bin/python
+TORCH2_CUDA = $(abspath $(TORCH2_VENV))/cuda
+deps-torch2: deps
+	@scripts/install-torch2.sh $(TORCH2_VENV)
+
+build-torch2: deps-torch2
+	@mkdir -p $(TORCH2_DIR)
+	@NCCL_HOME="$$($(TORCH2_PYTHON) -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')" \
+	  cmake -S . -B $(TORCH2_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DLOCKSTEP_WITH_MPI=OFF \
+	  -DCMAKE_PREFIX_PATH="$$($(TORCH2_PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
+	  -DCUDA_TOOLKIT_ROOT_DIR=$(TORCH2_CUDA) -DCUDAToolkit_ROOT=$(TORCH2_CUDA) \
+	  -DCMAKE_CUDA_COMPILER=$(TORCH2_CUDA)/bin/nvcc -DLOCKSTEP_EXPECT_TORCH_MAJOR=2 $(CMAKE_FLAGS) \
+	  > $(TORCH2_DIR)/configure.log 2>&1 || { cat $(TORCH2_DIR)/configure.log; exit 1; }
+	@grep -E "^-- lockstep" $(TORCH2_DIR)/configure.log || true
+	@cmake --build $(TORCH2_DIR) -j $(JOBS) --target torch_checks
+
+test-torch2: build-torch2
+	@cd $(TORCH2_DIR) && ctest --output-on-failure -j $(JOBS) -L torch
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed
@@ -89,4 +120,4 @@ bench: build
 	$(BUILD_DIR)/lockstep bench --op allreduce --backend tcp -np 2 -b 4 -e 64M -f 4 -n 20 -w 5 -c 1
 
 clean:
-	rm -rf $(BUILD_DIR) $(TSAN_DIR)
+	rm -rf $(BUILD_DIR) $(TSAN_DIR) $(ASAN_DIR) $(FUZZ_DIR) $(TORCH2_DIR)

@@ -21,6 +21,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   # the main job's data set, plots in `lockstep doctor`, PyTorch DDP peer in benchmarks
   dataset-fashion-mnist gnuplot-nox python3-torch
+  # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh)
+  python3-venv
   # network namespaces for the multi-host tests
   iproute2 procps
 )
