@@ -16,7 +16,7 @@ Contenders (skipped with a note when unavailable):
   Gloo                    PYTHON bench/gloo_allreduce.py (PyTorch's torch.distributed)
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
-           [--sizes 4,4K,1M,16M,64M] [--python /usr/bin/python3]
+           [--sizes 4,4K,1M,16M,64M] [--python PYTHON]
 """
 import argparse
 import os
@@ -24,6 +24,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+
+from torch_peer import add_python_argument, missing_note, torch_version
 
 SIZES = "4,4K,1M,16M,64M"
 SMALL_BYTES = 4096  # sizes up to this are reported as latency (us); the rest as busbw (GB/s)
@@ -86,10 +88,12 @@ def contenders(args):
         print(f"# note: {mpi_bench} or mpirun missing; Open MPI not measured", file=sys.stderr)
     gloo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_allreduce.py")
     python = args.python
-    if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True).returncode == 0:
+    version = torch_version(python)
+    if version:
+        print(f"# Gloo from PyTorch {version} ({python})", file=sys.stderr)
         out.append(("Gloo", [python, gloo, "-np", str(args.np), "-w", str(args.warmup)], {}))
     else:
-        print(f"# note: {python} cannot import torch.distributed; Gloo not measured", file=sys.stderr)
+        print(f"# note: {missing_note(python)}; Gloo not measured", file=sys.stderr)
     return out
 
 
@@ -101,7 +105,7 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", help="also write the markdown table here")
     parser.add_argument("--sizes", default=SIZES, help="comma-separated sizes in bytes (K/M/G suffixes)")
-    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
+    add_python_argument(parser)
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
     args = parser.parse_args()

@@ -19,7 +19,7 @@ host, and measures on the same links:
 Needs root (namespaces, tc). Prints markdown tables for docs/performance.md.
 
 Usage: sudo bench/compare_cluster.py [--build build] [--quick] [--rates 1gbit,10gbit]
-           [--ranks 1,2] [--hosts 2] [--python /usr/bin/python3] [--bucket-view]
+           [--ranks 1,2] [--hosts 2] [--python PYTHON] [--bucket-view]
            [--ddp-only] [--out FILE]
 """
 import argparse
@@ -28,6 +28,8 @@ import re
 import shutil
 import subprocess
 import sys
+
+from torch_peer import add_python_argument, missing_note, torch_version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLUSTER_SH = os.path.join(HERE, "..", "tests", "netns", "cluster.sh")
@@ -201,7 +203,7 @@ def main():
     parser.add_argument("--rates", help="comma-separated tc rates (default 1gbit,10gbit)")
     parser.add_argument("--ranks", default="1,2", help="ranks per host, comma-separated")
     parser.add_argument("--hosts", type=int, default=2)
-    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch (for Gloo)")
+    add_python_argument(parser)
     parser.add_argument("--max-size", help="largest all-reduce (default 256M, 64M with --quick)")
     parser.add_argument("--bucket-view", action="store_true",
                         help="DDP with gradient_as_bucket_view (both lockstep and PyTorch): no bucket copies")
@@ -217,7 +219,9 @@ def main():
     args.iters = 3 if args.quick else 5
     args.steps = 5 if args.quick else 10
     have_mpi = shutil.which("mpirun") and os.path.exists(os.path.join(args.build, "bench", "mpi_allreduce"))
-    have_torch = subprocess.run([args.python, "-c", "import torch.distributed"], capture_output=True).returncode == 0
+    have_torch = torch_version(args.python) is not None
+    if not have_torch:
+        print(f"# note: {missing_note(args.python)}; PyTorch not measured", file=sys.stderr)
     backends = backends_in_build(args.build)
     runner = Runner(args)
 

@@ -12,7 +12,7 @@ N-rank step), the exposed communication (step - no_sync step), and the
 ratio lockstep / PyTorch, as markdown for docs/performance.md.
 
 Usage: bench/compare_ddp.py [--runs 3] [--steps 20] [--build build] [--out FILE]
-           [--ranks 2] [--bucket-view] [--python /usr/bin/python3]
+           [--ranks 2] [--bucket-view] [--python PYTHON]
 """
 import argparse
 import os
@@ -20,6 +20,8 @@ import re
 import statistics
 import subprocess
 import sys
+
+from torch_peer import add_python_argument, missing_note, torch_version
 
 
 def step_ms(cmd, timeout=900):
@@ -39,15 +41,16 @@ def main():
     parser.add_argument("--bucket-view", action="store_true",
                         help="also measure both with gradient_as_bucket_view")
     parser.add_argument("--build", default="build")
-    parser.add_argument("--python", default="/usr/bin/python3", help="a python3 that imports torch")
+    add_python_argument(parser)
     parser.add_argument("--out")
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     lockstep = os.path.join(args.build, "lockstep")
     example = os.path.join(args.build, "examples", "ddp_throughput")
     torch_ddp = [args.python, os.path.join(here, "pytorch_ddp.py")]
-    torch_version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
-                                   capture_output=True, text=True).stdout.strip()
+    peer_version = torch_version(args.python)
+    if not peer_version:
+        sys.exit(f"compare_ddp: {missing_note(args.python)}")
     steps = ["--steps", str(args.steps)]
     world_sizes = [int(n) for n in args.ranks.split(",")]
     variants = [("", [])] + ([(", bucket view", ["--bucket-view"])] if args.bucket_view else [])
@@ -55,7 +58,7 @@ def main():
     def ours(np, *flags):
         return [lockstep, "run", "--nproc-per-node", str(np), "--", example] + list(flags) + steps
 
-    lines = [f"PyTorch {torch_version}, {len(os.sched_getaffinity(0))} cores.", ""]
+    lines = [f"PyTorch {peer_version}, lockstep built in {args.build}, {len(os.sched_getaffinity(0))} cores.", ""]
     for model in args.models.split(","):
         # The single-process baselines, then for each world size and variant:
         # synchronised and under no_sync, for both.
