@@ -10,12 +10,19 @@
 # so the machine needs no network. They are unpacked into a private prefix
 # inside the build directory, never into /.
 #
-# Usage: scripts/gpu-check.sh STEP...      steps, in the order given:
-#   build     configure and build (build dir: $BUILD, default build-torch2)
+# Usage: scripts/gpu-check.sh STEP...      steps, in the order given, each
+#                                          timed (elapsed seconds per step, and in all)
+#   figures   every GPU figure in one go, within 8 minutes on a fresh 16-core
+#             machine: gpubuild, gpu, memcheck (what a short loan of a GPU
+#             machine should run: scripts/gpu-check.sh figures)
+#   build     configure and build everything (build dir: $BUILD, default build-gpu)
+#   gpubuild  configure and build only what gpu and memcheck run
 #   test      every test except those needing network namespaces (netns, root)
 #   torchtest only the tests of the libtorch frontend and the examples
 #   gpu       the gpu-labelled tests and the GPU benchmarks
-#   sanitize  compute-sanitizer's memcheck and racecheck over DDP on CUDA
+#   memcheck  compute-sanitizer's memcheck over DDP on CUDA in a world of one
+#             (at most $MEMCHECK_LIMIT seconds, default 90)
+#   sanitize  compute-sanitizer's memcheck and racecheck over every DDP-on-CUDA case (long)
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
 #   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
@@ -26,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=${DEBS:-.gpu-deps}
-BUILD=${BUILD:-build-torch2}
+BUILD=${BUILD:-build-gpu}
 PYTHON=${PYTHON:-python3}
 RANKS=${RANKS:-1,2,4,8,16}
 OUT=${OUT:-$BUILD/reports}
@@ -63,7 +70,7 @@ offline_env() {
   fi
 }
 
-step_build() {
+configure() {
   unpack_debs
   offline_env
   local torch_prefix
@@ -83,7 +90,20 @@ step_build() {
     -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr" "${mpi_flags[@]}" > "$BUILD/configure.log" 2>&1 \
     || { cat "$BUILD/configure.log"; exit 1; }
   grep -E "^-- lockstep" "$BUILD/configure.log" || true
+}
+
+step_build() {
+  configure
   cmake --build "$BUILD" -j "$(nproc)"
+}
+
+# What step_gpu and step_memcheck run, and nothing else (a full build is
+# most of a short loan): the CLI for the benchmarks, the gpu-labelled tests
+# and the DDP step-time example.
+GPU_TARGETS=(lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test ddp_throughput)
+step_gpubuild() {
+  configure
+  cmake --build "$BUILD" -j "$(nproc)" --target "${GPU_TARGETS[@]}"
 }
 
 step_test() {
@@ -137,6 +157,25 @@ for model, v in runs.items():
     plain, ddp = statistics.median(v["--no-ddp"]), statistics.median(v["ddp"])
     print(f"{model}: step {plain:.3f} ms without DDP, {ddp:.3f} ms with (world of one): overhead {100 * (ddp / plain - 1):+.1f}%")
 ' | tee "$OUT/ddp-overhead.txt"
+}
+
+# compute-sanitizer's memcheck (no access out of bounds or to freed memory)
+# over DDP on CUDA in a world of one: every bucket kernel and copy of a
+# step, in about a minute (the three cases of step_sanitize take several).
+step_memcheck() {
+  offline_env
+  command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
+  local limit=${MEMCHECK_LIMIT:-90} status=0
+  timeout "$limit" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 \
+    "$BUILD/tests/ddp_cuda_test" --gtest_filter='SharedGpu/OnCuda.*/1ranks_shm' \
+    > "$OUT/sanitizer-memcheck-1rank.log" 2>&1 || status=$?
+  tail -5 "$OUT/sanitizer-memcheck-1rank.log"
+  case $status in
+    0) ;;
+    3) log "memcheck found errors: $OUT/sanitizer-memcheck-1rank.log"; return 1 ;;
+    124) log "memcheck ran past ${limit} s (MEMCHECK_LIMIT): no verdict"; return 1 ;;
+    *) log "memcheck failed (exit $status): $OUT/sanitizer-memcheck-1rank.log"; return 1 ;;
+  esac
 }
 
 # compute-sanitizer over DDP on CUDA: memcheck (no access out of bounds or
@@ -194,9 +233,19 @@ step_doctor() {
 }
 
 [ $# -gt 0 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
+steps=()
 for step in "$@"; do
   case "$step" in
-    build|test|torchtest|gpu|sanitize|allreduce|shmspin|ddp|doctor) log "== $step"; "step_$step" ;;
-    *) log "unknown step '$step' (build, test, torchtest, gpu, sanitize, allreduce, shmspin, ddp, doctor)"; exit 2 ;;
+    figures) steps+=(gpubuild gpu memcheck) ;;
+    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|ddp|doctor) steps+=("$step") ;;
+    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, memcheck, sanitize, allreduce," \
+           "shmspin, ddp, doctor)"; exit 2 ;;
   esac
+done
+started=$SECONDS
+for step in "${steps[@]}"; do
+  log "== $step"
+  step_started=$SECONDS
+  "step_$step"
+  log "== $step took $((SECONDS - step_started)) s ($((SECONDS - started)) s in all)"
 done
