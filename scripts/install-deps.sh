@@ -5,27 +5,48 @@
 # anywhere but the system's configured Debian mirrors.
 #
 # Usage: scripts/install-deps.sh            # everything `make test` and `make run` need
+#        scripts/install-deps.sh --run      # only what `make run` needs (build the CLI and the example, train)
 #        scripts/install-deps.sh --check    # only report what is missing (exit 1 if any)
+#        scripts/install-deps.sh --run --check
 set -euo pipefail
 
-packages=(
-  # toolchain and build
+# What `make run` needs: the toolchain, the libraries the library, the CLI
+# and the example link, libtorch with a fast BLAS, and the data set.
+run_packages=(
   g++ make cmake ninja-build pkg-config
-  # the fuzz targets: clang with libFuzzer and the sanitizers' run-time
-  clang libclang-rt-14-dev
-  # libraries the code uses
-  libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
   # libtorch frontend; OpenBLAS so libtorch does not fall back to the reference BLAS
   libtorch-dev libopenblas0-pthread
+  dataset-fashion-mnist
+)
+# What only the tests, the benchmarks and `lockstep doctor`'s plots add. A
+# newcomer's first `make run` skips these (a third of the download: clang
+# and Open MPI are large); `make test` installs them.
+test_packages=(
+  # the fuzz targets: clang with libFuzzer and the sanitizers' run-time
+  clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
   # the MPI backend and the Open MPI peer in benchmarks
   libopenmpi-dev openmpi-bin
-  # the main job's data set, plots in `lockstep doctor`, PyTorch DDP peer in benchmarks
-  dataset-fashion-mnist gnuplot-nox python3-torch
+  # plots in `lockstep doctor`, PyTorch DDP peer in benchmarks
+  gnuplot-nox python3-torch
   # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh)
   python3-venv
   # network namespaces for the multi-host tests
   iproute2 procps
 )
+
+only_run=false
+check=false
+for arg in "$@"; do
+  case "$arg" in
+    --run) only_run=true ;;
+    --check) check=true ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --run and/or --check)" >&2; exit 2 ;;
+  esac
+done
+packages=("${run_packages[@]}")
+$only_run || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -37,7 +58,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
   exit 0
 fi
-if [ "${1:-}" = "--check" ]; then
+if $check; then
   echo "install-deps: missing: ${missing[*]}"
   exit 1
 fi
