@@ -39,9 +39,9 @@ build: configure
 
 # The main job: a convnet trained data-parallel on Fashion-MNIST by
 # $(NPROC) local processes. EPOCHS=3 make run trains longer. It builds only
-# what it runs (the library, the CLI and the example: 121 of the ~260
-# targets; the same build directory, so `make test` later builds only the
-# rest).
+# what it runs (the library, the CLI and the example, in the same build
+# directory, so `make test` later builds only the rest): a fresh first run
+# takes about 4 minutes on 2 cores (docs/performance.md, "The main job").
 EPOCHS ?= 2
 RUN_TARGETS = lockstep_cli fashion_mnist
 build-run: configure-run
