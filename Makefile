@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps deps-run deps-torch2 configure configure-run build build-run build-torch2 run test test-torch2 test-tsan test-asan test-fuzz bench clean
+.PHONY: all deps deps-run deps-torch2 configure configure-run build build-run build-torch2 build-python run test test-torch2 test-python test-tsan test-asan test-fuzz bench clean
 
 all: build
 
@@ -57,6 +57,7 @@ test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS)
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-torch2
+	@$(MAKE) --no-print-directory test-python
 
 # The second libtorch: PyTorch 2.x from PyPI (pinned in
 # scripts/torch2-requirements.txt) in the project's own virtual environment,
@@ -87,6 +88,20 @@ build-torch2: deps-torch2
 
 test-torch2: build-torch2
 	@cd $(TORCH2_DIR) && ctest --output-on-failure -j $(JOBS) -L torch
+
+# The torch.distributed backend "lockstep" (python/, docs/python.md): the
+# package built by pip with PyTorch's extension tooling against the
+# libraries of $(TORCH2_DIR) (the same libtorch), installed into
+# $(TORCH2_DIR)/python (not into the environment), and its tests, which
+# start real ranks and compare every operation with Gloo's.
+PYTHON_DIR = $(TORCH2_DIR)/python
+build-python: build-torch2
+	@LOCKSTEP_BUILD_DIR=$(abspath $(TORCH2_DIR)) $(TORCH2_PYTHON) -m pip install --disable-pip-version-check -q \
+	  --no-build-isolation --no-deps --upgrade --target $(PYTHON_DIR) ./python
+	@echo "built: $(PYTHON_DIR)/lockstep_torch (PYTHONPATH=$(abspath $(PYTHON_DIR)))"
+
+test-python: build-python
+	@cd python/tests && PYTHONPATH=$(abspath $(PYTHON_DIR)) $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider .
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed
@@ -141,4 +156,4 @@ bench: build
 	$(BUILD_DIR)/lockstep bench --op allreduce --backend tcp -np 2 -b 4 -e 64M -f 4 -n 20 -w 5 -c 1
 
 clean:
-	rm -rf $(BUILD_DIR) $(TSAN_DIR) $(ASAN_DIR) $(FUZZ_DIR) $(TORCH2_DIR)
+	rm -rf $(BUILD_DIR) $(TSAN_DIR) $(ASAN_DIR) $(FUZZ_DIR) $(TORCH2_DIR) python/build python/lockstep_torch.egg-info

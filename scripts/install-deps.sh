@@ -30,8 +30,9 @@ test_packages=(
   libopenmpi-dev openmpi-bin
   # plots in `lockstep doctor`, PyTorch DDP peer in benchmarks
   gnuplot-nox python3-torch
-  # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh)
-  python3-venv
+  # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh),
+  # and Python's headers for the torch.distributed backend's extension (python/)
+  python3-venv python3-dev
   # network namespaces for the multi-host tests
   iproute2 procps
 )

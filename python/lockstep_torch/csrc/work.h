@@ -1,0 +1,61 @@
+// The c10d::Work a lockstep collective returns to PyTorch: it completes when
+// the lockstep operations behind it do (one, or several for the coalesced
+// forms), and completes a Future
+// that DDP's communication hooks chain on. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "lockstep/process_group.h"
+
+namespace lockstep_torch {
+
+// A lockstep error (or any exception) as PyTorch's DistBackendError, whose
+// message keeps lockstep's diagnosis; PyTorch's own errors pass unchanged.
+std::exception_ptr to_torch_error(std::exception_ptr error);
+
+class LockstepWork final : public c10d::Work {
+ public:
+  // `parts`: the lockstep operations, in issue order (the group runs them
+  // in that order, so the last one's completion means all are done).
+  // `outputs`: what result() and the future hold. `keep_alive`: staging
+  // tensors the operations read or write until they are done (copies out
+  // of staging tensors are the parts' own completion callbacks, which run
+  // before the one that completes this Work).
+  static c10::intrusive_ptr<LockstepWork> start(int rank, c10d::OpType type,
+                                                std::vector<std::shared_ptr<lockstep::Work>> parts,
+                                                std::vector<at::Tensor> outputs,
+                                                std::vector<at::Tensor> keep_alive = {});
+  // Use start(), which also hooks the completion.
+  LockstepWork(int rank, c10d::OpType type, std::vector<std::shared_ptr<lockstep::Work>> parts,
+               std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive = {});
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  // Waits for the operations; throws DistBackendError with lockstep's
+  // diagnosis if one failed or if `timeout` (0: none) passed first.
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  void finish_parts();
+
+  const std::vector<std::shared_ptr<lockstep::Work>> parts_;
+  const std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_alive_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> finished_{false};
+  std::exception_ptr error_;  // set before finished_
+};
+
+}  // namespace lockstep_torch

@@ -1,0 +1,76 @@
+"""Starts a world of ranks as separate Python processes (as torchrun would:
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each running a case of
+workers.py, with a deadline; every process is reaped, killed if needed."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKERS = Path(__file__).resolve().parent / "workers.py"
+
+
+@dataclass
+class Rank:
+    returncode: int
+    output: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(case: str, world: int, *args: str, deadline_s: float = 120) -> list[Rank]:
+    port = free_port()
+    procs = []
+    # Flight-recorder dumps of the failure tests go to a directory of their own.
+    with tempfile.TemporaryDirectory(prefix="lockstep-flight-") as flight_dir:
+        for rank in range(world):
+            rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                            LOCKSTEP_FLIGHT_DIR=flight_dir)
+            procs.append(subprocess.Popen([sys.executable, str(WORKERS), case, *args], env=rank_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+        return reap(procs, deadline_s)
+
+
+def run_torchrun(case: str, world: int, *args: str, deadline_s: float = 120) -> Rank:
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+                             f"--master-port={free_port()}", str(WORKERS), case, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return reap([proc], deadline_s)[0]
+
+
+def reap(procs: list[subprocess.Popen], deadline_s: float) -> list[Rank]:
+    end = time.monotonic() + deadline_s
+    results = []
+    try:
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                kill_all(procs)
+                out, _ = p.communicate()
+                out += f"\n[launch] killed at the {deadline_s:.0f} s deadline"
+            results.append(Rank(p.returncode, out))
+    finally:
+        kill_all(procs)
+    return results
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
