@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 
-from torch_peer import add_python_argument, missing_note, torch_version
+from torch_peer import add_python_argument, missing_note, print_table, torch_version
 
 SIZES = "4,4K,1M,16M,64M"
 SMALL_BYTES = 4096  # sizes up to this are reported as latency (us); the rest as busbw (GB/s)
@@ -179,11 +179,7 @@ def main():
             else:
                 cells.append(f"{ours / peer:.2f}× (shared: {ours_shared / peer:.2f}×)" if ours_shared else f"{ours / peer:.2f}×")
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

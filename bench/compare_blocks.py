@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peer import print_table  # noqa: E402
 from compare_allreduce import iterations, parse_table, size_bytes, small  # noqa: E402
 
 SIZES = "64,1K,16K,256K,4M,64M"
@@ -112,11 +113,7 @@ def main():
     for op in args.ops.split(","):
         names, results = measure(args, op, sizes, skipped, env)
         lines += table(op, names, results, sizes) + [""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-from torch_peer import add_python_argument, missing_note, torch_version
+from torch_peer import add_python_argument, missing_note, print_table, torch_version
 
 
 def step_ms(cmd, timeout=900):
@@ -112,11 +112,7 @@ def main():
                     f"{med['PyTorch, 1 process'] / theirs:.2f} | {med['lockstep, 1 process'] / ours_:.2f} | "
                     f"{theirs - theirs_ns:.1f} | {ours_ - ours_ns:.1f} |")
         lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

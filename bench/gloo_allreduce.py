@@ -3,7 +3,8 @@
 
 Starts N local processes (torch.multiprocessing), each pinned to its own core
 with one intra-op thread, and times an in-place torch.distributed.all_reduce
-of a float32 tensor with the gloo backend for each size. Prints the same
+of a float32 tensor with the gloo backend (or --backend lockstep: lockstep's
+torch.distributed backend, python/) for each size. Prints the same
 table as `lockstep bench` (size, count, type, redop, root, time, algbw,
 busbw, #wrong); time is the slowest rank's average per iteration.
 
@@ -45,6 +46,8 @@ def sizes(args):
 
 
 def run_rank(rank, args, port):
+    if args.backend == "lockstep":
+        import lockstep_torch  # noqa: F401  registers the backend in this rank's process
     cores = sorted(os.sched_getaffinity(0))
     if args.pin:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
@@ -52,9 +55,9 @@ def run_rank(rank, args, port):
     local_rank = rank
     rank = args.node_rank * args.np + local_rank
     n = args.nnodes * args.np
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=n)
+    dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=n)
     if rank == 0:
-        print(f"# gloo (torch {torch.__version__}): {n} ranks, {args.iters} iterations after {args.warmup} warm-up")
+        print(f"# {args.backend} (torch {torch.__version__}): {n} ranks, {args.iters} iterations after {args.warmup} warm-up")
         print(f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
         print(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
     for size in sizes(args):
@@ -89,6 +92,9 @@ def main():
     parser.add_argument("-n", "--iters", type=int, default=20)
     parser.add_argument("-w", "--warmup", type=int, default=5)
     parser.add_argument("--pin", type=int, default=1)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "lockstep"],
+                        help="torch.distributed backend; lockstep needs lockstep_torch importable "
+                             "(PYTHONPATH=build-torch2/python after `make build-python`)")
     # Across hosts: one invocation per host, like `torchrun --nnodes`.
     parser.add_argument("--nnodes", type=int, default=1, help="hosts, each running -np ranks")
     parser.add_argument("--node-rank", type=int, default=0)

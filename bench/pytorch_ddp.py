@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch's own DistributedDataParallel (Gloo), measured like
+"""PyTorch's own DistributedDataParallel (over Gloo, or with --backend lockstep
+over lockstep's torch.distributed backend), measured like
 examples/ddp_throughput: the same models, batch per rank, SGD, one intra-op
 thread per rank, each rank pinned to its own core. With -np 1 it trains
 without DDP (the single-process baseline). --no-sync runs backward under
@@ -57,6 +58,8 @@ def free_port():
 
 
 def run_rank(rank, args, port):
+    if args.backend == "lockstep":
+        import lockstep_torch  # noqa: F401  registers the backend in this rank's process
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
@@ -64,7 +67,7 @@ def run_rank(rank, args, port):
     rank = args.node_rank * args.np + rank
     distributed = world > 1
     if distributed:
-        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world)
+        dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world)
     torch.manual_seed(1)
     model = Mlp() if args.model == "mlp" else ConvNet()
     net = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.bucket_view) if distributed else model
@@ -93,7 +96,7 @@ def run_rank(rank, args, port):
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"model {args.model} ({params / 1e6:.1f}M parameters), {world} rank(s), PyTorch {torch.__version__} "
-              f"{'DDP gloo' if distributed else 'no DDP'}, batch {args.batch} per rank, "
+              f"{'DDP ' + args.backend if distributed else 'no DDP'}, batch {args.batch} per rank, "
               f"{'no_sync' if args.no_sync else 'synchronised'}")
         print(f"step_ms {median.item():.2f} samples_per_s {args.batch * world * 1000 / median.item():.1f}", flush=True)
     if distributed:
@@ -109,6 +112,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-sync", action="store_true")
     parser.add_argument("--bucket-view", action="store_true")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "lockstep"],
+                        help="torch.distributed backend; lockstep needs lockstep_torch importable "
+                             "(PYTHONPATH=build-torch2/python after `make build-python`)")
     # Across hosts: one invocation per host, like `torchrun --nnodes`.
     parser.add_argument("--nnodes", type=int, default=1, help="hosts, each running -np ranks")
     parser.add_argument("--node-rank", type=int, default=0)

@@ -33,3 +33,12 @@ def missing_note(python):
     if python == TORCH2_PYTHON:
         return f"{python} is missing: `make deps-torch2` installs PyTorch 2.x there"
     return f"{python} cannot import torch.distributed"
+
+
+def print_table(lines, out=None):
+    """Prints a comparison's markdown and, with --out, writes it there too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
