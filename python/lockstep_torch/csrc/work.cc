@@ -18,6 +18,8 @@ std::exception_ptr to_torch_error(std::exception_ptr error) {
     } catch (...) {
       return std::current_exception();
     }
+  } catch (...) {
+    return std::current_exception();  // not a std::exception: passed on as it is
   }
 }
 
