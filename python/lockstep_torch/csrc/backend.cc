@@ -29,6 +29,17 @@ auto translated(const char* op, Issue&& issue) {
   }
 }
 
+// Issues `issue_one(i)` for i in [0, n): the coalesced forms, one lockstep
+// operation per tensor.
+template <typename IssueOne>
+Parts issue_each(const char* op, std::size_t n, IssueOne&& issue_one) {
+  return translated(op, [&] {
+    Parts issued;
+    for (std::size_t i = 0; i < n; ++i) issued.push_back(issue_one(i));
+    return issued;
+  });
+}
+
 lockstep::Reduction to_reduction(const c10d::ReduceOp& op, const char* name) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM: return lockstep::ReduceOp::sum;
@@ -100,10 +111,8 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "all_reduce_coalesced");
-  Parts parts = translated("all_reduce_coalesced", [&] {
-    Parts issued;
-    for (const at::Tensor& t : tensors) issued.push_back(dist::all_reduce(*group_, t, op, true));
-    return issued;
+  Parts parts = issue_each("all_reduce_coalesced", tensors.size(), [&](std::size_t i) {
+    return dist::all_reduce(*group_, tensors[i], op, true);
   });
   return finish(c10d::OpType::ALLREDUCE_COALESCED, std::move(parts), tensors);
 }
@@ -127,11 +136,8 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allgather_coalesced(std::vector<
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions&) {
   check_pairs(outputs, inputs, "all_gather");
-  Parts parts = translated("all_gather", [&] {
-    Parts issued;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      issued.push_back(dist::all_gather(*group_, outputs[i], inputs[i], true));
-    return issued;
+  Parts parts = issue_each("all_gather", inputs.size(), [&](std::size_t i) {
+    return dist::all_gather(*group_, outputs[i], inputs[i], true);
   });
   std::vector<at::Tensor> flat;
   for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
@@ -148,11 +154,8 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allgather_into_tensor_coalesced(
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions&) {
   check_pairs(outputs, inputs, "all_gather_into_tensor");
-  Parts parts = translated("all_gather_into_tensor", [&] {
-    Parts issued;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      issued.push_back(dist::all_gather_into_tensor(*group_, outputs[i], inputs[i], true));
-    return issued;
+  Parts parts = issue_each("all_gather_into_tensor", inputs.size(), [&](std::size_t i) {
+    return dist::all_gather_into_tensor(*group_, outputs[i], inputs[i], true);
   });
   return finish(c10d::OpType::_ALLGATHER_BASE, std::move(parts), outputs, inputs);
 }
@@ -204,11 +207,8 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   check_pairs(outputs, inputs, "reduce_scatter_tensor");
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "reduce_scatter_tensor");
-  Parts parts = translated("reduce_scatter_tensor", [&] {
-    Parts issued;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      issued.push_back(dist::reduce_scatter_tensor(*group_, outputs[i], inputs[i], op, true));
-    return issued;
+  Parts parts = issue_each("reduce_scatter_tensor", inputs.size(), [&](std::size_t i) {
+    return dist::reduce_scatter_tensor(*group_, outputs[i], inputs[i], op, true);
   });
   return finish(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(parts), outputs, inputs);
 }
