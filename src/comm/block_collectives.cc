@@ -3,7 +3,6 @@
 // per-rank counts) and allgather with per-rank counts. Argument checks,
 // the agreement on per-rank counts, and queueing onto the progress engine.
 // Thread-safety: as ProcessGroup (process_group.h).
-#include <numeric>
 
 #include <fmt/format.h>
 
@@ -24,8 +23,15 @@ OpInfo block_info(Collective c, DType dtype, std::size_t count, int root = -1) {
   return info;
 }
 
+// The sum of per-rank counts; counts whose sum does not fit are refused
+// rather than wrapped around to something that matches the buffer.
 std::size_t sum(const std::vector<std::size_t>& counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  std::size_t total = 0;
+  for (const std::size_t c : counts)
+    LOCKSTEP_CHECK_ARG(!__builtin_add_overflow(total, c, &total),
+                       "the per-rank counts add up to more than any buffer can hold; a count is wrong (an overflow, "
+                       "or a length that was never set)");
+  return total;
 }
 
 // Every rank shares the counts it sends and expects (an allgather of
@@ -87,9 +93,9 @@ std::shared_ptr<Work> ProcessGroup::gather(ConstBuffer input, Buffer output, int
   if (is_root) {
     check_buffer(output, "gather output");
     LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "gather: input is {} but output is {}", input.dtype, output.dtype);
-    LOCKSTEP_CHECK_ARG(output.count == input.count * static_cast<std::size_t>(size()),
-                       "gather: the root's output must hold size() x input = {} x {} = {} elements, not {}", size(),
-                       input.count, input.count * static_cast<std::size_t>(size()), output.count);
+    LOCKSTEP_CHECK_ARG(is_product(output.count, size(), input.count),
+                       "gather: the root's output must hold size() x input = {} x {} elements, not {}", size(),
+                       input.count, output.count);
   } else {
     output = Buffer{nullptr, 0, input.dtype};
   }
@@ -104,9 +110,9 @@ std::shared_ptr<Work> ProcessGroup::scatter(ConstBuffer input, Buffer output, in
   if (rank() == root) {
     check_buffer(input, "scatter input");
     LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "scatter: input is {} but output is {}", input.dtype, output.dtype);
-    LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
-                       "scatter: the root's input must hold size() x output = {} x {} = {} elements, not {}", size(),
-                       output.count, output.count * static_cast<std::size_t>(size()), input.count);
+    LOCKSTEP_CHECK_ARG(is_product(input.count, size(), output.count),
+                       "scatter: the root's input must hold size() x output = {} x {} elements, not {}", size(),
+                       output.count, input.count);
   } else {
     input = ConstBuffer{nullptr, 0, output.dtype};
   }

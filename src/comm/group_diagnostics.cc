@@ -87,6 +87,16 @@ std::exception_ptr failure_from(const std::string& stored, const std::string& te
   }
 }
 
+bool is_peer_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string what_of(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
@@ -171,8 +181,14 @@ std::exception_ptr GroupDiagnostics::on_failure(std::exception_ptr error, std::u
       // When rank 2 dies, rank 3 notices first; rank 0 may only see rank 3
       // leave. The first failure recorded tells everyone what happened, and
       // the other ranks' watchdogs abort their groups with it (watch()).
-      const std::string first = record_failure(error);
-      if (!first.empty()) text += "\n  the first failure in this group was: " + first;
+      const std::string first = record_failure_as_stored(error);
+      if (!first.empty()) {
+        text += "\n  the first failure in this group was: " + text_of_failure(first);
+        // A peer that left or died after another rank found a mismatch
+        // ended because of it (it failed, or its program stopped on the
+        // error): the mismatch is what this rank reports, as every rank does.
+        if (first[0] == 'M' && is_peer_error(error)) error = std::make_exception_ptr(MismatchError(text));
+      }
     }
   } catch (const std::exception& e) {
     log_.debug("diagnostics could not reach the store: {}", e.what());  // report what this rank saw
@@ -183,11 +199,16 @@ std::exception_ptr GroupDiagnostics::on_failure(std::exception_ptr error, std::u
 }
 
 std::string GroupDiagnostics::record_failure(std::exception_ptr error) {
+  const std::string first = record_failure_as_stored(error);
+  return first.empty() ? first : text_of_failure(first);
+}
+
+std::string GroupDiagnostics::record_failure_as_stored(std::exception_ptr error) {
   reported_failure_.store(true);
   try {
     const std::string mine = encode_failure(error, what_of(error));
     const std::string first = store_->compare_set(kFirstFailure, "", mine);
-    return first.empty() || first == mine ? std::string() : text_of_failure(first);
+    return first.empty() || first == mine ? std::string() : first;
   } catch (const std::exception& e) {
     log_.debug("could not record the failure in the store: {}", e.what());
     return {};

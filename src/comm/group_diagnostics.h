@@ -94,6 +94,9 @@ class GroupDiagnostics {
 
  private:
   void watch();
+  // record_failure's work: returns the first failure as stored (kind, peer,
+  // message) when it was another.
+  std::string record_failure_as_stored(std::exception_ptr error);
   // The stall inspector (watchdog thread): publish this rank's progress
   // for the other ranks' inspections; inspect this rank's own long wait.
   void answer_stall_queries();

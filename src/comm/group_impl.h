@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,7 +94,24 @@ std::shared_ptr<Work> submit_collective(ProcessGroup::Impl& s, const OpInfo& inf
   });
 }
 
+// The most elements of `dtype` one buffer can hold: its bytes must fit the
+// largest object a process can address (PTRDIFF_MAX), so that count x
+// element size cannot wrap around anywhere behind the front end.
+inline std::size_t max_count(DType dtype) { return static_cast<std::size_t>(PTRDIFF_MAX) / dtype_size(dtype); }
+
+// Whether `whole` is exactly `parts` x `part`, without computing the product
+// (which can wrap around to match).
+inline bool is_product(std::size_t whole, int parts, std::size_t part) {
+  const auto n = static_cast<std::size_t>(parts);
+  return whole % n == 0 && whole / n == part;
+}
+
 inline void check_buffer(const ConstBuffer& b, const char* what) {
+  if (b.count > max_count(b.dtype))
+    throw InvalidArgument(std::string(what) + ": " + std::to_string(b.count) + " elements of " +
+                          std::string(to_string(b.dtype)) + " are more than any buffer can hold (at most " +
+                          std::to_string(max_count(b.dtype)) +
+                          "); the count is wrong: an overflow, or a length that was never set");
   if (b.count != 0 && b.data == nullptr)
     throw InvalidArgument(std::string(what) + ": the buffer has " + std::to_string(b.count) + " elements but no memory");
 }

@@ -161,9 +161,9 @@ std::shared_ptr<Work> ProcessGroup::allgather(ConstBuffer input, Buffer output) 
   check_buffer(input, "allgather input");
   check_buffer(output, "allgather output");
   LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "allgather: input is {} but output is {}", input.dtype, output.dtype);
-  LOCKSTEP_CHECK_ARG(output.count == input.count * static_cast<std::size_t>(size()),
-                     "allgather: output must hold size() x input = {} x {} = {} elements, not {}", size(),
-                     input.count, input.count * static_cast<std::size_t>(size()), output.count);
+  LOCKSTEP_CHECK_ARG(is_product(output.count, size(), input.count),
+                     "allgather: output must hold size() x input = {} x {} elements, not {}", size(), input.count,
+                     output.count);
   const Route r = route(*impl_, "allgather", {{"input", input}, {"output", output}});
   return submit_routed(*impl_, info_of(Collective::allgather, input), r,
                        [input, output](Backend& b, const OpContext& ctx) { b.allgather(ctx, input, output); });
@@ -174,9 +174,9 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(ConstBuffer input, Buffer out
   check_buffer(output, "reduce_scatter output");
   LOCKSTEP_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is {} but output is {}", input.dtype,
                      output.dtype);
-  LOCKSTEP_CHECK_ARG(input.count == output.count * static_cast<std::size_t>(size()),
-                     "reduce_scatter: input must hold size() x output = {} x {} = {} elements, not {}", size(),
-                     output.count, output.count * static_cast<std::size_t>(size()), input.count);
+  LOCKSTEP_CHECK_ARG(is_product(input.count, size(), output.count),
+                     "reduce_scatter: input must hold size() x output = {} x {} elements, not {}", size(),
+                     output.count, input.count);
   check_reduction(op, input, "reduce_scatter");
   const Route r = route(*impl_, "reduce_scatter", {{"input", input}, {"output", output}});
   const ReduceOp kernel_op = op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op;

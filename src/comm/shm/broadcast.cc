@@ -1,5 +1,9 @@
 // shm broadcast: inline for tiny buffers; otherwise in rounds of one slot:
 // the root copies a piece into its slot, everyone else copies it out.
+// The root also waits for every peer's arrival at the broadcast (the first
+// round's) and checks its stamp: ranks that each name themselves the root
+// would otherwise all hand out their data, read nobody's, and go on with
+// different buffers.
 #include <algorithm>
 #include <cstring>
 
@@ -14,6 +18,9 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     if (rank_ != root) {
       wait_inline(root, seq, op, "the root's data of a small broadcast");
       std::memcpy(data.data, inline_payload(root, seq), data.bytes());
+    } else {
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_) wait_inline(q, seq, op, "its arrival at the broadcast");
     }
     return;
   }
@@ -26,6 +33,8 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     if (rank_ != root) {
       wait_arrived(root, g, op, "the broadcast data");
       std::memcpy(buf + begin, slot(root, g), bytes);
+    } else if (begin == 0) {
+      wait_arrived_all(g, op, "its arrival at the broadcast");
     }
     control(rank_).consumed.post(g + 1);
   }

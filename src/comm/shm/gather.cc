@@ -2,7 +2,8 @@
 // every other rank copies the next piece of its input into its slot, and
 // the root copies each piece into place in its output. Large inputs, where
 // every rank can read its peers' memory, go in one copy: the root reads
-// each input straight into its output (single_copy.h).
+// each input straight into its output (single_copy.h). Every other rank
+// checks the root's stamp, as in reduce.cc.
 #include <algorithm>
 #include <cstring>
 
@@ -19,7 +20,10 @@ void ShmBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
   if (size_ == 1 || bytes == 0) return;
   if (bytes <= kInlineBytes) {
     const std::uint64_t seq = post_inline(in, is_root ? 0 : bytes, op);
-    if (!is_root) return;
+    if (!is_root) {
+      wait_inline(root, seq, op, "the root's arrival at a small gather");
+      return;
+    }
     for (int q = 0; q < size_; ++q) {
       if (q == root) continue;
       wait_inline(q, seq, op, "its input to a small gather");
@@ -28,8 +32,9 @@ void ShmBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
     return;
   }
   if (single_copy(bytes)) {
-    single_copy_round(op, in, /*read_everyone=*/is_root, -1, [&](int q, const std::byte* theirs) {
-      read_peer_or_throw(op, q, out + static_cast<std::size_t>(q) * bytes, theirs, bytes);
+    // Other ranks "read" the root: nothing, but its address's stamp is checked.
+    single_copy_round(op, in, /*read_everyone=*/is_root, root, [&](int q, const std::byte* theirs) {
+      if (is_root) read_peer_or_throw(op, q, out + static_cast<std::size_t>(q) * bytes, theirs, bytes);
     });
     return;
   }
@@ -44,6 +49,8 @@ void ShmBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
         wait_arrived(q, g, op, "its input");
         std::memcpy(out + static_cast<std::size_t>(q) * bytes + begin, slot(q, g), piece);
       }
+    } else if (begin == 0) {
+      wait_arrived(root, g, op, "the root's arrival at the gather");
     }
     control(rank_).consumed.post(g + 1);
   }

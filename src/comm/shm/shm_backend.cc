@@ -267,16 +267,16 @@ std::uint64_t ShmBackend::begin_round(const OpContext& op) {
 void ShmBackend::wait_all(Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
   for (int q = 0; q < size_; ++q)
-    if (q != rank_) waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+    if (q != rank_) waiter_.wait_at_least(control(q).*counter, target, q, op, what, &peer_began_a_small_operation_);
 }
 
 void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t target, const OpContext& op,
                           const char* what) const {
-  waiter_.wait_at_least(control(q).*counter, target, q, op, what);
+  waiter_.wait_at_least(control(q).*counter, target, q, op, what, &peer_began_a_small_operation_);
 }
 
 void ShmBackend::wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const {
-  waiter_.wait_at_least(control(q).arrive, g + 1, q, op, what);
+  waiter_.wait_at_least(control(q).arrive, g + 1, q, op, what, &peer_began_a_small_operation_);
   // A peer up to kSlots rounds ahead may have re-stamped the line: then
   // another wait of this operation, or the peer itself, does the check.
   if (const auto stamp = control(q).arrive.stamp_of(g + 1)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
@@ -308,8 +308,31 @@ std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, co
 void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, const char* what, bool check) const {
   if (seq == 0) return;
   InlineLine& line = control(q).lines[seq % 2];
-  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, what);
+  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, what, &peer_began_a_round_);
   if (check) check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), q, self_);
+}
+
+// This rank waits in a small operation, so every round it began is behind
+// it; a peer that has posted the arrival of a later round is in a
+// collective this rank did not issue (it has not reached this one: its
+// line is what this rank waits for).
+void ShmBackend::PeerBeganARound::check(int peer, const OpContext& op) const {
+  const Counter& arrive = shm_.control(peer).arrive;
+  const std::uint64_t posted = arrive.value.load(std::memory_order_acquire);
+  if (posted <= shm_.rounds_) return;
+  // Unreadable only while the peer rewrites it; the next check reads it.
+  if (const auto stamp = arrive.stamp_of(posted)) check_round_stamp(op, stamp->first, stamp->second, peer, shm_.self_);
+}
+
+// This rank waits in a round; a peer cannot have finished the collective
+// this rank is in (or an earlier one) before posting what this rank waits
+// for, so a small operation it posted beyond this rank's count is one this
+// rank did not issue.
+void ShmBackend::PeerBeganASmallOperation::check(int peer, const OpContext& op) const {
+  const std::uint64_t next = shm_.inline_ops_ + 1;
+  const InlineLine& line = shm_.control(peer).lines[next % 2];
+  if (line.seq.load(std::memory_order_acquire) < next) return;
+  check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), peer, shm_.self_);
 }
 
 void ShmBackend::barrier(const OpContext& op) {

@@ -143,6 +143,29 @@ class ShmBackend final : public Backend {
   // the system call costs more than the second copy.
   static constexpr std::size_t kDefaultSingleCopyBytes = 32 * 1024;
 
+  // The waits' divergence checks (sync.h). Ranks that issued the same
+  // collectives have begun the same rounds and small operations, so a
+  // peer found beyond this rank's count on the other path while this rank
+  // waits issued something else here: a small operation where this rank's
+  // took rounds, or the reverse (12 floats against 13, f32 against f64).
+  // Its stamp on that path names what it issued.
+  class PeerBeganARound final : public DivergenceCheck {  // for small operations' waits
+   public:
+    explicit PeerBeganARound(const ShmBackend& shm) : shm_(shm) {}
+    void check(int peer, const OpContext& op) const override;
+
+   private:
+    const ShmBackend& shm_;
+  };
+  class PeerBeganASmallOperation final : public DivergenceCheck {  // for rounds' waits
+   public:
+    explicit PeerBeganASmallOperation(const ShmBackend& shm) : shm_(shm) {}
+    void check(int peer, const OpContext& op) const override;
+
+   private:
+    const ShmBackend& shm_;
+  };
+
   int rank_;
   int size_;
   std::string self_;
@@ -163,6 +186,8 @@ class ShmBackend final : public Backend {
   Waiter waiter_;
   std::uint64_t rounds_ = 0;       // rounds begun; the same on every rank
   std::uint64_t inline_ops_ = 0;   // inline operations begun; the same on every rank
+  PeerBeganARound peer_began_a_round_{*this};
+  PeerBeganASmallOperation peer_began_a_small_operation_{*this};
   std::vector<std::uint64_t> p2p_chunks_sent_;      // per peer
   std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
   std::vector<const void*> sources_;  // scratch for kernel source lists

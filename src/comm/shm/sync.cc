@@ -102,7 +102,8 @@ bool PeerWatch::departed(int peer) const {
 }
 
 void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
-                       std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+                       std::uint64_t target, int peer, const OpContext& op, const char* what,
+                       const DivergenceCheck* divergence) const {
   const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
   // A peer in lockstep arrives within a few hundred nanoseconds: look a
   // while before reading the clock.
@@ -128,6 +129,7 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
   }
   for (;;) {
     if (reached()) return;
+    if (divergence != nullptr) divergence->check(peer, op);
     if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
     if (op.deadline.expired())
       throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s waiting for rank {} ({}). Rank {} is stuck, "

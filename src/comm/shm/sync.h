@@ -86,27 +86,43 @@ enum class SpinPolicy {
 // (docs/algorithms.md).
 inline constexpr std::int64_t kDefaultSpinNanos = 20'000;
 
+// A test a wait runs while it sleeps, besides its own counter: whether the
+// peer it waits for went down a path this rank did not take (another
+// collective, whose size chose another protocol), and so will never post
+// what this rank waits for. It throws MismatchError to end the wait; run
+// only once the spin is over, so it costs nothing when peers are in step.
+class DivergenceCheck {
+ public:
+  virtual void check(int peer, const OpContext& op) const = 0;
+
+ protected:
+  ~DivergenceCheck() = default;
+};
+
 class Waiter {
  public:
   Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self, std::int64_t spin_nanos = kDefaultSpinNanos)
       : peers_(&peers), policy_(policy), self_(std::move(self)), spin_nanos_(spin_nanos) {}
 
   // Waits until `counter` (owned by rank `peer`) is at least `target`.
-  // `what` names the step for error messages ("inputs of round 4").
-  void wait_at_least(const Counter& counter, std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+  // `what` names the step for error messages ("inputs of round 4");
+  // `divergence`, if any, is checked between sleeps.
+  void wait_at_least(const Counter& counter, std::uint64_t target, int peer, const OpContext& op, const char* what,
+                     const DivergenceCheck* divergence = nullptr) const {
     if (counter.value.load(std::memory_order_acquire) >= target) return;
-    slow_wait(counter.value, counter.sleepers, target, peer, op, what);
+    slow_wait(counter.value, counter.sleepers, target, peer, op, what, divergence);
   }
   // The same for a bare sequence word with its own sleeper count.
   void wait_at_least(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
-                     std::uint64_t target, int peer, const OpContext& op, const char* what) const {
+                     std::uint64_t target, int peer, const OpContext& op, const char* what,
+                     const DivergenceCheck* divergence = nullptr) const {
     if (word.load(std::memory_order_acquire) >= target) return;
-    slow_wait(word, sleepers, target, peer, op, what);
+    slow_wait(word, sleepers, target, peer, op, what, divergence);
   }
 
  private:
   void slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers, std::uint64_t target,
-                 int peer, const OpContext& op, const char* what) const;
+                 int peer, const OpContext& op, const char* what, const DivergenceCheck* divergence) const;
 
   const PeerWatch* peers_;
   SpinPolicy policy_;

@@ -15,6 +15,7 @@ void TcpBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
   auto* out = static_cast<std::byte*>(output.data);
   if (mesh_.rank() == root && bytes > 0) std::memmove(out + static_cast<std::size_t>(root) * bytes, input.data, bytes);
   if (n == 1 || bytes == 0) return;
+  check_agreement_around_the_ring(op);
   if (mesh_.rank() != root) return send_bytes(mesh_, op, root, input.data, bytes);
   std::vector<BufferSink> sinks;
   sinks.reserve(static_cast<std::size_t>(n));
@@ -33,6 +34,7 @@ void TcpBackend::scatter(const OpContext& op, ConstBuffer input, Buffer output, 
   const auto* in = static_cast<const std::byte*>(input.data);
   if (mesh_.rank() == root && bytes > 0) std::memmove(output.data, in + static_cast<std::size_t>(root) * bytes, bytes);
   if (n == 1 || bytes == 0) return;
+  check_agreement_around_the_ring(op);
   if (mesh_.rank() != root) return recv_bytes(mesh_, op, root, output.data, bytes);
   std::vector<BufferSource> sources;
   sources.reserve(static_cast<std::size_t>(n));

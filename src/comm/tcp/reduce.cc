@@ -15,6 +15,7 @@ void TcpBackend::reduce(const OpContext& op, Buffer data, int root, ReduceOp red
   const int n = mesh_.size();
   const int r = mesh_.rank();
   if (n == 1 || data.count == 0) return;
+  check_agreement_around_the_ring(op);
   const DType acc_type = accumulation_dtype(data.dtype);
   const bool widened = acc_type != data.dtype;
   const std::size_t acc_elem = dtype_size(acc_type);

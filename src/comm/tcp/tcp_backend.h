@@ -15,6 +15,8 @@
 //   barrier         dissemination (ceil(log2 n) rounds of one byte)
 //   send / recv     a header (tag, byte count) checked by the receiver, then
 //                   the payload
+// Every collective's data carries its stamp (op_stamp.h); rooted ones
+// (broadcast, reduce, gather, scatter) first pass the stamp around the ring.
 // f16/bf16 are accumulated in fp32 (partial results travel as fp32) and
 // rounded once; final results travel in 16 bits.
 //
@@ -56,6 +58,12 @@ class TcpBackend final : public Backend {
   // built on this one (hier runs its cross-host step on a subset of it).
   Transport& transport() { return mesh_; }
   std::size_t small_bytes() const { return small_bytes_; }
+
+  // The check rooted collectives make before their data (root_agreement.cc):
+  // every rank's stamp checked by the next rank around the ring, so ranks
+  // that disagree on the root (and so may exchange no data at all) raise
+  // MismatchError at this collective. Public for hier's cross-host steps.
+  void check_agreement_around_the_ring(const OpContext& op);
 
   // The default crossover between latency- and bandwidth-optimal algorithms,
   // measured on loopback and a 2-core host (see docs/performance.md).
