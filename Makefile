@@ -129,8 +129,9 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 20
 # The checkpoint reader is libtorch's, whose headers clang 14 cannot compile
 # against libstdc++ 12: it is fuzzed by mutation in the g++ build instead
-# (the fuzz_corpus.checkpoint test).
-FUZZ_TARGETS = store_frames_fuzz op_headers_fuzz
+# (the fuzz_corpus.checkpoint test); its integrity check, which runs first
+# and needs no libtorch, is fuzzed here (checkpoint_archive).
+FUZZ_TARGETS = store_frames_fuzz op_headers_fuzz checkpoint_archive_fuzz
 test-fuzz: deps
 	@mkdir -p $(FUZZ_DIR)
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_FUZZ=ON \

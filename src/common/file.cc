@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -97,6 +99,14 @@ void write_file_atomically(const std::string& path, const std::function<void(con
 
 void write_file_atomically(const std::string& path, std::string_view contents, FileSync sync, Os& os) {
   write_file_atomically(path, [&](const ByteWriter& sink) { sink(contents.data(), contents.size()); }, sync, os);
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || (!in.good() && !in.eof()))
+    throw Error(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  return bytes;
 }
 
 }  // namespace lockstep

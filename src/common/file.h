@@ -33,6 +33,10 @@ void write_file_atomically(const std::string& path, const std::function<void(con
 void write_file_atomically(const std::string& path, std::string_view contents, FileSync sync = FileSync::none,
                            Os& os = Os::real());
 
+// The whole of `path`'s contents; Error naming the path and the cause when
+// it cannot be read.
+std::string read_whole_file(const std::string& path);
+
 // The temporary that write_file_atomically uses for `path` in process `pid`.
 std::string temporary_path(const std::string& path, long pid);
 

@@ -6,10 +6,9 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iterator>
 #include <sstream>
 
+#include "common/file.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/data.h"
 
@@ -40,13 +39,6 @@ std::int64_t share_status(ProcessGroup& pg, std::int64_t status, std::string& re
   return status;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) throw Error(fmt::format("cannot read checkpoint {}", path));
-  return bytes;
-}
-
 }  // namespace
 
 void save_checkpoint_on_rank0(ProcessGroup& pg, const std::string& path,
@@ -73,7 +65,7 @@ bool load_checkpoint_broadcast(ProcessGroup& pg, const std::string& path,
     try {
       // load_checkpoint's checks (a file, not empty, a readable archive).
       if (load_checkpoint(path, [](::torch::serialize::InputArchive&) {})) {
-        bytes = read_file(path);
+        bytes = read_whole_file(path);
         status = static_cast<std::int64_t>(bytes.size());
       }
     } catch (const std::exception& e) {

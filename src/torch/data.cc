@@ -8,12 +8,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "common/file.h"
 #include "lockstep/error.h"
+#include "zip_integrity.h"
 
 namespace lockstep::torch {
 
@@ -128,10 +130,15 @@ bool load_checkpoint(const std::string& path, const std::function<void(::torch::
   if (fs::file_size(path, ec) == 0)
     throw Error(fmt::format("checkpoint {} is empty (a save was cut short, or something else created it); {}", path,
                             kStartOver));
+  // libtorch's reader does not check the archive's checksums: a file whose
+  // tensor bytes changed on disk would load, and training resume from them.
+  const std::string bytes = read_whole_file(path);
+  if (const std::string problem = zip_integrity_problem(std::as_bytes(std::span(bytes))); !problem.empty())
+    throw Error(fmt::format("checkpoint {} is damaged: {}; restore it from a copy, or {}", path, problem, kStartOver));
   // libtorch's errors carry a C++ stack trace; the user needs one sentence.
   ::torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& e) {
     throw Error(fmt::format("checkpoint {} cannot be read ({}): it is truncated, corrupt or not a checkpoint; {}", path,
                             first_line(e), kStartOver));
