@@ -161,9 +161,19 @@ struct TcpStoreOptions {
   // clients exceed it, the server answers nothing more. At least one
   // largest request (max_value_bytes + 2 x max_key_bytes + 64).
   std::size_t max_buffered_bytes = 256u << 20;
-  // Server: open connections, authenticated or not. Over it a new
-  // connection is refused with the reason and closed.
+  // Server: open connections, authenticated or not. Over it the oldest
+  // connection that has not authenticated is closed to make room; when
+  // every one has, the new connection is refused with the reason.
   std::size_t max_clients = 16384;
+  // Server: how long a connection may stay open without authenticating (a
+  // lockstep client does so at once); then it is closed. So connections
+  // nobody uses cannot pile up until real clients are refused.
+  Duration auth_timeout = std::chrono::seconds(10);
+  // Server: connections from one address that have not authenticated yet;
+  // over it the oldest of them is closed. A client that authenticates at
+  // once always gets in, however many idle connections another user of
+  // the same host holds.
+  std::size_t max_unauthenticated_per_address = 64;
   // Optional shared secret; clients must present the same token. Empty: none.
   std::string token;
   // How long a client keeps retrying to reach the server before giving up

@@ -19,7 +19,13 @@
 //   - while replies not yet taken exceed max_buffered_bytes, no further
 //     request is answered (their clients wait; replies drain as clients
 //     read). Gets that a set releases are answered at once all the same;
-//   - at most max_clients connections; a further one is refused and closed;
+//   - a connection must authenticate within auth_timeout, or it is closed;
+//     at most max_unauthenticated_per_address connections from one address
+//     wait to authenticate (over it the oldest is closed), and at
+//     max_clients the oldest unauthenticated connection makes room for a
+//     new one: idle connections cannot starve clients that have the token;
+//   - at most max_clients connections; when all have authenticated, a
+//     further one is refused and closed;
 //   - accept(2) failing (out of descriptors, memory, an aborted connection)
 //     is logged and retried after a growing pause, never fatal.
 // Every disconnect for a limit is logged with the peer and the reason.
@@ -75,7 +81,8 @@ struct BlockedRequest {
 
 struct Client {
   Socket socket;
-  std::string peer;  // address, for log lines
+  std::string peer;  // address, for log lines and the per-address limit
+  Clock::time_point accepted{};
   std::string in;
   std::string out;
   // Bytes of the bound this client holds: its input, or the whole of the
@@ -109,6 +116,7 @@ struct TcpStoreServer::State {
   Clock::time_point accept_paused_until{};
   Duration accept_pause{0};
   bool refusing_clients = false;  // at max_clients; for logging once per episode
+  std::uint64_t unauthenticated_closed = 0;  // for logging the first and every 1000th
 
   std::size_t max_frame() const { return options.max_value_bytes + 2 * options.max_key_bytes + 64; }
   // The longest auth payload: opcode, magic, and a token of at most max_key_bytes.
@@ -122,6 +130,10 @@ struct TcpStoreServer::State {
   void accept_clients();
   void refuse(Socket s, const std::string& reason);
   void pause_accepting(int error);
+  // Closes the connection from `peer` (any peer when empty) that has waited
+  // longest without authenticating; false when there is none.
+  bool close_oldest_unauthenticated(const std::string& peer, const char* why);
+  void close_unauthenticated(Client& c, const std::string& why);
   void forget(Client& c);
   void read_from(Client& c);
   void write_to(Client& c);
@@ -205,6 +217,7 @@ void TcpStoreServer::State::run() {
     if (fds[1].revents & POLLIN) accept_clients();
     for (std::size_t i = 0; i < polled.size(); ++i) {
       Client& c = *polled[i];
+      if (c.dead) continue;  // closed to make room while accepting
       const short ev = fds[i + 2].revents;
       if (ev & (POLLIN | POLLHUP | POLLERR)) read_from(c);
       // Gone while its input is full: nothing more can be read to notice it,
@@ -212,7 +225,11 @@ void TcpStoreServer::State::run() {
       if ((ev & (POLLHUP | POLLERR)) && readable_bytes(c) == 0) c.dead = true;
       if (!c.dead) handle_requests(c);
     }
+    const auto after_poll = os->now();
     for (auto& c : clients) {
+      if (!c.dead && !c.authenticated && Deadline::starting_at(c.accepted, options.auth_timeout).expired_at(after_poll))
+        close_unauthenticated(c, fmt::format("it sent no valid auth message within {:.1f} s",
+                                             std::chrono::duration<double>(options.auth_timeout).count()));
       if (!c.dead && c.blocked) release_blocked(c);
       if (!c.dead && c.waiting_for_room) handle_requests(c);
       if (!c.dead && !c.out.empty()) write_to(c);
@@ -235,6 +252,10 @@ int TcpStoreServer::State::next_timeout_ms(Clock::time_point now) const {
     timeout = Deadline::starting_at(now, std::chrono::duration_cast<Duration>(accept_paused_until - now))
                   .poll_timeout_ms_at(now);
   for (const auto& c : clients) {
+    if (!c.authenticated) {  // wake to close it when its time to authenticate is up
+      const int t = Deadline::starting_at(c.accepted, options.auth_timeout).poll_timeout_ms_at(now);
+      if (t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
+    }
     // A deferred request goes on as soon as the replies fit again.
     if (c.waiting_for_room && reply_bytes <= options.max_buffered_bytes) return 0;
     if (!c.blocked) continue;
@@ -261,7 +282,9 @@ void TcpStoreServer::State::accept_clients() {
     }
     Socket s(fd);
     set_nodelay(fd);
-    if (clients.size() >= options.max_clients) {
+    const auto live = static_cast<std::size_t>(
+        std::count_if(clients.begin(), clients.end(), [](const Client& c) { return !c.dead; }));
+    if (live >= options.max_clients && !close_oldest_unauthenticated("", "to make room for a new connection")) {
       refuse(std::move(s), fmt::format("the store has {} connections open, its limit (TcpStoreOptions::max_clients); "
                                        "close unused store clients, or raise the limit",
                                        clients.size()));
@@ -270,6 +293,12 @@ void TcpStoreServer::State::accept_clients() {
     Client c;
     c.socket = std::move(s);
     c.peer = peer_host(fd);
+    c.accepted = os->now();
+    const auto waiting_from_peer = std::count_if(clients.begin(), clients.end(), [&](const Client& other) {
+      return !other.dead && !other.authenticated && other.peer == c.peer;
+    });
+    if (static_cast<std::size_t>(waiting_from_peer) >= options.max_unauthenticated_per_address)
+      close_oldest_unauthenticated(c.peer, "its address has too many connections that have not authenticated");
     clients.push_back(std::move(c));
     client_count = clients.size();
   }
@@ -277,6 +306,26 @@ void TcpStoreServer::State::accept_clients() {
     log.warn("TcpStoreServer: accepting connections again after accept(2) failed");
     accept_pause = Duration(0);
   }
+}
+
+bool TcpStoreServer::State::close_oldest_unauthenticated(const std::string& peer, const char* why) {
+  Client* oldest = nullptr;
+  for (auto& c : clients)
+    if (!c.dead && !c.authenticated && (peer.empty() || c.peer == peer) && (!oldest || c.accepted < oldest->accepted))
+      oldest = &c;
+  if (oldest == nullptr) return false;
+  close_unauthenticated(*oldest, why);
+  return true;
+}
+
+// Marks the connection for removal at the end of this pass (the loop holds
+// pointers to the clients it polled); logs the first and every 1000th.
+void TcpStoreServer::State::close_unauthenticated(Client& c, const std::string& why) {
+  if (unauthenticated_closed++ % 1000 == 0)
+    log.warn("TcpStoreServer: closed a connection from {} that had not authenticated ({}; {} such so far). Something "
+             "other than this job's ranks is connecting to the store's port",
+             c.peer, why, unauthenticated_closed);
+  c.dead = true;
 }
 
 // Tells a connection over the limit why, in the form a client reads as its

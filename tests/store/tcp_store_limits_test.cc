@@ -146,6 +146,71 @@ TEST(TcpStoreLimits, ConnectionsOverTheLimitAreRefusedWithTheReason) {
   EXPECT_EQ(clients.front()->get("k"), "v");
 }
 
+// A connection that never authenticates is closed once auth_timeout has
+// passed; one that authenticated stays, however long it is idle.
+TEST(TcpStoreLimits, AConnectionThatNeverAuthenticatesIsClosedAfterTheAuthTimeout) {
+  TcpStoreOptions options;
+  options.auth_timeout = 300ms;
+  TcpStoreServer server("127.0.0.1", 0, options);
+  TcpStore client("127.0.0.1", server.port(), options);
+  Socket idle = connect_tcp("127.0.0.1", server.port(), Deadline::after(5s));
+  const auto start = Clock::now();
+  EXPECT_TRUE(closed_by_server(idle, 10s)) << "an idle unauthenticated connection was kept";
+  EXPECT_GE(seconds_between(start, Clock::now()), 0.25);
+  client.set("k", "v");  // idle longer than auth_timeout, and still served
+  EXPECT_EQ(client.get("k"), "v");
+}
+
+// The reported starvation: another user of the host holds thousands of
+// connections to the store's port and never authenticates. Before, a rank
+// connecting after them was refused (the store at its connection limit)
+// or never answered, and the job failed; now the oldest unauthenticated
+// connections make room (per address, and at the connection limit), and
+// a client with the token gets in at once.
+void expect_a_client_with_the_token_gets_in(TcpStoreOptions options, std::size_t most_kept) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);  // both ends of each connection live in this process
+  const auto idle_count = static_cast<std::size_t>(std::min<rlim_t>(3000, (limit.rlim_cur - 200) / 2));
+  options.token = "the-job's-token";
+  options.connect_timeout = 5s;
+  TcpStoreServer server("127.0.0.1", 0, options);
+  TcpStore early("127.0.0.1", server.port(), options);
+  std::vector<Socket> idle;
+  for (std::size_t i = 0; i < idle_count; ++i) idle.push_back(connect_tcp("127.0.0.1", server.port(), Deadline::after(5s)));
+  // Let the server accept them all.
+  const Deadline settled = Deadline::after(10s);
+  std::size_t before = 0;
+  while (!settled.expired()) {
+    std::this_thread::sleep_for(100ms);
+    const std::size_t now = server.num_clients();
+    if (now == before) break;
+    before = now;
+  }
+  EXPECT_LE(server.num_clients(), most_kept) << "idle connections were all kept";
+  const auto start = Clock::now();
+  TcpStore late("127.0.0.1", server.port(), options);
+  late.set("k", "v");
+  EXPECT_EQ(early.get("k"), "v");
+  EXPECT_LT(seconds_between(start, Clock::now()), 2.0);
+}
+
+TEST(TcpStoreLimits, ThousandsOfIdleConnectionsDoNotStarveAClientWithTheToken) {
+  TcpStoreOptions options;
+  options.max_clients = 1000;  // below the idle connections: the limit itself is under attack
+  expect_a_client_with_the_token_gets_in(options, options.max_unauthenticated_per_address + 1);
+}
+
+// The same with no per-address limit (connections from many addresses):
+// at max_clients the oldest unauthenticated connection makes room.
+TEST(TcpStoreLimits, AtTheConnectionLimitAnIdleConnectionMakesRoom) {
+  TcpStoreOptions options;
+  options.max_clients = 500;
+  options.max_unauthenticated_per_address = 1u << 30;
+  expect_a_client_with_the_token_gets_in(options, options.max_clients);
+}
+
 // CPU time (user + system) a process has used so far, in seconds.
 double cpu_seconds(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
