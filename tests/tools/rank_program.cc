@@ -5,10 +5,10 @@
 //   restart      rank 1 exits 5 on attempt 0; every rank succeeds later
 //   sleep        wait (to be signalled)
 //   ignore-term  ignore SIGTERM, then wait (the launcher must SIGKILL)
-//   die-in-shm-setup     rank 1 kills itself (SIGKILL) within a millisecond
-//                        of rank 0 creating its shm region, while both set up
-//   die-in-shared-alloc  the same once rank 0 has created its copy of the
-//                        first allocate_shared buffer
+//   die-in-shm-setup     rank 1 kills itself (SIGKILL) as it opens rank 0's
+//                        shm region, while both set up
+//   die-in-shared-alloc  the same as it opens rank 0's copy of the first
+//                        allocate_shared buffer
 //   leave-early  rank 1 leaves after one all-reduce (its process ends
 //                150 ms after its group); the others issue a second and
 //                print the error they get to stderr (exit 2)
@@ -16,7 +16,9 @@
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 
+#include "common/os.h"
 #include "harness/pid_file.h"
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace {
@@ -39,28 +42,24 @@ void wait_forever() {
   for (int i = 0; i < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
-// Waits (up to 20 s) until rank 0 has created a shared-memory segment
-// whose name ends with ".<what>.<rank 0's pid>", then dies as abruptly as
-// it can, at a point of rank 0's set-up that is the same on every run.
-void die_once_rank0_created(const std::string& what) {
-  const char* dir = std::getenv("PID_DIR");
-  if (!dir) std::abort();
-  for (int tries = 0; tries < 20000; ++tries) {
-    pid_t rank0 = 0;
-    std::ifstream(std::string(dir) + "/rank0.pid") >> rank0;
-    const std::string suffix = "." + what + "." + std::to_string(rank0);
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-      const std::string name = entry.path().filename().string();
-      if (rank0 > 0 && name.rfind("lockstep.", 0) == 0 && name.size() > suffix.size() &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-        ::raise(SIGKILL);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// An Os whose shm_open kills this process as it opens (not creates) a
+// segment of rank 0's named for `what` ("r0": rank 0's region; "a0r0": its
+// copy of the first shared allocation). Rank 0 has created that segment
+// and cannot unlink it before this rank says it mapped it, so the kill
+// always lands while the segment is in /dev/shm: the same point of set-up
+// on every run. (Polling /dev/shm for it missed segments that lived less
+// than the poll's period, and the test failed under load.)
+class DiesOpeningRank0Segment final : public lockstep::Os {
+ public:
+  explicit DiesOpeningRank0Segment(const std::string& what) : marker_("." + what + ".") {}
+  int shm_open(const char* name, int flags, mode_t mode) override {
+    if ((flags & O_CREAT) == 0 && std::string_view(name).find(marker_) != std::string_view::npos) ::raise(SIGKILL);
+    return Os::shm_open(name, flags, mode);
   }
-  std::fprintf(stderr, "rank 0 never created its %s segment\n", what.c_str());
-  std::exit(9);
-}
+
+ private:
+  std::string marker_;
+};
 
 // All-reduces once; rank 1 then leaves (destroying its group), the others
 // issue a second all-reduce that rank 1 never joins.
@@ -119,24 +118,16 @@ int main(int argc, char** argv) {
   }
   if (mode == "fail") wait_forever();
   if (mode == "always-fail" && rank == 1) return 4;
-  if (mode == "die-in-shm-setup" && rank == 1) {
-    // Set-up needs both ranks: join on another thread, die from this one.
-    // The joining thread keeps its group: were it dropped, a set-up that
-    // finished before the kill would end it cleanly, and rank 0 would see
-    // rank 1 leave instead of die.
-    std::thread([] {
-      try {
-        auto kept = lockstep::init_process_group();
-        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-      } catch (const lockstep::Error&) {
-      }
-    }).detach();
-    die_once_rank0_created("r0");
-  }
-  if (mode == "die-in-shared-alloc") {
-    auto pg = lockstep::init_process_group();
-    if (rank == 1) die_once_rank0_created("a0r0");
+  if (mode == "die-in-shm-setup" || mode == "die-in-shared-alloc") {
+    DiesOpeningRank0Segment dies(mode == "die-in-shm-setup" ? "r0" : "a0r0");
+    lockstep::GroupOptions options;
+    if (rank == 1) options.os = &dies;
+    auto pg = lockstep::init_process_group(options);
     pg->allocate_shared(1 << 20);
+    if (rank == 1) {
+      std::fprintf(stderr, "rank 1 never opened rank 0's segment\n");
+      return 9;
+    }
     return 0;
   }
   if (mode == "leave-early") return leave_early(rank);
