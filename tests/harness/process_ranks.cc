@@ -125,14 +125,15 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
     for (std::size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
       int status = 0;
-      const pid_t got = ::waitpid(pids_[i], &status, deadline.expired() ? 0 : WNOHANG);
-      if (got == 0) {
-        if (deadline.expired()) {
-          ::kill(pids_[i], SIGKILL);
-          results[i].hit_deadline = true;
-        }
-        continue;
+      pid_t got = ::waitpid(pids_[i], &status, WNOHANG);
+      // Killed before the blocking wait: a wait first never returned for a
+      // child that runs for ever, and the deadline held nothing.
+      if (got == 0 && deadline.expired()) {
+        ::kill(pids_[i], SIGKILL);
+        results[i].hit_deadline = true;
+        got = ::waitpid(pids_[i], &status, 0);  // SIGKILL cannot be caught or ignored
       }
+      if (got == 0) continue;
       reaped_[i] = true;
       --left;
       results[i].ended = Clock::now();
