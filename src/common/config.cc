@@ -6,6 +6,8 @@
 
 #include <cctype>
 #include <climits>
+#include <optional>
+#include <string>
 
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -34,6 +36,41 @@ std::optional<int> read_world_size(const VariableReader& vars, const char* name)
 std::optional<std::size_t> read_bytes(const VariableReader& vars, const char* name, std::int64_t max) {
   const auto v = vars.integer(name, 0, max);
   return v ? std::optional<std::size_t>(static_cast<std::size_t>(*v)) : std::nullopt;
+}
+
+// A launcher variable as it was set, for messages: LOCAL_WORLD_SIZE=1.
+struct Setting {
+  std::string name;
+  int value = 0;
+  std::string text;  // "NAME=value", or how a derived value came about
+};
+std::optional<Setting> setting(const char* name, std::optional<int> value) {
+  if (!value) return std::nullopt;
+  return Setting{name, *value, fmt::format("{}={}", name, *value)};
+}
+
+// Refuses a place on the host that contradicts itself or the world:
+// LOCAL_RANK=5 with LOCAL_WORLD_SIZE=1 used to be taken as it was, and
+// used to pin the rank to a core or choose its GPU. Only values that were
+// set are compared; a default (the local rank is the rank) cannot
+// contradict them.
+void check_local_placement(const std::optional<Setting>& local_rank, const std::optional<Setting>& local_size,
+                           const std::optional<Setting>& world_size) {
+  if (local_size && world_size && local_size->value > world_size->value)
+    throw ConfigError(fmt::format("{} is larger than {}: a host cannot run more ranks than the whole job; set {} to "
+                                  "the number of ranks on this host",
+                                  local_size->text, world_size->text, local_size->name));
+  if (!local_rank) return;
+  const std::string_view launcher = local_rank->name == env::kLocalRank ? " (`lockstep run` and torchrun set both)" : "";
+  if (local_size && local_rank->value >= local_size->value)
+    throw ConfigError(fmt::format("{} is not below {}: the ranks on a host are numbered 0..{}; set {} to this "
+                                  "process's index on its host and {} to the number of ranks there{}",
+                                  local_rank->text, local_size->text, local_size->value - 1, local_rank->name,
+                                  local_size->name, launcher));
+  if (!local_size && world_size && local_rank->value >= world_size->value)
+    throw ConfigError(fmt::format("{} is not below {}: no host has more ranks than the whole job; set {} to this "
+                                  "process's index on its host{}",
+                                  local_rank->text, world_size->text, local_rank->name, launcher));
 }
 
 struct RankSource {
@@ -66,14 +103,23 @@ LauncherPlacement read_launcher(const VariableReader& vars) {
     p.source = src.source;
     p.rank = *rank;
     p.world_size = *size;
-    p.local_rank = read_rank(vars, src.local_rank).value_or(p.rank);
+    const auto local_rank = setting(src.local_rank, read_rank(vars, src.local_rank));
+    std::optional<Setting> local_size;
     if (src.local_size != nullptr) {
-      p.local_world_size = read_world_size(vars, src.local_size).value_or(p.world_size);
+      local_size = setting(src.local_size, read_world_size(vars, src.local_size));
     } else {
       const auto tasks = vars.string(env::kSlurmTasksPerNode);
       const auto node = read_rank(vars, env::kSlurmNodeId);
-      p.local_world_size = tasks && node ? slurm_tasks_on_node(*tasks, *node) : p.world_size;
+      if (tasks && node) {
+        const int n = slurm_tasks_on_node(*tasks, *node);
+        local_size = Setting{env::kSlurmTasksPerNode, n,
+                             fmt::format("{}={} ({} on node {}={})", env::kSlurmTasksPerNode, *tasks, n,
+                                         env::kSlurmNodeId, *node)};
+      }
     }
+    check_local_placement(local_rank, local_size, setting(src.size, *size));
+    p.local_rank = local_rank ? local_rank->value : p.rank;
+    p.local_world_size = local_size ? local_size->value : p.world_size;
     return p;
   }
   return p;
@@ -104,6 +150,10 @@ DebugLevel read_debug(const VariableReader& vars) {
 void read_rendezvous(const VariableReader& vars, Config& c) {
   c.local_rank = read_rank(vars, env::kLocalRank);
   c.local_world_size = read_world_size(vars, env::kLocalWorldSize);
+  // Checked against each other here too: they also place a rank given in
+  // GroupOptions, where no launcher variables were read.
+  check_local_placement(setting(env::kLocalRank, c.local_rank), setting(env::kLocalWorldSize, c.local_world_size),
+                        std::nullopt);
   c.started_by_mpirun = vars.string(env::kOmpiSize).has_value();
   c.master_addr = vars.string(env::kMasterAddr).value_or("");
   if (auto port = vars.integer(env::kMasterPort, 1, kMaxPort)) c.master_port = static_cast<int>(*port);

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 
 #include "common/env_vars.h"
 #include "lockstep/config.h"
@@ -195,6 +196,40 @@ TEST(Config, HalfALauncherPairOrARankOutsideTheWorldIsAClearError) {
   EXPECT_THROW(parse({{env::kSlurmProcId, "0"}, {env::kSlurmNtasks, "2"}, {env::kSlurmNodeId, "3"},
                       {env::kSlurmTasksPerNode, "1(x2)"}}),
                ConfigError);
+}
+
+// LOCAL_RANK=5 with LOCAL_WORLD_SIZE=1 used to be accepted, and the rank
+// pinned (or given a GPU) by it. Each contradiction names both variables
+// and their values.
+TEST(Config, LocalVariablesThatContradictEachOtherOrTheWorldAreRefused) {
+  const std::pair<Vars, const char*> cases[] = {
+      {{{env::kRank, "0"}, {env::kWorldSize, "2"}, {env::kLocalRank, "5"}, {env::kLocalWorldSize, "1"}},
+       "LOCAL_RANK=5 is not below LOCAL_WORLD_SIZE=1"},
+      {{{env::kRank, "0"}, {env::kWorldSize, "2"}, {env::kLocalRank, "1"}, {env::kLocalWorldSize, "1"}},
+       "LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1: the ranks on a host are numbered 0..0"},
+      {{{env::kRank, "0"}, {env::kWorldSize, "2"}, {env::kLocalRank, "0"}, {env::kLocalWorldSize, "8"}},
+       "LOCAL_WORLD_SIZE=8 is larger than WORLD_SIZE=2"},
+      {{{env::kRank, "0"}, {env::kWorldSize, "2"}, {env::kLocalRank, "2"}}, "LOCAL_RANK=2 is not below WORLD_SIZE=2"},
+      // Without a launcher's RANK, the pair still places a rank given in GroupOptions.
+      {{{env::kLocalRank, "5"}, {env::kLocalWorldSize, "1"}}, "LOCAL_RANK=5 is not below LOCAL_WORLD_SIZE=1"},
+      {{{env::kOmpiRank, "1"}, {env::kOmpiSize, "4"}, {env::kOmpiLocalRank, "2"}, {env::kOmpiLocalSize, "2"}},
+       "OMPI_COMM_WORLD_LOCAL_RANK=2 is not below OMPI_COMM_WORLD_LOCAL_SIZE=2"},
+      {{{env::kSlurmProcId, "1"}, {env::kSlurmNtasks, "4"}, {env::kSlurmLocalId, "3"}, {env::kSlurmNodeId, "0"},
+        {env::kSlurmTasksPerNode, "2(x2)"}},
+       "SLURM_LOCALID=3 is not below SLURM_TASKS_PER_NODE=2(x2) (2 on node SLURM_NODEID=0)"},
+  };
+  for (const auto& [vars, message] : cases) {
+    try {
+      parse(vars);
+      ADD_FAILURE() << message << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  // What agrees is taken as it is.
+  const Config c = parse({{env::kRank, "3"}, {env::kWorldSize, "4"}, {env::kLocalRank, "1"}, {env::kLocalWorldSize, "2"}});
+  EXPECT_EQ(c.launcher.local_rank, 1);
+  EXPECT_EQ(c.launcher.local_world_size, 2);
 }
 
 }  // namespace
