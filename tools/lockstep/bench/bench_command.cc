@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <lockstep_option_checks/option_checks.h>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -430,7 +431,12 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
     const bool rooted = c == Collective::broadcast || c == Collective::reduce || c == Collective::gather ||
                         c == Collective::scatter;
-    for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
+    // Each row at least a byte larger: -b 1 -f 1.5 would round back to 1
+    // byte, row after row, and never reach -e.
+    const auto next = [&](std::size_t bytes) {
+      return std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor));
+    };
+    for (std::size_t bytes = min_bytes;; bytes = next(bytes)) {
       const Row row = bench.measure(c, bytes);
       busbw_sum += row.busbw;
       wrong_total += row.wrong;
@@ -494,22 +500,35 @@ std::size_t parse_size(const std::string& text) {
 }
 
 void add_bench_command(CLI::App& app, BenchOptions& o) {
+  namespace checks = option_checks;
   auto* b = app.add_subcommand("bench", "Measure collectives the way nccl-tests does");
   b->add_option("--op", o.op,
                 "allreduce, broadcast, reduce, allgather, reduce_scatter, all_to_all, gather, scatter, allgather_v "
                 "(allgather with per-rank counts, all equal here), or all")
       ->capture_default_str();
-  b->add_option("--backend", o.backend, "auto, tcp, shm, hier, mpi")->capture_default_str();
-  b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)");
+  // No default here: an explicit --backend wins, else LOCKSTEP_BACKEND
+  // (Config), else auto; as for any lockstep program.
+  b->add_option("--backend", o.backend, "auto, tcp, shm, hier, mpi (default: LOCKSTEP_BACKEND, else auto)");
+  b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)")
+      ->check(checks::whole_number_in(1, 1 << 16));
   b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
   b->add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
-  b->add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")->capture_default_str();
-  b->add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
-  b->add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")->capture_default_str();
-  b->add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")->capture_default_str();
+  // Above 1 for a sweep; check_sizes says so, naming -b and -e.
+  b->add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")
+      ->capture_default_str()
+      ->check(checks::positive_number(1 << 20));
+  b->add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str()->check(checks::positive_count());
+  b->add_option("-w,--warmup_iters", o.warmup, "Untimed iterations first")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
+  b->add_option("-c,--check", o.check, "Check results (count wrong elements): 0 or 1")
+      ->capture_default_str()
+      ->check(checks::whole_number_in(0, 1));
   b->add_option("-d,--datatype", o.dtype, "float, double, half, bfloat16, int32, int64, uint8")->capture_default_str();
   b->add_option("-o,--op_type", o.redop, "sum, avg, min, max, prod")->capture_default_str();
-  b->add_option("-r,--root", o.root, "Root rank for broadcast, reduce, gather and scatter")->capture_default_str();
+  b->add_option("-r,--root", o.root, "Root rank for broadcast, reduce, gather and scatter")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
   b->add_option("--json", o.json_path, "Also write the results to this JSON file");
   b->add_option("--pin", o.pin, "Pin each rank to its own core (1) or not (0)")->capture_default_str();
   b->add_option("--device", o.device,

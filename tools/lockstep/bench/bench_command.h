@@ -13,8 +13,8 @@ namespace lockstep::cli {
 
 struct BenchOptions {
   std::string op = "allreduce";  // allreduce|broadcast|allgather|reduce_scatter|reduce|all
-  std::string backend = "auto";
-  int nranks = 0;  // -np: launch this many local ranks; 0: run as one rank of a launched job
+  std::string backend;  // empty: LOCKSTEP_BACKEND, else auto
+  int nranks = 0;  // -np: launch this many local ranks; 0 (not given): run as one rank of a launched job
   std::string min_bytes = "32M";
   std::string max_bytes = "32M";
   double factor = 2;

@@ -15,8 +15,10 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <lockstep_option_checks/option_checks.h>
 #include <nlohmann/json.hpp>
 
+#include "common/env.h"
 #include "common/scaling_plot.h"
 #include "doctor/diagnosis.h"
 #include "lockstep/affinity.h"
@@ -34,17 +36,28 @@ std::string self_path() {
   return n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "lockstep";
 }
 
+// The largest world the doctor starts on one host (as --nproc-per-node).
+constexpr int kMaxRanks = 1 << 16;
+
+// Every item of --ranks is checked: "1,-2" or "2.5" used to pass (only the
+// first was, and std::stoi stops at the '.'), and "1,x" ended in "stoi".
 std::vector<int> world_sizes(const DoctorOptions& o, int cores) {
   std::vector<int> sizes;
   if (!o.ranks.empty()) {
     std::stringstream in(o.ranks);
-    std::string item;
-    while (std::getline(in, item, ',')) sizes.push_back(std::stoi(item));
+    for (std::string item; std::getline(in, item, ',');) {
+      const auto n = parse_int(item);
+      if (!n || *n < 1 || *n > kMaxRanks)
+        throw InvalidArgument(fmt::format("doctor: --ranks {}: '{}' is not a world size; give whole numbers from 1 to "
+                                          "{}, e.g. 1,2,4",
+                                          o.ranks, item, kMaxRanks));
+      sizes.push_back(static_cast<int>(*n));
+    }
   } else {
     const int top = o.max_ranks > 0 ? o.max_ranks : cores;
     for (int n = 1; n <= top; ++n) sizes.push_back(n);
   }
-  if (sizes.empty() || sizes.front() < 1) throw InvalidArgument("doctor: --ranks needs positive world sizes, e.g. 1,2,4");
+  if (sizes.empty()) throw InvalidArgument("doctor: --ranks needs positive world sizes, e.g. 1,2,4");
   return sizes;
 }
 
@@ -149,16 +162,20 @@ std::string plot(const std::vector<ScalePoint>& points, const Diagnosis& d, cons
 }  // namespace
 
 void add_doctor_command(CLI::App& app, DoctorOptions& o) {
+  namespace checks = option_checks;
   auto* d = app.add_subcommand("doctor", "Run a program at several world sizes and explain how it scales");
-  d->add_option("--max-ranks", o.max_ranks, "Measure 1..N ranks (default: one per core)");
+  d->add_option("--max-ranks", o.max_ranks, "Measure 1..N ranks (default: one per core)")
+      ->check(checks::whole_number_in(1, kMaxRanks));
   d->add_option("--ranks", o.ranks, "Exact world sizes, e.g. 1,2,4");
   d->add_flag("--strong", o.strong, "Strong scaling: the global batch stays fixed (built-in workload)");
   d->add_option("--out", o.out, "Directory for the report, the plot and the logs")->capture_default_str();
-  d->add_option("--layers", o.layers, "Built-in MLP: layers")->capture_default_str();
-  d->add_option("--width", o.width, "Built-in MLP: width")->capture_default_str();
-  d->add_option("--batch", o.batch, "Built-in MLP: batch per rank")->capture_default_str();
-  d->add_option("--steps", o.steps, "Built-in MLP: steps")->capture_default_str();
-  d->add_option("--bucket-cap-mb", o.bucket_cap_mb, "Built-in MLP: DDP bucket cap")->capture_default_str();
+  d->add_option("--layers", o.layers, "Built-in MLP: layers")->capture_default_str()->check(checks::positive_count());
+  d->add_option("--width", o.width, "Built-in MLP: width")->capture_default_str()->check(checks::positive_count());
+  d->add_option("--batch", o.batch, "Built-in MLP: batch per rank")->capture_default_str()->check(checks::positive_count());
+  d->add_option("--steps", o.steps, "Built-in MLP: steps")->capture_default_str()->check(checks::positive_count());
+  d->add_option("--bucket-cap-mb", o.bucket_cap_mb, "Built-in MLP: DDP bucket cap")
+      ->capture_default_str()
+      ->check(checks::positive_number(1 << 20));
   d->add_option("program", o.program, "A program training with DistributedDataParallel, and its arguments")->expected(-1);
 }
 

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <lockstep_models/models.h>
+#include <lockstep_option_checks/option_checks.h>
 
 int main(int argc, char** argv) {
   CLI::App app{"lockstep doctor's built-in workload: an MLP trained with DDP"};
@@ -19,15 +20,19 @@ int main(int argc, char** argv) {
   double bucket_cap_mb = 25;
   std::string hook = "none";
   int slow_rank = -1, slow_ms = 0;
-  app.add_option("--layers", layers);
-  app.add_option("--width", width);
-  app.add_option("--batch", batch, "Samples per rank (weak scaling)");
-  app.add_option("--global-batch", global_batch, "Samples per step over all ranks (strong scaling)");
-  app.add_option("--steps", steps);
-  app.add_option("--bucket-cap-mb", bucket_cap_mb);
+  namespace checks = lockstep::option_checks;
+  app.add_option("--layers", layers)->check(checks::positive_count());
+  app.add_option("--width", width)->check(checks::positive_count());
+  app.add_option("--batch", batch, "Samples per rank (weak scaling)")->check(checks::positive_count());
+  app.add_option("--global-batch", global_batch, "Samples per step over all ranks (strong scaling)")
+      ->check(checks::positive_count());
+  app.add_option("--steps", steps)->check(checks::positive_count());
+  app.add_option("--bucket-cap-mb", bucket_cap_mb)->check(checks::positive_number(1 << 20));
   app.add_option("--hook", hook)->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  app.add_option("--slow-rank", slow_rank, "Make this rank a straggler (with --slow-ms)");
-  app.add_option("--slow-ms", slow_ms, "Extra milliseconds of work per step on --slow-rank");
+  app.add_option("--slow-rank", slow_rank, "Make this rank a straggler (with --slow-ms)")
+      ->check(checks::non_negative_count());
+  app.add_option("--slow-ms", slow_ms, "Extra milliseconds of work per step on --slow-rank")
+      ->check(checks::non_negative_count());
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   auto pg = lockstep::init_process_group();

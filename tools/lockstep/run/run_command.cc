@@ -27,6 +27,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <lockstep_option_checks/option_checks.h>
 
 #include "common/env.h"
 #include "common/env_vars.h"
@@ -211,24 +212,24 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   auto* run = app.add_subcommand("run", "Start a program on several processes (and nodes), as torchrun does");
   run->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "Processes on this node: a number or 'auto' (one per core)")->capture_default_str();
   run->add_option("--nnodes", o.nnodes, "Number of nodes, or MIN:MAX for an elastic job")->capture_default_str();
-  run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1 (fixed --nnodes only; default 0)")->check(CLI::NonNegativeNumber);
+  run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1 (fixed --nnodes only; default 0)")->check(option_checks::non_negative_count());
   run->add_option("--master-addr,--master_addr", o.master_addr, "Address of the node that hosts the store")->capture_default_str();
   run->add_option("--master-port,--master_port", o.master_port, "Store port (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
   run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it");
   run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank) or c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX)");
   run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node); also derives the store token");
   run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S");
-  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(CLI::Range(0.001, 604800.0));
+  run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(option_checks::number_in(0.001, 604800));
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
-  run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(CLI::NonNegativeNumber);
-  run->add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "Seconds between looks at the other nodes (failures, nodes waiting to join)")->capture_default_str()->check(CLI::Range(0.01, 60.0));
+  run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(option_checks::non_negative_count());
+  run->add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "Seconds between looks at the other nodes (failures, nodes waiting to join)")->capture_default_str()->check(option_checks::number_in(0.01, 60));
   run->add_option("--role", o.role, "ROLE_NAME of the ranks")->capture_default_str();
   run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/rank<r>.log");
   run->add_option("--tee,-t", o.tee, "Also copy these streams to DIR/rank<r>.log: 0 none, 1 stdout, 2 stderr, 3 both, or local_rank:n,...");
   run->add_option("--redirects,-r", o.redirects, "Send these streams to DIR/rank<r>.log only (same values as --tee)");
   run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
   run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
-  run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(option_checks::number_in(0, 3600));
   run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, hier, mpi, nccl");
   run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
   run->footer(

@@ -10,10 +10,12 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <lockstep_option_checks/option_checks.h>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_command.h"
 #include "common/bench_table.h"
+#include "common/env.h"
 #include "common/scaling_plot.h"
 #include "lockstep/error.h"
 #include "simulate/calibration.h"
@@ -25,16 +27,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<double> parse_numbers(const std::string& text, const char* what) {
-  std::vector<double> out;
+// The largest world --world-sizes takes: lockstep's largest world.
+constexpr std::int64_t kMaxWorldSize = 1 << 20;
+
+// A list of whole numbers from 1 to `max`, every item checked: std::stod
+// took "nan" and "2.5" (a world of 2), and a cast to int wrapped 1e12.
+std::vector<std::int64_t> parse_counts(const std::string& text, const char* what, std::int64_t max) {
+  std::vector<std::int64_t> out;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    try {
-      out.push_back(std::stod(item));
-    } catch (const std::exception&) {
-      throw InvalidArgument(fmt::format("simulate: {} '{}' is not a number list, e.g. 1,2,4", what, text));
-    }
+    const auto n = parse_int(item);
+    if (!n || *n < 1 || *n > max)
+      throw InvalidArgument(fmt::format("simulate: {} {}: '{}' is not a whole number from 1 to {}; give a list such "
+                                        "as 1,2,4",
+                                        what, text, item, max));
+    out.push_back(*n);
   }
+  if (out.empty()) throw InvalidArgument(fmt::format("simulate: {} is empty; give a list such as 1,2,4", what));
   return out;
 }
 
@@ -95,7 +104,8 @@ sim::Cluster cluster_for(const SimulateOptions& o) {
 sim::Description description_for(const SimulateOptions& o) {
   sim::Description d;
   if (!o.layers.empty()) {
-    d.layer_parameters = parse_numbers(o.layers, "--layers");
+    for (const auto n : parse_counts(o.layers, "--layers", std::int64_t{1} << 50))
+      d.layer_parameters.push_back(static_cast<double>(n));
   } else {
     d = sim::builtin_description(o.model.empty() ? "mlp" : o.model);
   }
@@ -187,30 +197,41 @@ nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const sim::Re
 }  // namespace
 
 void add_simulate_command(CLI::App& app, SimulateOptions& o) {
+  namespace checks = option_checks;
   auto* s = app.add_subcommand("simulate", "Predict step time and scaling of a data-parallel job on another cluster");
   s->add_option("--model", o.model, "Built-in description: mlp, convnet, resnet50 (with --trace: its gradient sizes)");
   s->add_option("--layers", o.layers, "Describe a model: parameters per layer in forward order, e.g. 4194304,2048");
-  s->add_option("--ms-per-sample", o.ms_per_sample, "Forward+backward time per sample of a described model");
-  s->add_option("--batch", o.batch, "Samples per rank per step");
+  s->add_option("--ms-per-sample", o.ms_per_sample, "Forward+backward time per sample of a described model")
+      ->check(checks::positive_number());
+  s->add_option("--batch", o.batch, "Samples per rank per step")->check(checks::positive_count());
   s->add_option("--trace", o.trace, "Profile: a LOCKSTEP_TRACE file of a real run");
-  s->add_option("--trace-rank", o.trace_rank, "The rank to read from a merged trace")->capture_default_str();
+  s->add_option("--trace-rank", o.trace_rank, "The rank to read from a merged trace")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
   s->add_option("--compute-trace", o.compute_trace,
                 "Take forward/backward/rest from this trace (e.g. of N ranks under no_sync), the buckets from --trace");
   s->add_option("--stats", o.stats, "Profile: a LOCKSTEP_STATS file (<prefix>.rank<r>.json)");
-  s->add_option("--data-ms", o.data_ms, "Data loading per step (default: the profile's)");
+  s->add_option("--data-ms", o.data_ms, "Data loading per step (default: the profile's)")
+      ->check(checks::non_negative_number());
   s->add_option("--preset", o.preset, "Cluster preset (--list-presets)")->capture_default_str();
   s->add_option("--cluster", o.cluster_file, "Cluster file (JSON), e.g. the cluster.json --calibrate writes");
-  s->add_option("--ranks-per-host", o.ranks_per_host, "Override the cluster's ranks per host");
+  s->add_option("--ranks-per-host", o.ranks_per_host, "Override the cluster's ranks per host")
+      ->check(checks::whole_number_in(1, kMaxWorldSize));
   s->add_option("--algorithm", o.algorithm,
                 "ring, recursive_doubling, halving_doubling, one_shot, two_shot, hierarchical, tcp, shm");
   s->add_option("--calibrate", o.calibrate, "Fit the cluster to `lockstep bench` output (table or --json file)");
   s->add_option("--calibrate-min-bytes", o.calibrate_min_bytes, "Fit rows of at least this size, e.g. 8M: the sizes of the buckets (default: the large-message algorithm's)");
   s->add_option("--world-sizes", o.world_sizes, "World sizes to predict")->capture_default_str();
-  s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")->capture_default_str();
+  s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")
+      ->capture_default_str()
+      ->check(checks::positive_number(1 << 20));
   s->add_option("--hook", o.hook, "Gradient compression: none, fp16, bf16")->capture_default_str();
-  s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")->capture_default_str();
-  auto* jitter =
-      s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")->capture_default_str();
+  s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")
+      ->capture_default_str()
+      ->check(checks::positive_count());
+  auto* jitter = s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")
+                     ->capture_default_str()
+                     ->check(checks::non_negative_number());
   s->add_option("--jitter-from", o.jitter_from,
                 "Measure --jitter from these LOCKSTEP_TRACE files (comma-separated; every rank's, e.g. under no_sync)")
       ->delimiter(',')
@@ -248,7 +269,7 @@ int run_simulate(const SimulateOptions& o) {
   const sim::Workload w = workload_for(o);
   std::vector<sim::ScalePrediction> predictions;
   std::vector<PlotRow> rows;
-  for (double n : parse_numbers(o.world_sizes, "--world-sizes")) {
+  for (const auto n : parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize)) {
     predictions.push_back(sim::predict(w, s, static_cast<int>(n)));
     const auto& q = predictions.back();
     const double micro = q.step_ms - q.step.step_ms;  // the no_sync micro-batches: compute

@@ -1,0 +1,143 @@
+// The numeric options of every `lockstep` subcommand, through the real
+// binary: a count of zero or less, or a NaN or infinite number, is refused
+// with a message naming the option and what it takes, before anything runs
+// (they used to run one rank for --np 0, print rows for -n 0, or take a
+// --grace-period of nan as 0). And bench takes its backend as every
+// lockstep program does: --backend, else LOCKSTEP_BACKEND, else auto.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "harness/launcher.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::contains;
+
+struct Refusal {
+  std::vector<std::string> args;
+  std::string message;  // a fragment of what the CLI prints
+};
+
+// Each command line fails, says `message`, and shows that nothing started.
+void expect_refused(const std::vector<Refusal>& cases, const std::string& started) {
+  for (const auto& c : cases) {
+    const auto r = testing::run_program(LOCKSTEP_CLI, c.args, {}, 30s);
+    std::string line;
+    for (const auto& a : c.args) line += a + " ";
+    EXPECT_EQ(r.signal, 0) << line << testing::describe(r);
+    EXPECT_NE(r.exit_code, 0) << line << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, c.message)) << line << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, started)) << line << "\n" << r.output;
+  }
+}
+
+TEST(CliOptions, BenchRefusesCountsBelowOneAndNumbersThatAreNotFinite) {
+  const std::vector<std::string> sweep{"-b", "1K", "-e", "1K"};
+  const auto bench = [&](std::vector<std::string> more) {
+    std::vector<std::string> args{"bench"};
+    args.insert(args.end(), sweep.begin(), sweep.end());
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_refused({{bench({"--np", "0"}), "--np: '0' is not a whole number from 1 to 65536"},
+                  {bench({"--np", "-3"}), "--np: '-3' is not a whole number from 1 to 65536"},
+                  {bench({"-n", "0"}), "--iters: '0' is not a whole number of 1 or more"},
+                  {bench({"-n", "-1"}), "--iters: '-1' is not a whole number of 1 or more"},
+                  {bench({"-w", "-1"}), "--warmup_iters: '-1' is not a whole number of 0 or more"},
+                  {bench({"-f", "nan"}), "--stepfactor: 'nan' is not a number above 0"},
+                  {bench({"-f", "inf"}), "--stepfactor: 'inf' is not a number above 0"},
+                  {bench({"-c", "2"}), "--check: '2' is not a whole number from 0 to 1"},
+                  {bench({"-r", "-1"}), "--root: '-1' is not a whole number of 0 or more"}},
+                 "# lockstep bench:");
+}
+
+// -f 1.5 from 1 byte rounded back to 1 byte, row after row, for ever. A
+// world of one, without --np: at the deadline the one process is killed.
+TEST(CliOptions, BenchSweepsWithASmallFactorEnd) {
+  const auto r = testing::run_program(
+      LOCKSTEP_CLI, {"bench", "-d", "uint8", "-b", "1", "-e", "4", "-f", "1.5", "-n", "1", "-w", "0"}, {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  const std::regex row(R"(\n +(\d+) +\d+ +uint8 )");
+  std::vector<std::string> sizes;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), row); it != std::sregex_iterator(); ++it)
+    sizes.push_back((*it)[1]);
+  EXPECT_EQ(sizes, (std::vector<std::string>{"1", "2", "3", "4"})) << r.output;
+}
+
+TEST(CliOptions, RunRefusesNumbersThatAreNotFiniteAndNegativeCounts) {
+  expect_refused({{{"run", "--grace-period", "nan", "--", "true"}, "--grace-period: 'nan' is not a number from 0 to 3600"},
+                  {{"run", "--grace-period", "-1", "--", "true"}, "--grace-period: '-1' is not a number from 0 to 3600"},
+                  {{"run", "--rdzv-timeout", "nan", "--", "true"}, "--rdzv-timeout: 'nan' is not a number from 0.001"},
+                  {{"run", "--monitor-interval", "inf", "--", "true"}, "--monitor-interval: 'inf' is not a number"},
+                  {{"run", "--max-restarts", "-1", "--", "true"}, "--max-restarts: '-1' is not a whole number of 0"},
+                  {{"run", "--node-rank", "-2", "--", "true"}, "--node-rank: '-2' is not a whole number of 0"}},
+                 "rank(s) on node");
+}
+
+TEST(CliOptions, SimulateRefusesSizesBelowOneAndNumbersThatAreNotFinite) {
+  testing::TempDir dir;
+  const auto simulate = [&](std::vector<std::string> more) {
+    std::vector<std::string> args{"simulate", "--model", "mlp", "--out", dir.path()};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_refused({{simulate({"--bucket-cap-mb", "nan"}), "--bucket-cap-mb: 'nan' is not a number above 0"},
+                  {simulate({"--bucket-cap-mb", "-1"}), "--bucket-cap-mb: '-1' is not a number above 0"},
+                  {simulate({"--jitter", "nan"}), "--jitter: 'nan' is not a finite number of 0 or more"},
+                  {simulate({"--jitter", "-1"}), "--jitter: '-1' is not a finite number of 0 or more"},
+                  {simulate({"--batch", "-5"}), "--batch: '-5' is not a whole number of 1 or more"},
+                  {simulate({"--ms-per-sample", "nan"}), "--ms-per-sample: 'nan' is not a finite number above 0"},
+                  {simulate({"--data-ms", "nan"}), "--data-ms: 'nan' is not a finite number of 0 or more"},
+                  {simulate({"--ranks-per-host", "-1"}), "--ranks-per-host: '-1' is not a whole number from 1"},
+                  {simulate({"--trace-rank", "-1"}), "--trace-rank: '-1' is not a whole number of 0 or more"},
+                  {simulate({"--accumulate", "0"}), "--accumulate: '0' is not a whole number of 1 or more"}},
+                 "# lockstep simulate");
+  // Lists are checked item by item: "2.5" was a world of 2, "nan" a number.
+  expect_refused({{simulate({"--world-sizes", "1,2.5"}), "--world-sizes 1,2.5: '2.5' is not a whole number from 1"},
+                  {simulate({"--world-sizes", "nan"}), "--world-sizes nan: 'nan' is not a whole number"},
+                  {simulate({"--world-sizes", "4,0"}), "--world-sizes 4,0: '0' is not a whole number"},
+                  {simulate({"--layers", "4096,nan"}), "--layers 4096,nan: 'nan' is not a whole number"}},
+                 "# lockstep simulate");
+}
+
+TEST(CliOptions, DoctorRefusesWorldSizesBelowOneAndNumbersThatAreNotFinite) {
+  testing::TempDir dir;
+  const auto doctor = [&](std::vector<std::string> more) {
+    std::vector<std::string> args{"doctor", "--out", dir.path()};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_refused({{doctor({"--ranks", "1,-2"}), "--ranks 1,-2: '-2' is not a world size"},
+                  {doctor({"--ranks", "2.5"}), "--ranks 2.5: '2.5' is not a world size"},
+                  {doctor({"--ranks", "1,x"}), "--ranks 1,x: 'x' is not a world size"},
+                  {doctor({"--max-ranks", "0"}), "--max-ranks: '0' is not a whole number from 1"},
+                  {doctor({"--batch", "0"}), "--batch: '0' is not a whole number of 1 or more"},
+                  {doctor({"--steps", "-1"}), "--steps: '-1' is not a whole number of 1 or more"},
+                  {doctor({"--bucket-cap-mb", "nan"}), "--bucket-cap-mb: 'nan' is not a number above 0"}},
+                 "lockstep doctor: ");
+}
+
+// The backend bench runs on: its header names the one the group chose.
+std::string bench_backend(std::vector<std::string> more, testing::EnvMap env) {
+  std::vector<std::string> args{"bench", "--np", "2", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"};
+  args.insert(args.end(), more.begin(), more.end());
+  const auto r = testing::run_program(LOCKSTEP_CLI, args, env, 60s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  std::smatch m;
+  if (!std::regex_search(r.output, m, std::regex(R"(# lockstep bench: 2 ranks, backend (\w+))"))) return r.output;
+  return m[1];
+}
+
+// Its --backend default, auto, used to win over LOCKSTEP_BACKEND.
+TEST(CliOptions, BenchTakesLockstepBackendUnlessBackendIsGiven) {
+  EXPECT_EQ(bench_backend({}, {{"LOCKSTEP_BACKEND", "tcp"}}), "tcp");
+  EXPECT_EQ(bench_backend({"--backend", "shm"}, {{"LOCKSTEP_BACKEND", "tcp"}}), "shm");
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,91 @@
+// CLI11 validators for numeric options, shared by `lockstep` and the
+// examples. CLI::Range and CLI::PositiveNumber let NaN through (every
+// comparison with NaN is false) and print DBL_MAX in full in their
+// messages, so floating-point options are checked here instead: a value
+// must be finite and inside its range. Whole-number options are checked
+// as 64-bit values, so "-5" cannot wrap into a huge unsigned count.
+// CLI11 prefixes each message with the option's name.
+// Stateless; thread-safe.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace lockstep::option_checks {
+
+inline constexpr double kNoMax = std::numeric_limits<double>::max();
+
+namespace detail {
+
+inline std::string text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+
+// What a range accepts, in words: "a number from 0 to 3600", "a finite
+// number above 0".
+inline std::string accepted(double min, bool min_included, double max) {
+  const std::string low = min_included ? "of " + text(min) + " or more" : "above " + text(min);
+  if (max == kNoMax) return "a finite number " + low;
+  if (min_included) return "a number from " + text(min) + " to " + text(max);
+  return "a number " + low + ", up to " + text(max);
+}
+
+inline CLI::Validator finite_range(double min, bool min_included, double max) {
+  const std::string words = accepted(min, min_included, max);
+  return CLI::Validator(
+      [=](std::string& input) -> std::string {
+        double v = 0;
+        const bool ok = CLI::detail::lexical_cast(input, v) && std::isfinite(v) && (min_included ? v >= min : v > min) &&
+                        v <= max;
+        return ok ? std::string() : "'" + input + "' is not " + words;
+      },
+      words);
+}
+
+}  // namespace detail
+
+// A finite number from `min` to `max`, both included.
+inline CLI::Validator number_in(double min, double max) { return detail::finite_range(min, true, max); }
+
+// A finite number above zero, up to `max` (learning rates, seconds, sizes).
+inline CLI::Validator positive_number(double max = kNoMax) { return detail::finite_range(0, false, max); }
+
+// A finite number of zero or more, up to `max`.
+inline CLI::Validator non_negative_number(double max = kNoMax) { return detail::finite_range(0, true, max); }
+
+// A whole number from `min` to `max` (counts, sizes, ranks). A `max` that
+// only keeps the value inside its type goes unsaid.
+inline CLI::Validator whole_number_in(std::int64_t min, std::int64_t max) {
+  const bool type_limit = max == std::numeric_limits<int>::max() || max == std::numeric_limits<std::int64_t>::max();
+  const std::string words = type_limit ? "a whole number of " + std::to_string(min) + " or more"
+                                       : "a whole number from " + std::to_string(min) + " to " + std::to_string(max);
+  return CLI::Validator(
+      [=](std::string& input) -> std::string {
+        std::int64_t v = 0;
+        if (!CLI::detail::lexical_cast(input, v) || v < min || (v > max && !type_limit))
+          return "'" + input + "' is not " + words;
+        if (v > max) return "'" + input + "' is too large; the largest is " + std::to_string(max);
+        return {};
+      },
+      words);
+}
+
+// A whole number of zero or more, for unsigned options (sizes, seeds).
+inline CLI::Validator non_negative_whole_number() {
+  return whole_number_in(0, std::numeric_limits<std::int64_t>::max());
+}
+
+// A count of one or more that fits an int.
+inline CLI::Validator positive_count() { return whole_number_in(1, std::numeric_limits<int>::max()); }
+
+// A count of zero or more that fits an int.
+inline CLI::Validator non_negative_count() { return whole_number_in(0, std::numeric_limits<int>::max()); }
+
+}  // namespace lockstep::option_checks
