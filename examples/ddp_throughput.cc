@@ -7,9 +7,11 @@
 // 9216->128->10, cross-entropy). Batch is per rank; SGD. --no-sync measures
 // the same step with gradient synchronisation off, so step - no_sync step is
 // the communication the step exposes. --device cuda trains on the GPU of
-// the local rank (cuda:(LOCAL_RANK % devices)), timing each step until the
-// device is done with it; --no-ddp trains the same model without the DDP
-// wrapper, the baseline of DDP's overhead in a world of one.
+// the local rank (cuda:(local rank % devices), the local rank as any
+// launcher sets it), timing each step until the device is done with it;
+// --no-ddp trains the same model without the DDP wrapper, the baseline of
+// DDP's overhead in a world of one. A loss that becomes NaN or infinite
+// stops the run (exit 1).
 #include <lockstep/error.h>
 #include <lockstep/affinity.h>
 #include <lockstep/powersgd.h>
@@ -19,14 +21,18 @@
 #include <torch/torch.h>
 
 #include <lockstep_models/models.h>
+#include <lockstep_option_checks/option_checks.h>
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 using examples::ConvNetImpl;
@@ -48,18 +54,17 @@ struct Options {
 };
 
 // The device this rank trains on: the CPU, or its local rank's GPU.
-torch::Device training_device(const std::string& name) {
+torch::Device training_device(const std::string& name, int local_rank) {
   if (name == "cpu") return torch::Device(torch::kCPU);
   if (!torch::cuda::is_available())
     throw lockstep::ConfigError("--device cuda: libtorch sees no CUDA device (or was built without CUDA)");
-  const char* local_rank = std::getenv("LOCAL_RANK");
-  const int index = (local_rank ? std::atoi(local_rank) : 0) % static_cast<int>(torch::cuda::device_count());
+  const int index = local_rank % static_cast<int>(torch::cuda::device_count());
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 template <typename Model>
 int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
-  const torch::Device device = training_device(o.device);
+  const torch::Device device = training_device(o.device, pg->config().launcher.local_rank);
   torch::manual_seed(1);
   auto model = std::make_shared<Model>();
   model->to(device);
@@ -93,9 +98,10 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     opt.zero_grad();
+    torch::Tensor loss;
     const auto forward_backward = [&] {
       auto out = ddp ? ddp->forward(x) : model->forward(x);
-      auto loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
+      loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
       loss.backward();
     };
     if (o.no_sync && ddp) {
@@ -107,6 +113,13 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
     opt.step();
     finish_step();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    // Read after the step is timed, so the read (a copy from the GPU with
+    // --device cuda, after finish_step has waited for it) is not measured.
+    // Steps on diverged parameters would time a different computation.
+    if (const double l = loss.item<double>(); !std::isfinite(l))
+      throw std::runtime_error("the loss became " + std::string(std::isnan(l) ? "nan" : "inf") + " at step " +
+                               std::to_string(s + 1) + " on rank " + std::to_string(pg->rank()) +
+                               "; the timings of such steps mean nothing");
     if (s >= o.warmup) {
       step_ms.push_back(ms);
       exposed_ms.push_back(ddp ? ddp->last_step().backward.exposed_communication_ms() : 0.0);
@@ -138,32 +151,43 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
 }
 
 int main(int argc, char** argv) {
+  namespace checks = lockstep::option_checks;
   CLI::App app{"Step time of lockstep DistributedDataParallel training"};
   Options o;
   app.add_option("--model", o.model, "mlp or convnet")->check(CLI::IsMember({"mlp", "convnet"}));
-  app.add_option("--batch", o.batch, "Samples per rank per step");
-  app.add_option("--steps", o.steps, "Timed steps (the median is reported)");
-  app.add_option("--warmup", o.warmup, "Untimed steps first");
+  app.add_option("--batch", o.batch, "Samples per rank per step")->check(checks::positive_count());
+  app.add_option("--steps", o.steps, "Timed steps (the median is reported)")->check(checks::positive_count());
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(checks::non_negative_count());
   app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
   app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
   app.add_flag("--no-ddp", o.no_ddp, "Train without the DDP wrapper (the baseline of its overhead)");
   app.add_option("--device", o.device, "cpu, or cuda (the local rank's GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap (with --autotune: of the measured first steps)");
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap (with --autotune: of the measured first steps)")
+      ->check(checks::positive_number(1 << 20));
   app.add_flag("--autotune", o.autotune, "Choose the bucket cap from the first steps' measurements");
   app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd", "batched_powersgd"}));
-  app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks");
+  app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks")
+      ->check(checks::positive_count());
   CLI11_PARSE(app, argc, argv);
-  // One core per rank, as bench/pytorch_ddp.py does for PyTorch's ranks.
-  if (const char* local_rank = std::getenv("LOCAL_RANK"))
-    lockstep::pin_to_core_of_local_rank(std::atoi(local_rank));
-  at::set_num_threads(1);  // one core per rank
   try {
-    auto pg = lockstep::init_process_group();
+    // One core per rank where LOCAL_RANK is set (torchrun, `lockstep
+    // run`), as bench/pytorch_ddp.py does for PyTorch's ranks; before
+    // libtorch starts its threads, which inherit the pinning. Read once,
+    // checked, through Config.
+    const lockstep::Config config = lockstep::Config::from_environment();
+    if (config.local_rank) lockstep::pin_to_core_of_local_rank(*config.local_rank);
+    at::set_num_threads(1);  // one core per rank
+    lockstep::GroupOptions group;
+    group.config = config;
+    auto pg = lockstep::init_process_group(group);
     return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);
   } catch (const lockstep::Error& e) {
     // The message says what went wrong and what to do; no abort() and core.
     std::fprintf(stderr, "ddp_throughput: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_throughput: %s\n", e.what());
+    return 1;
   }
 }

@@ -18,7 +18,9 @@
 // --batchnorm adds batch normalisation after each conv, --sync-batchnorm
 // makes it use the global batch's statistics (SyncBatchNorm), --zero shards
 // the optimizer state across ranks (ZeroRedundancyOptimizer; checkpoints
-// stay the same).
+// stay the same). Every numeric option is range-checked before anything
+// runs, and a loss that becomes NaN or infinite stops the run (exit 1) with
+// a sentence naming the step, the epoch and the rank.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
@@ -31,12 +33,15 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 #include <lockstep_models/models.h>
+#include <lockstep_option_checks/option_checks.h>
 #include "dataset.h"
 
 namespace {
@@ -106,6 +111,17 @@ struct Position {
 };
 
 double since_ms(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// Training that diverged would otherwise go on to its end and exit 0 with
+// "train loss nan"; it stops at the first step whose loss is not finite.
+void check_loss(double loss, int step, int epoch, int rank) {
+  if (std::isfinite(loss)) return;
+  // "nan", never "-nan": the sign of a NaN means nothing.
+  const char* value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  throw std::runtime_error("the loss became " + std::string(value) + " at step " + std::to_string(step) +
+                           " of epoch " + std::to_string(epoch) + " on rank " + std::to_string(rank) +
+                           "; lower --lr or check the data");
+}
 
 double sum_over_ranks(lockstep::ProcessGroup& pg, double v) {
   pg.allreduce(lockstep::Buffer{&v, 1, lockstep::DType::f64}, lockstep::ReduceOp::sum)->wait();
@@ -251,12 +267,20 @@ int train(const Options& o) {
       const auto step_start = Clock::now();
       optimizer.zero_grad();
       auto loss = torch::cross_entropy_loss(ddp.forward(batch.data.to(dtype)), batch.target);
+      // The loss is read every step for the epoch's average anyway (on the
+      // CPU, where this example trains, item() waits for nothing), so
+      // checking it costs nothing. It is checked before backward: once the
+      // parameters have diverged (they are the same on every rank) every
+      // rank stops at the same step, before the step's all-reduce, rather
+      // than one rank leaving the others waiting in it.
+      const double step_loss = loss.item<double>();
+      check_loss(step_loss, steps + 1, epoch + 1, rank);
       loss.backward();
       optimizer.step();
       step_ms += since_ms(step_start);
       exposed_ms += ddp.last_step().backward.exposed_communication_ms();
       const double n = static_cast<double>(batch.data.size(0));
-      loss_sum += loss.item<double>() * n;
+      loss_sum += step_loss * n;
       samples += n;
       ++steps;
       if (leader && o.progress && std::chrono::duration<double>(Clock::now() - last_draw).count() > draw_every) {
@@ -315,24 +339,40 @@ int train(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace checks = lockstep::option_checks;
   CLI::App app{"Train a convnet on Fashion-MNIST with lockstep DistributedDataParallel"};
   Options o;
-  app.add_option("--epochs", o.epochs, "Epochs to train")->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Samples per rank per step")->capture_default_str();
-  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap")->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Epochs to train")->capture_default_str()->check(checks::positive_count());
+  app.add_option("--batch-size", o.batch_size, "Samples per rank per step")
+      ->capture_default_str()
+      ->check(checks::positive_count());
+  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str()->check(checks::positive_number());
+  // Momentum is the share of the last update kept in the next: above 1
+  // the updates grow without end.
+  app.add_option("--momentum", o.momentum, "SGD momentum, from 0 to 1")
+      ->capture_default_str()
+      ->check(checks::number_in(0, 1));
+  // Up to 1 TiB: the cap is converted to bytes.
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size cap")
+      ->capture_default_str()
+      ->check(checks::positive_number(1 << 20));
   app.add_flag("--autotune-buckets", o.autotune_buckets,
                "Choose the bucket cap from the first steps' measurements (DDPOptions::autotune_bucket_cap)");
   app.add_option("--backend", o.backend, "auto, shm, tcp, hier, mpi (default: LOCKSTEP_BACKEND or auto)");
   app.add_option("--data", o.data, "Directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--checkpoint", o.checkpoint, "Checkpoint file (written each epoch, resumed from)")->capture_default_str();
   app.add_flag("--fresh", o.fresh, "Ignore an existing checkpoint on the first attempt (restarts still resume)");
-  app.add_option("--subset", o.subset, "Train on the first N images only");
-  app.add_option("--test-subset", o.test_subset, "Test on the first N images only");
-  app.add_option("--max-steps", o.max_steps, "Stop each epoch after N steps");
+  // Counts stored unsigned are checked as signed numbers: "-5" must not wrap.
+  app.add_option("--subset", o.subset, "Train on the first N images only (0: all)")
+      ->check(checks::non_negative_whole_number());
+  app.add_option("--test-subset", o.test_subset, "Test on the first N images only (0: all)")
+      ->check(checks::non_negative_whole_number());
+  app.add_option("--max-steps", o.max_steps, "Stop each epoch after N steps (0: no limit)")
+      ->check(checks::non_negative_count());
   app.add_option("--save-params", o.save_params, "Write the final parameters to this file");
-  app.add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed for initialisation and shuffling")
+      ->capture_default_str()
+      ->check(checks::non_negative_whole_number());
   app.add_option("--progress", o.progress, "Draw a progress bar (1) or not (0)")->capture_default_str();
   app.add_flag("--batchnorm", o.batch_norm, "Batch normalisation after each conv, over each rank's batch");
   app.add_flag("--sync-batchnorm", o.sync_batch_norm,
@@ -341,8 +381,13 @@ int main(int argc, char** argv) {
                "Train in float64 (slower): N ranks then match one rank to ~1e-15 whatever the CPU's kernels, "
                "where float32 differs by their rounding (the equivalence test uses it)");
   app.add_flag("--zero", o.zero, "Shard the optimizer state across ranks (ZeroRedundancyOptimizer)");
-  app.add_option("--progress-every", o.progress_every, "Seconds between progress lines when stdout is not a terminal")->capture_default_str();
-  app.add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N steps, so a restart loses at most N steps (0: at epoch ends only)")->capture_default_str();
+  app.add_option("--progress-every", o.progress_every, "Seconds between progress lines when stdout is not a terminal")
+      ->capture_default_str()
+      ->check(checks::non_negative_number(86400));
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "Also checkpoint every N steps, so a restart loses at most N steps (0: at epoch ends only)")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
   CLI11_PARSE(app, argc, argv);
   try {
     return train(o);

@@ -344,6 +344,70 @@ TEST(FashionMnistInput, AStaleTemporaryCheckpointIsRemovedAtTheNextSave) {
   EXPECT_TRUE(std::filesystem::exists(live));
 }
 
+// Arguments outside what they mean used to reach libtorch (--batch-size 0,
+// --lr nan: an INTERNAL ASSERT and a 30-frame trace) or train (--batch-size
+// -5 exited 0). Each is one line naming the option, before any training.
+TEST(FashionMnistInput, ArgumentsOutOfRangeAreRefusedBeforeTraining) {
+  TempDir dir;
+  write_dataset(dir.path(), 64);
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--batch-size", "0"}, "--batch-size: '0' is not a whole number of 1 or more"},
+      {{"--batch-size", "-5"}, "--batch-size: '-5' is not a whole number of 1 or more"},
+      {{"--lr", "nan"}, "--lr: 'nan' is not a finite number above 0"},
+      {{"--lr", "inf"}, "--lr: 'inf' is not a finite number above 0"},
+      {{"--lr", "0"}, "--lr: '0' is not a finite number above 0"},
+      {{"--momentum", "-0.5"}, "--momentum: '-0.5' is not a number from 0 to 1"},
+      {{"--momentum", "nan"}, "--momentum: 'nan' is not a number from 0 to 1"},
+      {{"--epochs", "0"}, "--epochs: '0' is not a whole number of 1 or more"},
+      {{"--bucket-cap-mb", "nan"}, "--bucket-cap-mb: 'nan' is not a number above 0"},
+      {{"--subset", "-5"}, "--subset: '-5' is not a whole number of 0 or more"},
+      {{"--max-steps", "-1"}, "--max-steps: '-1' is not a whole number of 0 or more"},
+      {{"--progress-every", "nan"}, "--progress-every: 'nan' is not a number from 0 to 86400"},
+      {{"--checkpoint-every", "-2"}, "--checkpoint-every: '-2' is not a whole number of 0 or more"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto all = args;
+    all.insert(all.end(), {"--data", dir.path(), "--progress", "0", "--checkpoint", dir.path() + "/ckpt"});
+    const auto r = testing::run_program(FASHION_MNIST, all, {}, 60s);
+    EXPECT_EQ(r.signal, 0) << testing::describe(r);
+    EXPECT_NE(r.exit_code, 0) << args[0] << " " << args[1] << ": " << testing::describe(r);
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("training a"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+  }
+}
+
+// A learning rate that makes training diverge used to run to the end and
+// exit 0 with "train loss -nan". The run stops at the first step whose loss
+// is not finite, naming it, the epoch and the rank.
+TEST(FashionMnistInput, ALossThatBecomesNanOrInfiniteStopsTheRunNamingTheStep) {
+  TempDir dir;
+  write_dataset(dir.path(), 256);
+  const auto r = run_one(dir.path(), {"--lr", "1e30", "--checkpoint", dir.path() + "/ckpt"});
+  EXPECT_EQ(r.signal, 0) << testing::describe(r);
+  EXPECT_EQ(r.exit_code, 1) << testing::describe(r);
+  const std::regex sentence(
+      R"(fashion_mnist: the loss became (nan|inf) at step \d+ of epoch 1 on rank 0; lower --lr or check the data)");
+  EXPECT_TRUE(std::regex_search(r.output, sentence)) << r.output;
+  EXPECT_EQ(r.output.find("train loss"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/ckpt"));  // nothing diverged is saved
+}
+
+// On two ranks the parameters diverge together, so both stop; the launcher
+// reports a failed rank and exits non-zero.
+TEST(FashionMnistInput, ALossThatBecomesNanOnTwoRanksStopsTheJob) {
+  TempDir dir;
+  write_dataset(dir.path(), 256);
+  const auto r = run({"--nproc-per-node", "2"}, {"--data", dir.path(), "--epochs", "1", "--batch-size", "16", "--lr",
+                                                 "1e30", "--progress", "0", "--checkpoint", dir.path() + "/ckpt"},
+                     120s);
+  EXPECT_EQ(r.signal, 0) << testing::describe(r);
+  EXPECT_NE(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(the loss became (nan|inf) at step \d+ of epoch 1 on rank [01])")))
+      << r.output;
+  EXPECT_EQ(r.output.find("train loss"), std::string::npos) << r.output;
+}
+
 // A lockstep error (here a launcher environment without MASTER_ADDR) exits 2
 // with its message.
 TEST(FashionMnistInput, ALockstepErrorExitsTwoWithItsMessage) {

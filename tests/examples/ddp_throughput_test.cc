@@ -1,0 +1,49 @@
+// The DDP benchmark example, run directly as a world of one: its numeric
+// options are range-checked before anything runs, and a short run still
+// reports its step time.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/launcher.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::contains;
+
+// --steps 0 used to end in SIGSEGV (the median of no timings), and
+// --batch -5 in a libtorch stack trace.
+TEST(DdpThroughput, ArgumentsOutOfRangeAreRefusedBeforeTraining) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--batch", "0"}, "--batch: '0' is not a whole number of 1 or more"},
+      {{"--batch", "-5"}, "--batch: '-5' is not a whole number of 1 or more"},
+      {{"--steps", "0"}, "--steps: '0' is not a whole number of 1 or more"},
+      {{"--warmup", "-1"}, "--warmup: '-1' is not a whole number of 0 or more"},
+      {{"--bucket-cap-mb", "nan"}, "--bucket-cap-mb: 'nan' is not a number above 0"},
+      {{"--bucket-cap-mb", "0"}, "--bucket-cap-mb: '0' is not a number above 0"},
+      {{"--powersgd-rank", "0"}, "--powersgd-rank: '0' is not a whole number of 1 or more"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = testing::run_program(DDP_THROUGHPUT, args, {}, 60s);
+    EXPECT_EQ(r.signal, 0) << testing::describe(r);
+    EXPECT_NE(r.exit_code, 0) << args[0] << " " << args[1] << ": " << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, message)) << r.output;
+    EXPECT_FALSE(contains(r.output, "step_ms")) << r.output;
+  }
+}
+
+// The example still trains and reports after its arguments are checked.
+TEST(DdpThroughput, AShortRunReportsItsStepTime) {
+  const auto r = testing::run_program(
+      DDP_THROUGHPUT, {"--model", "convnet", "--batch", "4", "--steps", "2", "--warmup", "1"}, {{"LOCAL_RANK", "0"}}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "1 rank(s)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step_ms ")) << r.output;
+}
+
+}  // namespace
+}  // namespace lockstep
