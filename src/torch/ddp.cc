@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <unordered_set>
@@ -110,10 +111,21 @@ std::vector<std::pair<std::string, std::string>> describe_options(const DDPOptio
           {"stats_window", fmt::format("{}", o.stats_window)}};
 }
 
+// A bucket size in MB as bytes. NaN, infinities and negative sizes are
+// refused: converting them to an integer is undefined, and gave any bucket
+// plan at all.
+std::size_t bucket_bytes(double mb, const char* option) {
+  constexpr double kMostMb = 1 << 20;  // 1 TiB: far beyond any model's gradients
+  if (!(std::isfinite(mb) && mb >= 0 && mb <= kMostMb))
+    throw InvalidArgument(fmt::format("DistributedDataParallel: {} must be a number of MB from 0 to {}, not {}", option,
+                                      kMostMb, mb));
+  return static_cast<std::size_t>(mb * 1024 * 1024);
+}
+
 ReducerOptions reducer_options(const DDPOptions& o) {
   ReducerOptions r;
-  r.buckets.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * 1024 * 1024);
-  r.buckets.first_bucket_bytes = static_cast<std::size_t>(o.first_bucket_mb * 1024 * 1024);
+  r.buckets.bucket_cap_bytes = bucket_bytes(o.bucket_cap_mb, "bucket_cap_mb");
+  r.buckets.first_bucket_bytes = bucket_bytes(o.first_bucket_mb, "first_bucket_mb");
   r.find_unused_parameters = o.find_unused_parameters;
   r.static_graph = o.static_graph;
   r.gradient_as_bucket_view = o.gradient_as_bucket_view;

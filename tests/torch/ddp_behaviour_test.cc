@@ -4,6 +4,8 @@
 // tcp and across real processes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <thread>
 
 #include <torch/torch.h>
@@ -74,6 +76,27 @@ TEST(DistributedDataParallel, AModelOffTheCpuIsRefusedNamingTheTensorAndDevice) 
     const std::string what = e.what();
     EXPECT_NE(what.find("parameter 'weight' is on meta"), std::string::npos) << what;
     EXPECT_NE(what.find("takes CPU and CUDA tensors"), std::string::npos) << what;
+  }
+}
+
+// Bucket sizes that are no number of MB are refused at construction (a NaN
+// cap was converted to an integer, which is undefined, and gave any plan).
+TEST(DistributedDataParallel, BucketSizesThatAreNoNumberOfMegabytesAreRefused) {
+  ThreadWorld world(1);
+  for (const double mb : {std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 1e300}) {
+    for (const bool first : {false, true}) {
+      DDPOptions options;
+      (first ? options.first_bucket_mb : options.bucket_cap_mb) = mb;
+      try {
+        DistributedDataParallel<NetImpl> ddp(std::make_shared<NetImpl>(), borrow(world.group(0)), options);
+        ADD_FAILURE() << "accepted " << mb;
+      } catch (const InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(first ? "first_bucket_mb must be a number of MB" : "bucket_cap_mb must be a number of MB"),
+                  std::string::npos)
+            << what;
+      }
+    }
   }
 }
 
