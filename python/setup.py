@@ -82,7 +82,8 @@ setup(
                           str(HERE / "lockstep_torch" / "csrc")],
             library_dirs=[str(BUILD / "src")],
             libraries=list(LIBRARIES),  # a copy: CppExtension appends torch's own
-            extra_compile_args=["-std=c++20", "-O2"],
+            # Source lines in messages relative to the repository, as in the CMake build.
+            extra_compile_args=["-std=c++20", "-O2", f"-fmacro-prefix-map={REPO}/="],
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
     ],

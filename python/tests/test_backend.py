@@ -46,7 +46,9 @@ def test_mismatched_sizes_raise_on_every_rank():
     ranks = run_world("mismatch", 2, deadline_s=60)
     for i, r in enumerate(ranks):
         assert r.returncode == 3, f"rank {i} exited {r.returncode}:\n{r.output}"
-        # Each rank names its own call and the other's.
+        # Each rank names the function it called, its own operation and
+        # the other's.
+        assert "torch.distributed.all_gather_into_tensor: " in r.output, r.output
         assert "does not match what rank" in r.output, r.output
         assert "float x 1000" in r.output and "float x 2000" in r.output, r.output
 

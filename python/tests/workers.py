@@ -247,16 +247,18 @@ def case_wrong_input():
 
 
 def case_mismatch():
-    """Ranks that disagree on a collective's size both fail, naming it."""
+    """Ranks that disagree on a collective's size both fail, naming the
+    function called and both sides."""
     dist.init_process_group("lockstep")
     rank = dist.get_rank()
     t = torch.ones(1000 * (rank + 1))
+    out = torch.empty(t.numel() * dist.get_world_size())
     try:
-        dist.all_reduce(t)
+        dist.all_gather_into_tensor(out, t)
     except dist.DistBackendError as e:
         print(f"rank {rank} raised: {e}")
         os._exit(3)
-    print(f"rank {rank}: the mismatched all_reduce returned")
+    print(f"rank {rank}: the mismatched all_gather_into_tensor returned")
     os._exit(0)
 
 

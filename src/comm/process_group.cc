@@ -11,6 +11,7 @@
 #include "common/enforce.h"
 #include "common/format.h"
 #include "comm/premul.h"
+#include "comm/rendezvous.h"
 #include "diag/fingerprint.h"
 
 namespace lockstep {
@@ -284,18 +285,21 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
                      "new_group: the rank list repeats a rank");
   LOCKSTEP_CHECK_ARG(sorted.front() >= 0 && sorted.back() < size(),
                      "new_group: ranks must lie in 0..{} (this group has {} ranks)", size() - 1, size());
+  // The group is named by its set of ranks, so members that list them in
+  // different orders meet, and agree_on_member_order names the difference.
   int ordinal = 0;
   {
     std::lock_guard lock(impl_->subgroups_mutex);
-    ordinal = impl_->subgroups_created[ranks]++;
+    ordinal = impl_->subgroups_created[sorted]++;
   }
   std::string list;
-  for (int r : ranks) list += fmt::format("{}{}", list.empty() ? "" : "-", r);
+  for (int r : sorted) list += fmt::format("{}{}", list.empty() ? "" : "-", r);
   GroupSpec spec = impl_->spec;
   spec.rank = static_cast<int>(me - ranks.begin());
   spec.size = static_cast<int>(ranks.size());
   spec.backend = impl_->backend_name;
   spec.key = fmt::format("{}/sub/{}/{}", impl_->spec.key, list, ordinal);
+  agree_on_member_order(*spec.root_store, spec.key, ranks, rank(), spec.timeout);
   spec.world = false;
   spec.finished_key.clear();
   spec.tracer = impl_->diagnostics->shared_tracer();

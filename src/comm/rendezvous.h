@@ -26,4 +26,13 @@ std::string host_identity();
 std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout,
                                     const std::string& host_id = {});
 
+// new_group's check before its rendezvous: every member (`world_rank`, one
+// of `ranks`) publishes the list it passed under `key` and compares the
+// others'. The order numbers the new group's ranks, so members that list
+// the same ranks in different orders would claim the same numbers: a
+// MismatchError naming both lists, on every member. A member that never
+// calls it is a TimeoutError after `timeout` naming it.
+void agree_on_member_order(Store& store, const std::string& key, const std::vector<int>& ranks, int world_rank,
+                           Duration timeout);
+
 }  // namespace lockstep

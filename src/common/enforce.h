@@ -1,8 +1,12 @@
 // Invariant checks that print both operands, in the manner of gloo's ENFORCE:
 //   LOCKSTEP_ENFORCE_EQ(got, want, "bucket {} size", i)  ->
 //   "src/ddp/reducer.cc:88: bucket 3 size: expected got == want, 12 vs 16"
-// ENFORCE throws lockstep::Error (a broken invariant: a bug in lockstep);
-// LOCKSTEP_CHECK_ARG throws InvalidArgument (a caller's mistake).
+// ENFORCE throws lockstep::Error (a broken invariant: a bug in lockstep),
+// naming the source line (relative to the source tree: the build maps
+// its own path away) and the condition, for the bug report;
+// LOCKSTEP_CHECK_ARG throws InvalidArgument (a caller's mistake) with the
+// message alone: the caller needs what was wrong with the call, not where
+// in lockstep it was noticed.
 // Stateless; thread-safe.
 #pragma once
 
@@ -57,6 +61,7 @@ inline std::string optional_message() { return {}; }
 #define LOCKSTEP_ENFORCE_LE(a, b, ...) LOCKSTEP_ENFORCE_CMP_IMPL(::lockstep::Error, a, b, <=, __VA_ARGS__)
 #define LOCKSTEP_ENFORCE_GE(a, b, ...) LOCKSTEP_ENFORCE_CMP_IMPL(::lockstep::Error, a, b, >=, __VA_ARGS__)
 
-#define LOCKSTEP_CHECK_ARG(cond, ...) LOCKSTEP_ENFORCE_IMPL(::lockstep::InvalidArgument, cond, __VA_ARGS__)
-#define LOCKSTEP_CHECK_ARG_EQ(a, b, ...) \
-  LOCKSTEP_ENFORCE_CMP_IMPL(::lockstep::InvalidArgument, a, b, ==, __VA_ARGS__)
+#define LOCKSTEP_CHECK_ARG(cond, ...)                                                    \
+  do {                                                                                   \
+    if (!(cond)) [[unlikely]] throw ::lockstep::InvalidArgument(fmt::format(__VA_ARGS__)); \
+  } while (0)

@@ -261,6 +261,25 @@ void expect_config_errors(int n, const std::function<EnvMap(int)>& env, const st
   }
 }
 
+// A process that calls init_process_group twice is told so, not that "two
+// processes were started as rank 1".
+TEST(ForkedRanksConfig, InitTwiceInOneProcessIsNamedAsSuch) {
+  const int port = testing::free_port();
+  ProcessRanks ranks(
+      2, [&](int r) { return launcher_env(r, 2, port); },
+      [](int r) {
+        auto first = init_process_group();
+        if (r == 1) auto second = init_process_group();
+        first->barrier()->wait();
+      });
+  const auto results = ranks.wait_all(60s);
+  EXPECT_EQ(results[1].exit_code, testing::kExitConfigError) << describe(results[1]);
+  EXPECT_NE(results[1].output.find("rank 1's process (pid " + std::to_string(ranks.pid(1))), std::string::npos)
+      << describe(results[1]);
+  EXPECT_NE(results[1].output.find("called init_process_group twice with this store"), std::string::npos)
+      << describe(results[1]);
+}
+
 TEST(ForkedRanksConfig, MissingMasterAddr) {
   expect_config_errors(2, [](int r) {
     auto env = launcher_env(r, 2, 1);

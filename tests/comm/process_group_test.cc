@@ -339,6 +339,32 @@ TEST_P(ProcessGroupTest, CountsWhoseBytesOverflowAreRefused) {
   EXPECT_FALSE(pg.aborted());
 }
 
+// The order of new_group's list numbers the new group's ranks, so members
+// that list the same ranks in different orders disagree: each names both
+// lists. (Before, the lists named two different groups, and each member
+// waited for the other until "rank(s) 1 did not join ... same
+// MASTER_ADDR/MASTER_PORT".)
+TEST_P(ProcessGroupTest, NewGroupWithTheSameRanksInAnotherOrderIsAMismatch) {
+  ThreadWorld world(2, GetParam(), 20s);
+  const auto start = Clock::now();
+  auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
+    pg.new_group(rank == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0});
+  });
+  EXPECT_LT(seconds_between(start, Clock::now()), 10.0);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const MismatchError& e) {
+      const std::string want = r == 0 ? "new_group: rank 0 passed the ranks [0, 1] but rank 1 passed [1, 0]"
+                                      : "new_group: rank 1 passed the ranks [1, 0] but rank 0 passed [0, 1]";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": not a MismatchError: " << e.what();
+    }
+  }
+}
+
 TEST_P(ProcessGroupTest, SubGroupsRunIndependently) {
   ThreadWorld world(4, GetParam());
   world.run([](int rank, ProcessGroup& pg) {

@@ -23,7 +23,7 @@ auto translated(const char* op, Issue&& issue) {
   try {
     return issue();
   } catch (const lockstep::InvalidArgument& e) {
-    TORCH_CHECK_VALUE(false, "lockstep backend: ", e.what());  // lockstep's messages name the operation
+    TORCH_CHECK_VALUE(false, "lockstep backend: ", op, ": ", e.what());
   } catch (const lockstep::Error& e) {
     TORCH_CHECK(false, "lockstep backend: ", op, ": ", e.what());
   }

@@ -7,14 +7,38 @@
 
 namespace lockstep_torch {
 
-std::exception_ptr to_torch_error(std::exception_ptr error) {
+std::string_view torch_call(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLREDUCE: return "all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::ALLGATHER: return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "all_gather_coalesced";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "all_to_all";
+    case c10d::OpType::SEND: return "send";
+    case c10d::OpType::RECV: return "recv";
+    case c10d::OpType::BARRIER: return "barrier";
+    case c10d::OpType::COALESCED: return "batch_isend_irecv";
+    default: return "";
+  }
+}
+
+std::exception_ptr to_torch_error(std::exception_ptr error, std::string_view call) {
   try {
     std::rethrow_exception(error);
   } catch (const c10::Error&) {
     return std::current_exception();
   } catch (const std::exception& e) {
     try {
-      C10_THROW_ERROR(DistBackendError, std::string("lockstep: ") + e.what());
+      const std::string where = call.empty() ? "" : "torch.distributed." + std::string(call) + ": ";
+      C10_THROW_ERROR(DistBackendError, "lockstep: " + where + e.what());
     } catch (...) {
       return std::current_exception();
     }
@@ -56,7 +80,7 @@ void LockstepWork::finish_parts() {
   for (const auto& part : parts_)
     if (!error) error = part->error();
   keep_alive_.clear();
-  error_ = error ? to_torch_error(error) : nullptr;
+  error_ = error ? to_torch_error(error, torch_call(retrieveOpType())) : nullptr;
   finished_.store(true, std::memory_order_release);
   try {
     if (error_) future_->setError(error_);
@@ -81,7 +105,7 @@ bool LockstepWork::wait(std::chrono::milliseconds timeout) {
   try {
     for (const auto& part : parts_) part->wait(limit);
   } catch (...) {
-    std::rethrow_exception(to_torch_error(std::current_exception()));
+    std::rethrow_exception(to_torch_error(std::current_exception(), torch_call(retrieveOpType())));
   }
   if (error_) std::rethrow_exception(error_);
   return true;

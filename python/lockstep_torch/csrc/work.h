@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -18,8 +19,15 @@
 namespace lockstep_torch {
 
 // A lockstep error (or any exception) as PyTorch's DistBackendError, whose
-// message keeps lockstep's diagnosis; PyTorch's own errors pass unchanged.
-std::exception_ptr to_torch_error(std::exception_ptr error);
+// message keeps lockstep's diagnosis and starts with the function the user
+// called (`call`, e.g. "all_gather_into_tensor": lockstep's own text names
+// the collective underneath, "allgather #3"); PyTorch's own errors pass
+// unchanged.
+std::exception_ptr to_torch_error(std::exception_ptr error, std::string_view call);
+
+// The torch.distributed function behind a c10d operation type, or "" when
+// there is no single one.
+std::string_view torch_call(c10d::OpType type);
 
 class LockstepWork final : public c10d::Work {
  public:

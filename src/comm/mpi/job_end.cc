@@ -32,7 +32,10 @@ JobEnd& job_end() {
   return *state;
 }
 
-std::string first_line_of(std::exception_ptr error) {
+// The whole message, its later lines indented under the first: a
+// watchdog's verdict or the group's first failure follow the first line,
+// and they say which rank caused it.
+std::string message_of(std::exception_ptr error) {
   std::string text = "unknown error";
   try {
     std::rethrow_exception(error);
@@ -40,7 +43,13 @@ std::string first_line_of(std::exception_ptr error) {
     text = e.what();
   } catch (...) {
   }
-  return text.substr(0, text.find('\n'));
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  std::string indented;
+  for (const char c : text) {
+    indented += c;
+    if (c == '\n') indented += "  ";
+  }
+  return indented;
 }
 
 // Registered with std::atexit; runs after main returns or exit() is called.
@@ -61,9 +70,9 @@ void finalize_or_abort() {
   }
   // The failure itself was reported when it happened; this line says why
   // every other rank is about to be stopped.
-  std::fputs(fmt::format("lockstep: a group of this process failed ({}); ending the mpirun job with MPI_Abort "
-                         "so that no rank is left running. {}=0 finalises MPI instead\n",
-                         failure, env::kMpiAbortOnFailure)
+  std::fputs(fmt::format("lockstep: a group of this process failed; ending the mpirun job with MPI_Abort so that no "
+                         "rank is left running ({}=0 finalises MPI instead). The failure:\n  {}\n",
+                         env::kMpiAbortOnFailure, failure)
                  .c_str(),
              stderr);
   std::fflush(stderr);
@@ -73,7 +82,7 @@ void finalize_or_abort() {
 }  // namespace
 
 void note_failed_group(std::exception_ptr error) {
-  std::string line = first_line_of(error);
+  std::string line = message_of(error);
   std::lock_guard lock(job_end().mutex);
   if (job_end().first_failure.empty()) job_end().first_failure = std::move(line);
 }
