@@ -43,6 +43,7 @@ int as_mpi_int(std::size_t v, const OpContext& op, const std::string& self) {
 }  // namespace
 
 void MpiBackend::all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) {
+  check_agreement(op);
   const std::size_t elem = dtype_size(input.dtype);
   const auto* in = static_cast<const std::byte*>(input.data);
   auto* out = static_cast<std::byte*>(output.data);
@@ -80,6 +81,7 @@ void MpiBackend::all_to_all(const OpContext& op, ConstBuffer input, Buffer outpu
 
 void MpiBackend::allgather_v(const OpContext& op, ConstBuffer input, Buffer output,
                              const std::vector<std::size_t>& counts) {
+  check_agreement(op);
   const std::size_t elem = dtype_size(input.dtype);
   const auto n = static_cast<std::size_t>(size_);
   auto* out = static_cast<std::byte*>(output.data);

@@ -8,6 +8,7 @@
 namespace lockstep::mpi {
 
 void MpiBackend::allgather(const OpContext& op, ConstBuffer input, Buffer output) {
+  check_agreement(op);
   const std::size_t bytes = input.bytes();
   auto* slot = static_cast<std::byte*>(output.data) + static_cast<std::size_t>(rank_) * bytes;
   if (bytes > 0 && slot != input.data) std::memmove(slot, input.data, bytes);

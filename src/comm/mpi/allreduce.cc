@@ -5,6 +5,7 @@
 namespace lockstep::mpi {
 
 void MpiBackend::allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  check_agreement(op);
   if (size_ == 1 || data.count == 0) return;
   const Accumulator acc = accumulate(data.data, data.count, data.dtype, reduce_op, accumulation_);
   const std::size_t elem = dtype_size(acc.dtype);

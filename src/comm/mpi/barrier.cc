@@ -4,6 +4,7 @@
 namespace lockstep::mpi {
 
 void MpiBackend::barrier(const OpContext& op) {
+  check_agreement(op);
   if (size_ == 1) return;
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_, &request), op, "MPI_Ibarrier");

@@ -5,6 +5,7 @@
 namespace lockstep::mpi {
 
 void MpiBackend::broadcast(const OpContext& op, Buffer data, int root) {
+  check_agreement(op);
   if (size_ == 1 || data.bytes() == 0) return;
   const ByteRange range(data.bytes(), max_count_);
   MPI_Request request = MPI_REQUEST_NULL;

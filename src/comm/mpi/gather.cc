@@ -8,6 +8,7 @@
 namespace lockstep::mpi {
 
 void MpiBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, int root) {
+  check_agreement(op);
   const std::size_t bytes = input.bytes();
   const bool is_root = rank_ == root;
   auto* out = static_cast<std::byte*>(output.data);
@@ -25,6 +26,7 @@ void MpiBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
 }
 
 void MpiBackend::scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) {
+  check_agreement(op);
   const std::size_t bytes = output.bytes();
   const bool is_root = rank_ == root;
   const auto* in = static_cast<const std::byte*>(input.data);

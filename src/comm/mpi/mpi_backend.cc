@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "comm/mpi/runtime.h"
+#include "comm/op_stamp.h"
 #include "comm/reduce_kernels.h"
 #include "common/enforce.h"
 #include "common/format.h"
@@ -231,6 +232,29 @@ void MpiBackend::wait(MPI_Request& request, const OpContext& op, const char* cal
                                  "or issued a different sequence of collectives; if it is only slow, raise "
                                  "LOCKSTEP_TIMEOUT",
                                  self_, op.description(), seconds, call, size_));
+}
+
+void MpiBackend::check_agreement(const OpContext& op) {
+  if (size_ == 1) return;
+  const std::uint64_t what = stamp_what(op.info);
+  const std::uint64_t count = stamp_count(op.info);
+  std::uint64_t words[4] = {what, count, ~what, ~count};
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, words, 4, MPI_UINT64_T, MPI_BAND, comm_, &request), op, "MPI_Iallreduce");
+  wait(request, op, "MPI_Iallreduce (the collective check)", sizeof words);
+  if (words[0] == what && words[1] == count && words[2] == ~what && words[3] == ~count) return;
+  const std::uint64_t mine[2] = {what, count};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
+  check(MPI_Iallgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_, &request), op, "MPI_Iallgather");
+  wait(request, op, "MPI_Iallgather (the collective check's report)", sizeof mine);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      check_round_stamp(op, all[2 * static_cast<std::size_t>(q)], all[2 * static_cast<std::size_t>(q) + 1], q, self_);
+  // Only other ranks differ among themselves: say so rather than go on with
+  // a group whose ranks run different collectives.
+  throw MismatchError(fmt::format("{}: {}: other ranks of this group issued different collectives at this point; "
+                                  "every rank must issue the same collectives in the same order",
+                                  self_, op.description()));
 }
 
 }  // namespace lockstep::mpi

@@ -10,6 +10,10 @@
 //                 rounded once; avg is MPI's sum divided once by n (fp32 for
 //                 16-bit types, truncating for integers); types.h says which
 //                 MPI type and op each dtype and op become
+//   check         each collective is preceded by an AND-allreduce of the
+//                 ranks' operation stamps (check_agreement), so ranks that
+//                 issue different collectives, counts, dtypes or roots fail
+//                 with MismatchError instead of wrong data or a hang
 //   send / recv   a header message (tag, dtype, bytes) the receiver checks,
 //                 then the payload, on two MPI tags of the group's
 //                 communicator
@@ -77,6 +81,16 @@ class MpiBackend final : public Backend {
   Accumulator accumulate(const void* data, std::size_t count, DType dtype, ReduceOp reduce_op, Scratch& scratch);
   // avg: one division by n; 16-bit: round once into `out`.
   void finish(const Accumulator& acc, void* out, std::size_t count, DType dtype, ReduceOp reduce_op) const;
+
+  // The always-on collective check (op_stamp.h), which MPI, matching
+  // collectives by order alone, lacks: before each collective one small
+  // allreduce ANDs every rank's stamp and its complement, which stay
+  // unchanged only when every rank's stamp is the same. Otherwise every
+  // rank gathers the stamps (the failure path only) and raises
+  // MismatchError naming itself and a rank that differs, at this
+  // collective. Costs one small allreduce per collective
+  // (docs/performance.md).
+  void check_agreement(const OpContext& op);
 
   // Checks an MPI call's return code; throws PeerError with MPI's text.
   void check(int code, const OpContext& op, const char* call) const;

@@ -19,6 +19,7 @@ bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_by
 }  // namespace
 
 void MpiBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) {
+  check_agreement(op);
   const std::size_t count = output.count;
   const std::size_t total = count * static_cast<std::size_t>(size_);
   if (count == 0) return;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -219,6 +220,47 @@ TEST(MpiConfig, RanksThatDifferFromMpisAreAConfigErrorOnEveryRank) {
     EXPECT_NE(std::string(e.what()).find("MPI_COMM_WORLD rank"), std::string::npos) << e.what();
   }
   world->barrier()->wait();  // the world is unharmed
+}
+
+// MPI matches collectives by order alone: before the check, ranks that
+// disagreed reduced unrelated data, broadcast from different roots, or
+// hung in different collectives. Now every rank raises MismatchError at
+// the collective, naming its operation and another rank's.
+void expect_mismatch_on_this_rank(const std::string& name, const std::function<void(ProcessGroup&)>& disagree,
+                                  const std::string& fragment) {
+  auto pg = mpi_world(name);
+  const auto start = Clock::now();
+  try {
+    disagree(*pg);
+    ADD_FAILURE() << name << ": rank " << pg->rank() << " went on";
+  } catch (const MismatchError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("does not match what rank"), std::string::npos) << what;
+    EXPECT_NE(what.find(fragment), std::string::npos) << what;
+  }
+  EXPECT_LT(seconds_between(start, Clock::now()), 10.0) << name << ": found by a timeout, not by the check";
+}
+
+TEST(MpiMismatch, CountsThatDifferAreAMismatchErrorOnEveryRank) {
+  expect_mismatch_on_this_rank("mismatch-count", [](ProcessGroup& pg) {
+    std::vector<float> v(pg.rank() == 0 ? 1000 : 1001, 1.0f);
+    pg.allreduce(view(std::span(v)))->wait();
+  }, "allreduce #0 (float x 100");
+}
+
+TEST(MpiMismatch, RootsThatDifferAreAMismatchErrorOnEveryRank) {
+  expect_mismatch_on_this_rank("mismatch-root", [](ProcessGroup& pg) {
+    std::vector<float> v(3, static_cast<float>(pg.rank()));
+    pg.broadcast(view(std::span(v)), pg.rank())->wait();
+  }, "broadcast #0 (float x 3, root ");
+}
+
+TEST(MpiMismatch, DifferentCollectivesAreAMismatchErrorOnEveryRank) {
+  expect_mismatch_on_this_rank("mismatch-collective", [](ProcessGroup& pg) {
+    std::vector<double> v(10, 1.0);
+    if (pg.rank() == 0) pg.broadcast(view(std::span(v)), 0)->wait();
+    else pg.allreduce(view(std::span(v)))->wait();
+  }, "double x 10");
 }
 
 // Run on its own, with LOCKSTEP_TIMEOUT=2 (see tests/CMakeLists.txt).
