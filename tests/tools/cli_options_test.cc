@@ -52,7 +52,10 @@ TEST(CliOptions, BenchRefusesCountsBelowOneAndNumbersThatAreNotFinite) {
                   {bench({"-f", "nan"}), "--stepfactor: 'nan' is not a number above 0"},
                   {bench({"-f", "inf"}), "--stepfactor: 'inf' is not a number above 0"},
                   {bench({"-c", "2"}), "--check: '2' is not a whole number from 0 to 1"},
-                  {bench({"-r", "-1"}), "--root: '-1' is not a whole number of 0 or more"}},
+                  {bench({"-r", "-1"}), "--root: '-1' is not a whole number of 0 or more"},
+                  // Read with base 0, these were 8 and 16 ranks, silently.
+                  {bench({"--np", "010"}), "--np: '010' is not a whole number from 1 to 65536 written in decimal"},
+                  {bench({"--np", "0x10"}), "--np: '0x10' is not a whole number from 1 to 65536 written in decimal"}},
                  "# lockstep bench:");
 }
 

@@ -60,8 +60,19 @@ inline CLI::Validator positive_number(double max = kNoMax) { return detail::fini
 // A finite number of zero or more, up to `max`.
 inline CLI::Validator non_negative_number(double max = kNoMax) { return detail::finite_range(0, true, max); }
 
-// A whole number from `min` to `max` (counts, sizes, ranks). A `max` that
-// only keeps the value inside its type goes unsaid.
+// Whether `input` is a whole number written in decimal: CLI11 reads
+// integers the way strtoll does with base 0, so "010" would be 8 and
+// "0x10" 16, silently.
+inline bool decimal(const std::string& input) {
+  const std::size_t first = !input.empty() && (input[0] == '-' || input[0] == '+') ? 1 : 0;
+  if (first == input.size()) return false;
+  for (std::size_t i = first; i < input.size(); ++i)
+    if (input[i] < '0' || input[i] > '9') return false;
+  return input[first] != '0' || input.size() == first + 1;
+}
+
+// A whole number from `min` to `max` (counts, sizes, ranks), in decimal. A
+// `max` that only keeps the value inside its type goes unsaid.
 inline CLI::Validator whole_number_in(std::int64_t min, std::int64_t max) {
   const bool type_limit = max == std::numeric_limits<int>::max() || max == std::numeric_limits<std::int64_t>::max();
   const std::string words = type_limit ? "a whole number of " + std::to_string(min) + " or more"
@@ -69,8 +80,10 @@ inline CLI::Validator whole_number_in(std::int64_t min, std::int64_t max) {
   return CLI::Validator(
       [=](std::string& input) -> std::string {
         std::int64_t v = 0;
-        if (!CLI::detail::lexical_cast(input, v) || v < min || (v > max && !type_limit))
-          return "'" + input + "' is not " + words;
+        const bool parsed = CLI::detail::lexical_cast(input, v);
+        if (parsed && !decimal(input))  // octal or hex to CLI11
+          return "'" + input + "' is not " + words + " written in decimal (no leading zeros, no 0x)";
+        if (!parsed || v < min || (v > max && !type_limit)) return "'" + input + "' is not " + words;
         if (v > max) return "'" + input + "' is too large; the largest is " + std::to_string(max);
         return {};
       },
