@@ -58,6 +58,9 @@ struct ControlBlock {
   // Inline operations (payloads up to kInlineBytes, barriers): operation
   // number s uses line s % 2.
   InlineLine lines[2];
+  // When this rank last woke a peer sleeping on one of its lines (the
+  // lines have no room for it; read only by a peer that slept).
+  alignas(64) WakeStamp lines_woke_at{0};
 };
 
 // Offsets of each part, the same for every rank of a group.

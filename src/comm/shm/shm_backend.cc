@@ -57,10 +57,16 @@ bool oversubscribed(const std::vector<std::string>& masks) {
   return std::count(all.begin(), all.end(), '1') < static_cast<long>(masks.size());
 }
 
-// How long a wait spins before it sleeps, when ranks have a core each
-// (Config::shm_spin_micros, LOCKSTEP_SHM_SPIN_US).
-std::int64_t spin_nanos(const Config& config) {
-  return config.shm_spin_micros ? *config.shm_spin_micros * 1000 : kDefaultSpinNanos;
+// How long a wait spins before it sleeps, when ranks have a core each:
+// adaptive (spin_budget.h) unless LOCKSTEP_SHM_SPIN_US fixes it.
+SpinBudget spin_budget(const Config& config) {
+  return config.shm_spin_micros ? SpinBudget::fixed(*config.shm_spin_micros * 1000) : SpinBudget::adaptive();
+}
+
+std::string wait_policy(bool crowded, const SpinBudget& budget) {
+  if (crowded) return "yielding (more ranks than cores)";
+  if (budget.is_fixed()) return fmt::format("spinning {} us", budget.nanos() / 1000);
+  return fmt::format("spinning {} to {} us (adaptive)", SpinBudget::kFloorNanos / 1000, SpinBudget::kCeilingNanos / 1000);
 }
 
 // The part of this rank's segment names before what the segment is for:
@@ -153,11 +159,12 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     if (q != rank_) departed[static_cast<std::size_t>(q)] = &control(q).departed;
   watch_.watch_departures(std::move(departed));
   const bool crowded = oversubscribed(masks);
-  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_nanos(ctx.config));
+  waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_budget(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
              "single copy {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
-             crowded ? "yielding (more ranks than cores)" : "spinning", single_copy_ ? "on" : "off");
+             wait_policy(crowded, waiter_.budget()),
+             single_copy_ ? "on" : "off");
 }
 
 ShmBackend::~ShmBackend() = default;
@@ -301,14 +308,14 @@ std::uint64_t ShmBackend::post_inline(const void* payload, std::size_t bytes, co
   for (; i < bytes; ++i) line.payload[i] = in[i];
   line.stamp.store(inline_stamp(op.info), std::memory_order_relaxed);
   line.seq.store(seq, std::memory_order_seq_cst);
-  if (line.sleepers.load(std::memory_order_seq_cst) != 0) wake_all(line.seq);
+  if (line.sleepers.load(std::memory_order_seq_cst) != 0) wake_all(line.seq, control(rank_).lines_woke_at);
   return seq;
 }
 
 void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, const char* what, bool check) const {
   if (seq == 0) return;
   InlineLine& line = control(q).lines[seq % 2];
-  waiter_.wait_at_least(line.seq, line.sleepers, seq, q, op, what, &peer_began_a_round_);
+  waiter_.wait_at_least(line.seq, line.sleepers, control(q).lines_woke_at, seq, q, op, what, &peer_began_a_round_);
   if (check) check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), q, self_);
 }
 

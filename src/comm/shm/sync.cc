@@ -48,7 +48,8 @@ std::uint32_t* futex_word(const std::atomic<std::uint64_t>& word) {
 
 }  // namespace
 
-void wake_all(const std::atomic<std::uint64_t>& word) {
+void wake_all(const std::atomic<std::uint64_t>& word, WakeStamp& woke_at) {
+  woke_at.store(now_ns(), std::memory_order_release);
   ::syscall(SYS_futex, futex_word(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
@@ -56,7 +57,7 @@ void Counter::post(std::uint64_t v) {
   value.store(v, std::memory_order_seq_cst);
   // seq_cst store then load pairs with the sleeper's increment-then-recheck:
   // either the sleeper sees the new value or we see the sleeper.
-  if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value);
+  if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value, woke_at);
 }
 
 void Counter::post_stamped(std::uint64_t v, std::uint64_t what, std::uint64_t count) {
@@ -102,8 +103,8 @@ bool PeerWatch::departed(int peer) const {
 }
 
 void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
-                       std::uint64_t target, int peer, const OpContext& op, const char* what,
-                       const DivergenceCheck* divergence) const {
+                       const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op,
+                       const char* what, const DivergenceCheck* divergence) const {
   const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
   // A peer in lockstep arrives within a few hundred nanoseconds: look a
   // while before reading the clock.
@@ -115,7 +116,8 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
   }
   const std::int64_t start = now_ns();
   if (policy_ == SpinPolicy::spin) {
-    while (now_ns() - start < spin_nanos_) {
+    const std::int64_t spin_nanos = budget_.nanos();
+    while (now_ns() - start < spin_nanos) {
       for (int i = 0; i < 64; ++i) {
         if (reached()) return;
         LOCKSTEP_CPU_RELAX();
@@ -127,8 +129,14 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
       sched_yield();
     }
   }
+  std::int64_t first_sleep = -1;  // when this wait first said it sleeps
   for (;;) {
-    if (reached()) return;
+    if (reached()) {
+      // Woken by the post (not a slice's end before it): what it cost.
+      const std::int64_t woken = woke_at.load(std::memory_order_acquire);
+      if (first_sleep >= 0 && woken >= first_sleep) budget_.record_wake(now_ns() - woken);
+      return;
+    }
     if (divergence != nullptr) divergence->check(peer, op);
     if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
     if (op.deadline.expired())
@@ -155,6 +163,7 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
                                   "its process group. Check rank {}'s output for the cause",
                                   self_, op.description(), peer, what, peer),
                       peer);
+    if (first_sleep < 0) first_sleep = now_ns();
     sleepers.fetch_add(1, std::memory_order_seq_cst);
     const std::uint64_t seen = word.load(std::memory_order_seq_cst);
     if (seen < target) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/shm/spin_budget.h"
 #include "common/unique_fd.h"
 
 namespace lockstep::shm {
@@ -35,10 +36,15 @@ struct OpStamp {
   std::atomic<std::uint64_t> count{0};
 };
 
+// When a poster last woke sleepers (CLOCK_MONOTONIC nanoseconds): a woken
+// wait reads it to learn what a wake-up costs (spin_budget.h).
+using WakeStamp = std::atomic<std::int64_t>;
+
 struct alignas(64) Counter {
   std::atomic<std::uint64_t> value{0};
   mutable std::atomic<std::uint32_t> sleepers{0};
   OpStamp stamp;  // set by posts that carry one (post_stamped)
+  WakeStamp woke_at{0};
 
   // Publishes a new value and wakes sleepers, if any.
   void post(std::uint64_t v);
@@ -78,14 +84,6 @@ enum class SpinPolicy {
   yield,  // ranks share cores: yield at once so the peer can run
 };
 
-// How long a wait spins before giving the core away (LOCKSTEP_SHM_SPIN_US
-// overrides it). Long enough to catch a peer arriving within a few
-// microseconds (the common case when ranks run in lockstep), short enough
-// not to starve a compute thread on the same core. Measured on 2 cores; at
-// 16 ranks it is the first suspect for a slow small all-reduce
-// (docs/algorithms.md).
-inline constexpr std::int64_t kDefaultSpinNanos = 20'000;
-
 // A test a wait runs while it sleeps, besides its own counter: whether the
 // peer it waits for went down a path this rank did not take (another
 // collective, whose size chose another protocol), and so will never post
@@ -101,8 +99,11 @@ class DivergenceCheck {
 
 class Waiter {
  public:
-  Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self, std::int64_t spin_nanos = kDefaultSpinNanos)
-      : peers_(&peers), policy_(policy), self_(std::move(self)), spin_nanos_(spin_nanos) {}
+  // `budget`: how long a wait spins before it sleeps, under SpinPolicy::spin.
+  Waiter(const PeerWatch& peers, SpinPolicy policy, std::string self, SpinBudget budget = SpinBudget::adaptive())
+      : peers_(&peers), policy_(policy), self_(std::move(self)), budget_(budget) {}
+
+  const SpinBudget& budget() const { return budget_; }
 
   // Waits until `counter` (owned by rank `peer`) is at least `target`.
   // `what` names the step for error messages ("inputs of round 4");
@@ -110,27 +111,31 @@ class Waiter {
   void wait_at_least(const Counter& counter, std::uint64_t target, int peer, const OpContext& op, const char* what,
                      const DivergenceCheck* divergence = nullptr) const {
     if (counter.value.load(std::memory_order_acquire) >= target) return;
-    slow_wait(counter.value, counter.sleepers, target, peer, op, what, divergence);
+    slow_wait(counter.value, counter.sleepers, counter.woke_at, target, peer, op, what, divergence);
   }
-  // The same for a bare sequence word with its own sleeper count.
+  // The same for a bare sequence word with its own sleeper count, whose
+  // poster stamps `woke_at` when it wakes sleepers.
   void wait_at_least(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
-                     std::uint64_t target, int peer, const OpContext& op, const char* what,
+                     const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op, const char* what,
                      const DivergenceCheck* divergence = nullptr) const {
     if (word.load(std::memory_order_acquire) >= target) return;
-    slow_wait(word, sleepers, target, peer, op, what, divergence);
+    slow_wait(word, sleepers, woke_at, target, peer, op, what, divergence);
   }
 
  private:
-  void slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers, std::uint64_t target,
-                 int peer, const OpContext& op, const char* what, const DivergenceCheck* divergence) const;
+  void slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                 const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op, const char* what,
+                 const DivergenceCheck* divergence) const;
 
   const PeerWatch* peers_;
   SpinPolicy policy_;
   std::string self_;
-  std::int64_t spin_nanos_;
+  // Learns from every wait, so it changes in const waits; one thread waits at a time.
+  mutable SpinBudget budget_;
 };
 
-// Wakes every thread sleeping on `word`'s futex (its low 32 bits).
-void wake_all(const std::atomic<std::uint64_t>& word);
+// Stamps `woke_at` with the time, then wakes every thread sleeping on
+// `word`'s futex (its low 32 bits).
+void wake_all(const std::atomic<std::uint64_t>& word, WakeStamp& woke_at);
 
 }  // namespace lockstep::shm
