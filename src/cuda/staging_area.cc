@@ -28,28 +28,34 @@ void StagingArea::pipelined(const OpContext& op, ConstBuffer in, Buffer out, boo
   const std::size_t chunks = (out.count + chunk_count - 1) / chunk_count;
   const cudaStream_t stream = stream_of(op);
   reuse(op);
-  std::byte* const host = memory_.reserve(2 * slot_bytes);
+  std::byte* const host = memory_.reserve(kSlots * slot_bytes);
   const auto first = [&](std::size_t i) { return i * chunk_count; };
   const auto count = [&](std::size_t i) { return std::min(chunk_count, out.count - first(i)); };
-  const auto slot = [&](std::size_t i) { return host + (i % 2) * slot_bytes; };
+  const auto slot = [&](std::size_t i) { return host + (i % kSlots) * slot_bytes; };
   const auto queue_in = [&](std::size_t i) {
+    // The slot's previous chunk must be back on the device first.
+    if (i >= kSlots) check(cudaStreamWaitEvent(stream, returned_[i % kSlots].get(), 0), "ordering the staging copies");
     if (copy_in)
       copy(slot(i), static_cast<const std::byte*>(in.data) + first(i) * element, count(i) * element, stream,
            "copying a chunk of CUDA memory to the host");
-    arrived_[i % 2].record(stream);
+    arrived_[i % kSlots].record(stream);
   };
-  if (chunks > 0) queue_in(0);
+  std::size_t queued = 0;
   for (std::size_t i = 0; i < chunks; ++i) {
-    // Chunk i+1's copy in goes behind chunk i-1's copy back, which read the same slot.
-    if (i + 1 < chunks) queue_in(i + 1);
-    wait_for(arrived_[i % 2], op, "copying CUDA memory to the host");
+    for (; queued < chunks && queued < i + kSlots; ++queued) queue_in(queued);
+    wait_for(arrived_[i % kSlots], op, "copying CUDA memory to the host");
     OpContext chunk_op = op;
     chunk_op.info.count = count(i);
     run(chunk_op, Buffer{slot(i), count(i), out.dtype});
+    // The host saw chunk i arrive, so everything the group's stream waited
+    // for (the caller's work on `out`) is done: back_ needs no other order.
     if (copy_out)
-      copy(static_cast<std::byte*>(out.data) + first(i) * element, slot(i), count(i) * element, stream,
+      copy(static_cast<std::byte*>(out.data) + first(i) * element, slot(i), count(i) * element, back_.get(),
            "copying a chunk back to CUDA memory");
+    returned_[i % kSlots].record(back_.get());
   }
+  all_returned_.record(back_.get());
+  check(cudaStreamWaitEvent(stream, all_returned_.get(), 0), "ordering the staging copies");
   released_.record(stream);
 }
 

@@ -1,14 +1,17 @@
 // The pinned host memory one device's staged operations copy through, and
 // the two ways they use it:
 //  - pipelined, for the collectives that work in place on one buffer
-//    (allreduce, broadcast, reduce): chunk i+1 is copied to the host while
-//    the host backend runs on chunk i, and chunk i is copied back while it
-//    runs on chunk i+1; two chunk slots, one stream, so stream order alone
-//    keeps a slot from being overwritten before its copy back is done;
+//    (allreduce, broadcast, reduce): chunks are copied to the host on the
+//    group's stream up to kSlots - 1 ahead of the one the host backend
+//    runs on, and each chunk is copied back on a second stream as soon as
+//    the host is done with it, so both directions of the link and the
+//    host collective all run at once (one stream would run the two
+//    directions one after the other: half the link's rate at best);
 //  - whole, for the rest: the input copied in, the host collective, the
 //    output copied back.
-// Either way the host returns once the copy back is queued; the operation's
-// StreamOrder then marks its end on the stream.
+// Either way the host returns once the copy back is queued, and the
+// group's stream waits for it there, so the operation's StreamOrder marks
+// its end on that one stream.
 //
 // Thread-safety: used by the thread running the group's operations, one at
 // a time.
@@ -42,10 +45,16 @@ class StagingArea {
   // so the host may write it again.
   void reuse(const OpContext& op);
 
+  // Chunk slots in the area: copies in may run kSlots - 1 chunks ahead.
+  static constexpr std::size_t kSlots = 4;
+
   const std::size_t chunk_bytes_;
   PinnedBuffer memory_;
-  Event arrived_[2];  // a chunk slot's copy to the host is done
-  Event released_;    // the last copy out of the area is done
+  Stream back_;                // copies back to the device
+  Event arrived_[kSlots];      // a slot's copy to the host is done (group stream)
+  Event returned_[kSlots];     // a slot's copy back is done (back_)
+  Event all_returned_;         // every copy back of the operation is done (back_)
+  Event released_;             // the last copy out of the area is done
 };
 
 }  // namespace lockstep::cuda
