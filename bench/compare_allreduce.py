@@ -11,12 +11,13 @@ Contenders (skipped with a note when unavailable):
   lockstep shm            build/lockstep bench --backend shm
   lockstep shm, shared    ... --shared-buffers (single copy)
   lockstep tcp            ... --backend tcp
+  lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
   Gloo                    PYTHON bench/gloo_allreduce.py (PyTorch's torch.distributed)
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
-           [--sizes 4,4K,1M,16M,64M] [--python PYTHON]
+           [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--spins 20,200] [--skip NAMES]
 """
 import argparse
 import os
@@ -71,6 +72,11 @@ def contenders(args):
          [lockstep, "bench", "--op", "allreduce", "--backend", "shm", "--shared-buffers"] + common, {}),
         ("lockstep tcp", [lockstep, "bench", "--op", "allreduce", "--backend", "tcp"] + common, {}),
     ]
+    # The shm wait policy's candidates: "lockstep shm" spins adaptively
+    # (src/comm/shm/spin_budget.h); these fix the spin instead.
+    for spin in filter(None, args.spins.split(",")):
+        out.append((f"lockstep shm, spin {spin} µs", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
+                    {"LOCKSTEP_SHM_SPIN_US": spin}))
     if os.path.exists(mpi_bench) and shutil.which("mpirun"):
         # More ranks than cores: Open MPI must be told it may oversubscribe
         # (it then yields when idle instead of spinning) and share cores.
@@ -106,6 +112,8 @@ def main():
     parser.add_argument("--out", help="also write the markdown table here")
     parser.add_argument("--sizes", default=SIZES, help="comma-separated sizes in bytes (K/M/G suffixes)")
     add_python_argument(parser)
+    parser.add_argument("--spins", default="", help="also lockstep shm with these fixed spins before a sleep, in "
+                        "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
     args = parser.parse_args()

@@ -25,6 +25,9 @@
 #   sanitize  compute-sanitizer's memcheck and racecheck over every DDP-on-CUDA case (long)
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
 #   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
+#   smallmsg  the shm wait policy's candidates (adaptive, fixed spins) against Open MPI
+#             at 4 B, 4 KiB and 64 KiB, 2 to 16 ranks (SMALL_RANKS, SPINS_US, RUNS)
+#   staging   one rank's staged all-reduce at several staging chunk sizes (STAGING_CHUNKS, in bytes)
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
 #   doctor    lockstep doctor --ranks 1,2,4,8,16
 # Environment: DEBS (default .gpu-deps), BUILD, PYTHON (default python3),
@@ -103,7 +106,10 @@ step_build() {
 GPU_TARGETS=(lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test ddp_throughput)
 step_gpubuild() {
   configure
-  cmake --build "$BUILD" -j "$(nproc)" --target "${GPU_TARGETS[@]}"
+  local targets=("${GPU_TARGETS[@]}")
+  # Open MPI's benchmark, for the smallmsg and allreduce steps, where MPI was found.
+  grep -q "^LOCKSTEP_WITH_MPI:BOOL=ON" "$BUILD/CMakeCache.txt" && targets+=(mpi_allreduce)
+  cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 }
 
 step_test() {
@@ -221,6 +227,33 @@ step_shmspin() {
   done | tee "$OUT/shm-spin-$np.txt"
 }
 
+# The shm wait policy's candidates, interleaved: lockstep's adaptive spin
+# (the default), fixed spins (LOCKSTEP_SHM_SPIN_US), and Open MPI; one
+# table per world size.
+step_smallmsg() {
+  offline_env
+  local np
+  for np in ${SMALL_RANKS:-2 4 8 16}; do
+    [ "$np" -le "$(nproc)" ] || continue
+    "$PYTHON" bench/compare_allreduce.py --np "$np" --runs "${RUNS:-2}" --build "$BUILD" --python "$PYTHON" \
+      --sizes 4,4K,64K --spins "${SPINS_US:-20}" --out "$OUT/smallmsg-$np.md" \
+      --skip "lockstep shm, shared buffers;lockstep tcp;Open MPI, malloc tuned;Gloo"
+  done
+}
+
+# The staging chunk: one rank's all-reduce of CUDA memory over shm (the
+# copies alone) at each chunk size; the bench prints cudaMemcpy's pinned
+# rate to compare with.
+step_staging() {
+  offline_env
+  local chunk
+  for chunk in ${STAGING_CHUNKS:-1048576 4194304 16777216}; do
+    echo "== staging chunk $chunk"
+    LOCKSTEP_CUDA_STAGING_CHUNK_BYTES=$chunk "$BUILD/lockstep" bench --device cuda -np 1 --backend shm \
+      -b 16M -e 256M -f 4 -n 10 | tee "$OUT/staging-chunk-$chunk.txt"
+  done
+}
+
 step_ddp() {
   offline_env
   "$PYTHON" bench/compare_ddp.py --ranks "$RANKS" --runs "${RUNS:-2}" --steps "${STEPS:-10}" --build "$BUILD" \
@@ -237,9 +270,9 @@ steps=()
 for step in "$@"; do
   case "$step" in
     figures) steps+=(gpubuild gpu memcheck) ;;
-    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|ddp|doctor) steps+=("$step") ;;
+    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|ddp|doctor) steps+=("$step") ;;
     *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, memcheck, sanitize, allreduce," \
-           "shmspin, ddp, doctor)"; exit 2 ;;
+           "shmspin, smallmsg, staging, ddp, doctor)"; exit 2 ;;
   esac
 done
 started=$SECONDS
