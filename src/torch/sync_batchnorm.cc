@@ -33,14 +33,40 @@ Tensor per_channel(const Tensor& v, const Tensor& input) {
   return v.view(shape);
 }
 
+// On a GPU the all-reduce runs after the current stream's prior work (the
+// sums queued just before), and wait() makes that stream wait for it
+// without blocking the host: what is queued next reads the global sums.
 void allreduce_sum(ProcessGroup& group, Tensor& t) {
-  group.allreduce(host_buffer_of(t, "SyncBatchNorm's input"), ReduceOp::sum)->wait();
+  group.allreduce(buffer_of(t, "SyncBatchNorm's statistics"), ReduceOp::sum)->wait();
+}
+
+// The global batch's [sum(x), sum(x^2)] per channel (in double, on the
+// input's device) and its count of values per channel. On the CPU the count
+// travels with the sums (one all-reduce); on a GPU it is all-reduced on its
+// own in host memory, from the input's shape, so that the host learns it
+// (for the check below and the running variance's correction) without
+// waiting for the device.
+std::pair<Tensor, double> global_statistics(ProcessGroup& group, const Tensor& input) {
+  const auto dims = reduced_dims(input);
+  const std::int64_t channels = input.size(1);
+  const double local_count = static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1));
+  Tensor sums = ::torch::cat({input.sum(dims, false, ::torch::kDouble), input.square().sum(dims, false, ::torch::kDouble)});
+  if (input.is_cpu()) {
+    Tensor stats = ::torch::cat({::torch::full({1}, local_count, ::torch::kDouble), sums});
+    allreduce_sum(group, stats);
+    return {stats.slice(0, 1), stats[0].item<double>()};
+  }
+  double count = local_count;
+  group.allreduce(Buffer{&count, 1, DType::f64}, ReduceOp::sum)->wait();
+  allreduce_sum(group, sums);
+  return {sums, count};
 }
 
 // Forward: y = (x - mean) * invstd * weight + bias with the global batch's
-// mean and variance. The statistics are accumulated in double: one
-// all-reduce of [count, sum(x), sum(x^2)], so the variance is
+// mean and variance. The statistics are accumulated in double (the count,
+// sum(x) and sum(x^2) all-reduced: global_statistics), so the variance is
 // E[x^2] - E[x]^2, which in float would lose digits to cancellation.
+// Everything but the count stays on the input's device.
 // Backward (with N the global count, x̂ = (x - mean) * invstd):
 //   dx = (dy - sum(dy)/N - (x - mean) * invstd^2 * sum(dy * (x - mean))/N) * invstd * weight
 // where the two sums run over the global batch (the second all-reduce);
@@ -49,21 +75,15 @@ struct SyncBatchNormFunction : ::torch::autograd::Function<SyncBatchNormFunction
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight, const Tensor& bias,
                         Tensor running_mean, Tensor running_var, double eps, double momentum,
                         ProcessGroup* group) {
-    const auto dims = reduced_dims(input);
     const std::int64_t channels = input.size(1);
-    const double local_count = static_cast<double>(input.numel() / std::max<std::int64_t>(channels, 1));
-    Tensor stats = ::torch::cat({::torch::full({1}, local_count, ::torch::kDouble),
-                                 input.sum(dims, false, ::torch::kDouble),
-                                 input.square().sum(dims, false, ::torch::kDouble)});
-    allreduce_sum(*group, stats);
-    const double count = stats[0].item<double>();
+    auto [stats, count] = global_statistics(*group, input);
     if (count <= 1)
       throw InvalidArgument(fmt::format(
           "SyncBatchNorm: the global batch has {} value(s) per channel over {} rank(s); training needs more than 1 "
           "(use larger batches, or eval mode)",
           count, group->size()));
-    Tensor mean = stats.slice(0, 1, 1 + channels) / count;
-    Tensor var = (stats.slice(0, 1 + channels) / count - mean.square()).clamp_min(0);
+    Tensor mean = stats.slice(0, 0, channels) / count;
+    Tensor var = (stats.slice(0, channels) / count - mean.square()).clamp_min(0);
     Tensor invstd = (var + eps).rsqrt();
     if (running_mean.defined()) {
       running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
@@ -111,6 +131,20 @@ struct SyncBatchNormFunction : ::torch::autograd::Function<SyncBatchNormFunction
     return {grad_input, grad_weight, grad_bias, Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
+
+// The layer's parameters and buffers must be where its input is: the
+// statistics are computed and all-reduced there.
+void check_same_device(const Tensor& input, const SyncBatchNormImpl& layer) {
+  const std::pair<const char*, const Tensor*> held[] = {{"weight", &layer.weight},
+                                                        {"bias", &layer.bias},
+                                                        {"running_mean", &layer.running_mean},
+                                                        {"running_var", &layer.running_var}};
+  for (const auto& [name, t] : held)
+    if (t->defined() && t->device() != input.device())
+      throw InvalidArgument(fmt::format("SyncBatchNorm got input on {} but its {} is on {}: move the layer to the "
+                                        "input's device first (module->to(device)), as for BatchNorm",
+                                        c10::str(input.device()), name, c10::str(t->device())));
+}
 
 }  // namespace
 
@@ -168,6 +202,7 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     throw InvalidArgument(fmt::format("SyncBatchNorm({}) got input with {} channels (dimension 1); build the layer "
                                       "with num_features = {}",
                                       options.num_features(), input.size(1), input.size(1)));
+  check_same_device(input, *this);
   // As BatchNorm: the momentum, or a cumulative average when it is None.
   double momentum = 0;
   if (is_training() && options.track_running_stats()) {
@@ -185,10 +220,6 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     return ::torch::batch_norm(input, weight, bias, running_mean, running_var, batch_stats, momentum,
                                options.eps(), /*cudnn_enabled=*/false);
   }
-  if (!input.is_cpu())
-    throw InvalidArgument(fmt::format("SyncBatchNorm over {} rank(s) got a tensor on {}: lockstep's collectives move "
-                                      "host memory, so the layer takes CPU tensors",
-                                      group->size(), c10::str(input.device())));
   return SyncBatchNormFunction::apply(input, weight, bias, running_mean, running_var, options.eps(), momentum,
                                       group);
 }

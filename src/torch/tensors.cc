@@ -40,16 +40,6 @@ Buffer buffer_of(const ::torch::Tensor& t, std::string_view what) {
   return b;
 }
 
-Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what) {
-  if (!t.device().is_cpu())
-    throw InvalidArgument(fmt::format(
-        "{} is on {}: lockstep's SyncBatchNorm and ZeroRedundancyOptimizer keep their statistics and shards in "
-        "host memory and take CPU tensors only for now (DistributedDataParallel and the process group's "
-        "collectives take CUDA tensors: docs/gpu.md). Keep this module on the CPU",
-        what, t.device().str()));
-  return Buffer{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_of(t.scalar_type())};
-}
-
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root) {
   if (pg.size() == 1 || tensors.empty()) return;
   ::torch::NoGradGuard no_grad;

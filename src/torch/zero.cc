@@ -66,11 +66,15 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters,
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (!parameters_[i].defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
     dtype_of(parameters_[i].scalar_type());  // throws for types lockstep cannot all-gather
-    if (!parameters_[i].is_cpu())
-      throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is on {}; lockstep's collectives move "
-                                        "host memory, so the parameters must be CPU tensors",
-                                        i, c10::str(parameters_[i].device())));
+    // The shards are packed into one tensor per dtype and all-gathered
+    // there: every parameter on one device (the CPU or one GPU).
+    if (parameters_[i].device() != parameters_[0].device())
+      throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter 0 is on {} but parameter {} is on {}; "
+                                        "the parameters must all be on one device (move the model with "
+                                        "module->to(device) before building the optimizer)",
+                                        c10::str(parameters_[0].device()), i, c10::str(parameters_[i].device())));
   }
+  buffer_of(parameters_[0], "a parameter of ZeroRedundancyOptimizer");  // throws for devices lockstep cannot use
   owners_ = partition(parameters_, group_->size());
   auto mine = shard_of(group_->rank());
   if (!mine.empty()) local_ = make_optimizer_(std::move(mine));
@@ -85,7 +89,10 @@ std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
 
 // Per dtype: every rank packs its shard into a block of the largest
 // shard's size (padding the rest), one allgather brings all blocks, and each
-// rank copies the other ranks' blocks into their parameters.
+// rank copies the other ranks' blocks into their parameters. On a GPU the
+// packing, the allgather and the copies out are ordered by the current
+// stream (the allgather runs after the packing queued there; wait() makes
+// the stream wait for it): the host never waits for the device.
 void ZeroRedundancyOptimizer::step() {
   if (local_) local_->step();
   const int ranks = group_->size(), me = group_->rank();
@@ -106,8 +113,8 @@ void ZeroRedundancyOptimizer::step() {
       offset += parameters_[i].numel();
     }
     Tensor all = ::torch::empty({block * ranks}, packed.options());
-    group_->allgather(host_buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
-                      host_buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
+    group_->allgather(buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
+                      buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
         ->wait();
     std::vector<std::int64_t> cursor(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) cursor[static_cast<std::size_t>(r)] = r * block;
@@ -158,7 +165,9 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     group_->recv(Buffer{bytes.data(), bytes.size(), DType::u8}, r)->wait();
     auto theirs = make_optimizer_(shard_of(r));
     ::torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
+    // Onto this rank's device: rank r saved the tensors of its own (another
+    // GPU of this host, perhaps).
+    archive.load_from(bytes.data(), bytes.size(), parameters_[0].device());
     theirs->load(archive);
     copy_state(*theirs, *full, shard_of(r));
   }

@@ -265,12 +265,6 @@ DType dtype_of(::torch::ScalarType type);
 // InvalidArgument naming `what`.
 Buffer buffer_of(const ::torch::Tensor& t, std::string_view what);
 
-// The host memory of a CPU tensor, for the collectives of SyncBatchNorm
-// and ZeroRedundancyOptimizer, which keep their state in host memory. A
-// tensor on another device is an InvalidArgument naming `what` (DDP and
-// the process group take CUDA tensors; these do not yet).
-Buffer host_buffer_of(const ::torch::Tensor& t, std::string_view what);
-
 // Broadcasts `tensors` from `root`, one collective per dtype (flattened).
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root);
 

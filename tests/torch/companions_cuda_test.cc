@@ -1,0 +1,352 @@
+// DDP's companions on CUDA tensors (label gpu): SyncBatchNorm and
+// ZeroRedundancyOptimizer trained on cuda:0 in a world of one and by 2 rank
+// processes sharing the GPU over shm, each against the same training on the
+// CPU (thread ranks over shm) and against one process training on the whole
+// global batch on the CPU (plain BatchNorm; the unsharded Adam, whose state
+// the consolidated one must equal). The ranks are processes, and the parent
+// never touches CUDA before forking them (a forked child cannot use a CUDA
+// its parent started): see ddp_cuda_test.cc, whose harness this follows.
+//
+// Compiled against any libtorch, so it cannot rot where there is no GPU;
+// every test skips unless libtorch sees a CUDA device.
+//
+// Tolerance: relative 1e-4, absolute 1e-5 (fp32, TF32 off: the GPU differs
+// from the CPU only in the order of its sums).
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "harness/process_ranks.h"
+#include "harness/thread_world.h"
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+#include "lockstep/torch/sync_batchnorm.h"
+#include "lockstep/torch/zero.h"
+#include "torch/libtorch_version.h"
+
+namespace lockstep::torch {
+namespace {
+
+using lockstep::testing::ThreadWorld;
+using ::torch::Tensor;
+namespace nn = ::torch::nn;
+
+#define SKIP_WITHOUT_GPU_DEVICE()                                                                             \
+  do {                                                                                                        \
+    if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";    \
+  } while (0)
+
+#define SKIP_WITHOUT_CUDA()                                                                                   \
+  do {                                                                                                        \
+    if (!::torch::cuda::is_available())                                                                       \
+      GTEST_SKIP() << "no CUDA device visible to libtorch (or a libtorch without CUDA): this test needs a GPU"; \
+  } while (0)
+
+constexpr double kRtol = 1e-4;
+constexpr int kGlobalBatch = 16;
+constexpr int kSteps = 3;
+
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
+// Exact fp32 convolutions and matrix products.
+void exact_fp32() {
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+}
+
+using Batches = std::vector<std::pair<Tensor, Tensor>>;
+
+// Drawn once, on one thread, before any rank runs (libtorch's default
+// generator is one per process).
+Batches make_batches(std::vector<std::int64_t> input_shape, std::int64_t outputs) {
+  Batches out;
+  input_shape.insert(input_shape.begin(), kGlobalBatch);
+  for (int step = 0; step < kSteps; ++step) {
+    ::torch::manual_seed(1000 + step);
+    auto x = ::torch::randn(input_shape);
+    out.emplace_back(x, ::torch::randn({kGlobalBatch, outputs}));
+  }
+  return out;
+}
+
+std::vector<Tensor> to_cpu(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.detach().to(::torch::kCPU).clone());
+  return out;
+}
+
+void expect_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto g = got[i].to(::torch::kDouble), w = want[i].to(::torch::kDouble);
+    EXPECT_TRUE(::torch::allclose(g, w, kRtol, kRtol * 0.1))
+        << what << ": tensor " << i << " differs by " << (g - w).abs().max().item<double>() << " (scale "
+        << w.abs().max().item<double>() << ")";
+  }
+}
+
+// A directory for the ranks' results, removed with everything in it.
+struct TempDir {
+  TempDir() {
+    char name[] = "/tmp/lockstep-companions-cuda-XXXXXX";
+    path = ::mkdtemp(name);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  std::string path;
+};
+
+// Runs body(rank, group) in `n` rank processes that each use cuda:0, with
+// TF32 off and one intra-op thread; a failed rank fails the test. False
+// (with `why`) when the ranks' libtorch sees no CUDA device.
+bool run_on_gpu(int n, const std::string& backend, const std::string& dir,
+                const std::function<void(int rank, ProcessGroup& pg)>& body, std::string* why) {
+  const int port = testing::free_port();
+  const std::string no_gpu = dir + "/no-gpu";
+  {
+    testing::ProcessRanks ranks(
+        n,
+        [&](int rank) {
+          return testing::EnvMap{{"RANK", std::to_string(rank)},   {"WORLD_SIZE", std::to_string(n)},
+                                 {"MASTER_ADDR", "127.0.0.1"},     {"MASTER_PORT", std::to_string(port)},
+                                 {"LOCKSTEP_BACKEND", backend},    {"LOCKSTEP_TIMEOUT", "60"},
+                                 {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
+        },
+        [&](int rank) {
+          if (!::torch::cuda::is_available()) {
+            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
+            return;
+          }
+          at::set_num_threads(1);
+          exact_fp32();
+          auto pg = init_process_group();
+          body(rank, *pg);
+        });
+    for (const auto& r : ranks.wait_all(std::chrono::seconds(300)))
+      EXPECT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
+  }
+  std::ifstream reason(no_gpu);
+  return !(reason && std::getline(reason, *why));
+}
+
+// Runs body(rank, group) on the CPU in `n` thread ranks over shm.
+void run_on_cpu(int n, const std::function<void(int rank, ProcessGroup& pg)>& body) {
+  at::set_num_threads(1);
+  ThreadWorld world(n, "shm");
+  world.run(body);
+}
+
+// ---- SyncBatchNorm -------------------------------------------------------
+
+nn::Sequential make_convnet() {
+  ::torch::manual_seed(7);
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(2, 4, 3)), nn::BatchNorm2d(4), nn::ReLU(), nn::Flatten(),
+                        nn::Linear(4 * 4 * 4, 3));
+}
+
+// The parameters, the running statistics, and the first step's gradient of
+// the rank's input (the backward's all-reduce at work), on the CPU.
+std::vector<Tensor> sync_batchnorm_result(nn::Sequential& net, const Tensor& first_input_grad) {
+  std::vector<Tensor> out = to_cpu(net->parameters());
+  for (const auto& b : to_cpu(net->buffers())) out.push_back(b);
+  out.push_back(first_input_grad.to(::torch::kCPU));
+  return out;
+}
+
+// One rank: its shard of each global batch, through SyncBatchNorm and DDP.
+std::vector<Tensor> train_sync_batchnorm(int rank, ProcessGroup& pg, ::torch::Device device, const Batches& batches) {
+  const int n = pg.size();
+  auto net = convert_sync_batchnorm(make_convnet(), borrow(pg));
+  net->to(device);
+  DistributedDataParallel ddp(net, borrow(pg));
+  ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  Tensor first_input_grad;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+    auto xs = x.chunk(n)[rank].to(device).clone().requires_grad_(true);
+    opt.zero_grad();
+    ::torch::mse_loss(ddp.forward(xs), y.chunk(n)[rank].to(device)).backward();
+    if (step == 0) first_input_grad = xs.grad().detach().clone();
+    opt.step();
+  }
+  return sync_batchnorm_result(net, first_input_grad);
+}
+
+// One process, plain BatchNorm over the whole global batch. The input's
+// gradient is rank 0's part of the global one, times the ranks (each
+// rank's loss is the mean over its shard only).
+std::vector<Tensor> sync_batchnorm_reference(int n, const Batches& batches) {
+  auto net = make_convnet();
+  ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  Tensor first_input_grad;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+    auto xg = x.clone().requires_grad_(true);
+    opt.zero_grad();
+    ::torch::mse_loss(net->forward(xg), y).backward();
+    if (step == 0) first_input_grad = xg.grad().chunk(n)[0] * n;
+    opt.step();
+  }
+  return sync_batchnorm_result(net, first_input_grad);
+}
+
+class SyncBatchNormOnCuda : public ::testing::TestWithParam<int> {};
+
+TEST_P(SyncBatchNormOnCuda, TrainsAsOnTheCpuAndAsBatchNormOverTheGlobalBatch) {
+  SKIP_WITHOUT_GPU_DEVICE();
+  const int n = GetParam();
+  const Batches batches = make_batches({2, 6, 6}, 3);
+  const TempDir dir;
+  const std::string result = dir.path + "/sync_batchnorm.pt";
+  std::string why;
+  const bool ran = run_on_gpu(
+      n, "shm", dir.path,
+      [&](int rank, ProcessGroup& pg) {
+        auto state = train_sync_batchnorm(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
+        if (rank == 0) ::torch::save(state, result);
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
+  if (HasFailure()) return;  // a rank failed: its output is above
+  std::vector<Tensor> on_gpu;
+  ::torch::load(on_gpu, result);
+  std::vector<Tensor> on_cpu;
+  run_on_cpu(n, [&](int rank, ProcessGroup& pg) {
+    auto state = train_sync_batchnorm(rank, pg, ::torch::Device(::torch::kCPU), batches);
+    if (rank == 0) on_cpu = std::move(state);
+  });
+  expect_close(on_gpu, on_cpu, "SyncBatchNorm on cuda:0 against SyncBatchNorm on the CPU");
+  expect_close(on_gpu, sync_batchnorm_reference(n, batches),
+               "SyncBatchNorm on cuda:0 against BatchNorm over the global batch on the CPU");
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedGpu, SyncBatchNormOnCuda, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks_shm"; });
+
+// ---- ZeroRedundancyOptimizer ---------------------------------------------
+
+// Parameters of uneven sizes, so the two ranks' shards differ.
+nn::Sequential make_mlp() {
+  ::torch::manual_seed(11);
+  return nn::Sequential(nn::Linear(6, 24), nn::Tanh(), nn::Linear(24, 12), nn::Tanh(), nn::Linear(12, 3));
+}
+
+::torch::optim::AdamOptions adam() { return ::torch::optim::AdamOptions(1e-2); }
+
+// The parameters, then each parameter's Adam moments (exp_avg, exp_avg_sq)
+// from `optimizer`, on the CPU.
+std::vector<Tensor> zero_result(const std::vector<Tensor>& params, ::torch::optim::Optimizer& optimizer) {
+  std::vector<Tensor> out = to_cpu(params);
+  for (const auto& p : params) {
+    auto& state = static_cast<::torch::optim::AdamParamState&>(
+        *optimizer.state().at(libtorch::optimizer_state_key(p)));
+    out.push_back(state.exp_avg().to(::torch::kCPU));
+    out.push_back(state.exp_avg_sq().to(::torch::kCPU));
+  }
+  return out;
+}
+
+// One rank: DDP and the sharded Adam; the consolidated state on rank 0
+// (empty elsewhere).
+std::vector<Tensor> train_zero(int rank, ProcessGroup& pg, ::torch::Device device, const Batches& batches) {
+  const int n = pg.size();
+  auto net = make_mlp();
+  net->to(device);
+  DistributedDataParallel ddp(net, borrow(pg));
+  ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), adam());
+  for (int step = 0; step < kSteps; ++step) {
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+    opt.zero_grad();
+    ::torch::mse_loss(ddp.forward(x.chunk(n)[rank].to(device)), y.chunk(n)[rank].to(device)).backward();
+    opt.step();
+  }
+  opt.consolidate_state_dict(0);
+  if (rank != 0) return {};
+  return zero_result(net->parameters(), opt.consolidated());
+}
+
+std::vector<Tensor> zero_reference(const Batches& batches) {
+  auto net = make_mlp();
+  ::torch::optim::Adam opt(net->parameters(), adam());
+  for (int step = 0; step < kSteps; ++step) {
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+    opt.zero_grad();
+    ::torch::mse_loss(net->forward(x), y).backward();
+    opt.step();
+  }
+  return zero_result(net->parameters(), opt);
+}
+
+class ZeroOnCuda : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroOnCuda, ShardedAdamEqualsTheCpuAndTheUnshardedAdam) {
+  SKIP_WITHOUT_GPU_DEVICE();
+  const int n = GetParam();
+  const Batches batches = make_batches({6}, 3);
+  const TempDir dir;
+  const std::string result = dir.path + "/zero.pt";
+  std::string why;
+  const bool ran = run_on_gpu(
+      n, "shm", dir.path,
+      [&](int rank, ProcessGroup& pg) {
+        auto state = train_zero(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
+        if (rank == 0) ::torch::save(state, result);
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
+  if (HasFailure()) return;  // a rank failed: its output is above
+  std::vector<Tensor> on_gpu;
+  ::torch::load(on_gpu, result);
+  std::vector<Tensor> on_cpu;
+  run_on_cpu(n, [&](int rank, ProcessGroup& pg) {
+    auto state = train_zero(rank, pg, ::torch::Device(::torch::kCPU), batches);
+    if (rank == 0) on_cpu = std::move(state);
+  });
+  expect_close(on_gpu, on_cpu, "ZeroRedundancyOptimizer on cuda:0 against the same on the CPU");
+  expect_close(on_gpu, zero_reference(batches), "ZeroRedundancyOptimizer on cuda:0 against Adam on the CPU");
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedGpu, ZeroOnCuda, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks_shm"; });
+
+// ---- What is still refused, by name ---------------------------------------
+
+TEST(CompanionRefusals, ZeroWithParametersOnTwoDevicesIsRefusedNamingBoth) {
+  SKIP_WITHOUT_CUDA();
+  auto net = make_mlp();
+  net[2]->to(::torch::Device(::torch::kCUDA, 0));
+  ThreadWorld world(1);
+  try {
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(world.group(0)), adam());
+    FAIL() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("parameter 0 is on cpu but parameter 2 is on cuda:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("all be on one device"), std::string::npos) << what;
+  }
+}
+
+TEST(CompanionRefusals, SyncBatchNormWithInputOnAnotherDeviceIsRefusedNamingBoth) {
+  SKIP_WITHOUT_CUDA();
+  SyncBatchNorm layer(SyncBatchNormOptions(4));
+  try {
+    layer->forward(::torch::randn({8, 4}, ::torch::Device(::torch::kCUDA, 0)));
+    FAIL() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("input on cuda:0 but its weight is on cpu"), std::string::npos) << what;
+    EXPECT_NE(what.find("module->to(device)"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::torch
