@@ -1,12 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch's own DistributedDataParallel (over Gloo, or with --backend lockstep
-over lockstep's torch.distributed backend), measured like
+"""PyTorch's own DistributedDataParallel (over Gloo, NCCL, or with --backend
+lockstep over lockstep's torch.distributed backend), measured like
 examples/ddp_throughput: the same models, batch per rank, SGD, one intra-op
 thread per rank, each rank pinned to its own core. With -np 1 it trains
-without DDP (the single-process baseline). --no-sync runs backward under
-DDP's no_sync(), so step - no_sync step is the exposed communication.
+without DDP (the single-process baseline), unless --ddp asks for DDP in a
+group of one. --no-sync runs backward under DDP's no_sync(), so step -
+no_sync step is the exposed communication. --device cuda trains on
+cuda:(rank % devices) (ranks may share a GPU over Gloo, not over NCCL) and
+times each step until the device is done with it.
 
 Usage: /usr/bin/python3 bench/pytorch_ddp.py --model mlp -np 2 [--steps 20] [--no-sync]
+       python bench/pytorch_ddp.py --model wide-mlp --device cuda -np 1 --ddp --backend nccl
 Prints: step_ms <median of the slowest rank> samples_per_s <...>
 """
 import argparse
@@ -51,6 +55,15 @@ class ConvNet(nn.Module):
         return self.fc2(x)
 
 
+# Per model: its module, the input's shape after the batch, and the default batch
+# per rank (examples/ddp_throughput's: WideMlpImpl in models/lockstep_models/models.h).
+MODELS = {
+    "mlp": (lambda: Mlp(), (2048,), 64),
+    "wide-mlp": (lambda: Mlp(layers=6, width=4096), (4096,), 2048),
+    "convnet": (lambda: ConvNet(), (1, 28, 28), 64),
+}
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,17 +78,26 @@ def run_rank(rank, args, port):
     torch.set_num_threads(1)
     world = args.nnodes * args.np
     rank = args.node_rank * args.np + rank
-    distributed = world > 1
+    distributed = world > 1 or args.ddp
+    cuda = args.device == "cuda"
+    # As ddp_throughput: the local rank's GPU, shared when ranks outnumber GPUs.
+    device = (torch.device("cuda", (rank - args.node_rank * args.np) % torch.cuda.device_count()) if cuda
+              else torch.device("cpu"))
+    if cuda:
+        torch.cuda.set_device(device)
     if distributed:
         dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world)
+    make_model, shape, _ = MODELS[args.model]
     torch.manual_seed(1)
-    model = Mlp() if args.model == "mlp" else ConvNet()
-    net = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.bucket_view) if distributed else model
+    model = make_model().to(device)
+    net = (nn.parallel.DistributedDataParallel(model, device_ids=[device] if cuda else None,
+                                               gradient_as_bucket_view=args.bucket_view)
+           if distributed else model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(100 + rank)
     conv = args.model == "convnet"
-    x = torch.randn(args.batch, 1, 28, 28) if conv else torch.randn(args.batch, 2048)
-    y = torch.randint(0, 10, (args.batch,)) if conv else torch.randn(args.batch, 2048)
+    x = torch.randn(args.batch, *shape).to(device)
+    y = (torch.randint(0, 10, (args.batch,)) if conv else torch.randn(args.batch, *shape)).to(device)
     times = []
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
@@ -87,16 +109,20 @@ def run_rank(rank, args, port):
             loss = F.cross_entropy(out, y) if conv else F.mse_loss(out, y)
             loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize(device)  # a step ends when the device is done with it
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1000)
     times.sort()
-    median = torch.tensor([times[len(times) // 2]], dtype=torch.float64)
+    # On the device: NCCL reduces only CUDA tensors.
+    median = torch.tensor([times[len(times) // 2]], dtype=torch.float64, device=device)
     if distributed:
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"model {args.model} ({params / 1e6:.1f}M parameters), {world} rank(s), PyTorch {torch.__version__} "
-              f"{'DDP ' + args.backend if distributed else 'no DDP'}, batch {args.batch} per rank, "
+        print(f"model {args.model} ({params / 1e6:.1f}M parameters) on {args.device}, {world} rank(s), "
+              f"PyTorch {torch.__version__} {'DDP ' + args.backend if distributed else 'no DDP'}, "
+              f"batch {args.batch} per rank, "
               f"{'no_sync' if args.no_sync else 'synchronised'}")
         print(f"step_ms {median.item():.2f} samples_per_s {args.batch * world * 1000 / median.item():.1f}", flush=True)
     if distributed:
@@ -105,14 +131,17 @@ def run_rank(rank, args, port):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["mlp", "convnet"], default="mlp")
+    parser.add_argument("--model", choices=list(MODELS), default="mlp")
     parser.add_argument("-np", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, help="samples per rank per step (default 64; wide-mlp 2048)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the rank's GPU, cuda:(rank %% devices)")
+    parser.add_argument("--ddp", action="store_true", help="DDP even with -np 1 (a group of one)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-sync", action="store_true")
     parser.add_argument("--bucket-view", action="store_true")
-    parser.add_argument("--backend", default="gloo", choices=["gloo", "lockstep"],
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "lockstep"],
                         help="torch.distributed backend; lockstep needs lockstep_torch importable "
                              "(PYTHONPATH=build-torch2/python after `make build-python`)")
     # Across hosts: one invocation per host, like `torchrun --nnodes`.
@@ -121,11 +150,20 @@ def main():
     parser.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
     parser.add_argument("--master-port", type=int, default=0, help="default: a free port (one host only)")
     args = parser.parse_args()
+    if args.batch is None:
+        args.batch = MODELS[args.model][2]
+    # NVML's count, which leaves CUDA uninitialised in this process, so the
+    # ranks can be forked.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"pytorch_ddp: --device cuda, but PyTorch {torch.__version__} sees no CUDA device")
     port = args.master_port or free_port()
     if args.np * args.nnodes == 1:
         run_rank(0, args, 0)
     else:
-        mp.spawn(run_rank, args=(args, port), nprocs=args.np, join=True)
+        # Forked, not spawned: a spawned rank imports PyTorch again, seconds
+        # that bench/compare_gpu_ddp.py would pay in every run of every row.
+        mp.start_processes(run_rank, args=(args, port), nprocs=args.np, join=True, start_method="fork")
 
 
 if __name__ == "__main__":

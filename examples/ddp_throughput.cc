@@ -2,9 +2,12 @@
 // the program behind the DDP numbers in docs/performance.md. Start it with
 // the launcher, one process per core:
 //   build/lockstep run --nproc-per-node 2 -- build/examples/ddp_throughput --model mlp
-// Models: "mlp" (6 x Linear(2048, 2048) with ReLU, MSE loss; ~25M parameters)
+// Models: "mlp" (6 x Linear(2048, 2048) with ReLU, MSE loss; ~25M parameters),
+// "wide-mlp" (6 x Linear(4096, 4096), MSE loss; ~101M parameters: the GPU
+// workload, default batch 2048: a step of about 24 ms on an H200)
 // and "convnet" (the Fashion-MNIST net: Conv 1->32->64, MaxPool, Linear
-// 9216->128->10, cross-entropy). Batch is per rank; SGD. --no-sync measures
+// 9216->128->10, cross-entropy). Batch is per rank (default 64, wide-mlp
+// 2048); SGD. --no-sync measures
 // the same step with gradient synchronisation off, so step - no_sync step is
 // the communication the step exposes. --device cuda trains on the GPU of
 // the local rank (cuda:(local rank % devices), the local rank as any
@@ -12,6 +15,13 @@
 // --no-ddp trains the same model without the DDP wrapper, the baseline of
 // DDP's overhead in a world of one. A loss that becomes NaN or infinite
 // stops the run (exit 1).
+//
+// One process is one run: it prints the median step of its timed steps. To
+// compare configurations, run each several times in turn, interleaved
+// (bench/compare_ddp.py, bench/compare_gpu_ddp.py): repetitions inside one
+// process would share its placement, allocator and clocks, so their spread
+// would understate the run-to-run one, and a drift of the machine over a
+// minute would land on one configuration instead of all.
 #include <lockstep/error.h>
 #include <lockstep/affinity.h>
 #include <lockstep/powersgd.h>
@@ -28,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
@@ -37,10 +48,11 @@
 
 using examples::ConvNetImpl;
 using examples::MlpImpl;
+using examples::WideMlpImpl;
 
 struct Options {
   std::string model = "mlp";
-  int batch = 64;
+  int batch = 0;  // 0: the model's default (default_batch)
   int steps = 20;
   int warmup = 3;
   bool no_sync = false;
@@ -52,6 +64,11 @@ struct Options {
   std::string hook = "none";
   int powersgd_rank = 1;
 };
+
+// Samples per rank when --batch is not given: wide-mlp is the GPU workload,
+// whose step should take tens of milliseconds there (2048 x 6 x 101M
+// parameters: 1.2 Tflop per step).
+int default_batch(const std::string& model) { return model == "wide-mlp" ? 2048 : 64; }
 
 // The device this rank trains on: the CPU, or its local rank's GPU.
 torch::Device training_device(const std::string& name, int local_rank) {
@@ -86,9 +103,10 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   if (!o.no_ddp) ddp = std::make_unique<lockstep::torch::DistributedDataParallel<Model>>(model, pg, ddp_options);
   torch::optim::SGD opt(model->parameters(), 0.01);
   const bool conv = o.model == "convnet";
+  const int64_t width = o.model == "wide-mlp" ? WideMlpImpl::kWidth : 2048;
   torch::manual_seed(100 + pg->rank());
-  auto x = (conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, 2048})).to(device);
-  auto y = (conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, 2048})).to(device);
+  auto x = (conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, width})).to(device);
+  auto y = (conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, width})).to(device);
   // A step ends when the device is done with it, not when it is queued.
   const auto finish_step = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -154,8 +172,10 @@ int main(int argc, char** argv) {
   namespace checks = lockstep::option_checks;
   CLI::App app{"Step time of lockstep DistributedDataParallel training"};
   Options o;
-  app.add_option("--model", o.model, "mlp or convnet")->check(CLI::IsMember({"mlp", "convnet"}));
-  app.add_option("--batch", o.batch, "Samples per rank per step")->check(checks::positive_count());
+  app.add_option("--model", o.model, "mlp, wide-mlp (the GPU workload) or convnet")
+      ->check(CLI::IsMember({"mlp", "wide-mlp", "convnet"}));
+  app.add_option("--batch", o.batch, "Samples per rank per step (default 64; wide-mlp 2048)")
+      ->check(checks::positive_count());
   app.add_option("--steps", o.steps, "Timed steps (the median is reported)")->check(checks::positive_count());
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(checks::non_negative_count());
   app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
@@ -170,6 +190,7 @@ int main(int argc, char** argv) {
   app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks")
       ->check(checks::positive_count());
   CLI11_PARSE(app, argc, argv);
+  if (o.batch == 0) o.batch = default_batch(o.model);
   try {
     // One core per rank where LOCAL_RANK is set (torchrun, `lockstep
     // run`), as bench/pytorch_ddp.py does for PyTorch's ranks; before
@@ -181,7 +202,9 @@ int main(int argc, char** argv) {
     lockstep::GroupOptions group;
     group.config = config;
     auto pg = lockstep::init_process_group(group);
-    return o.model == "mlp" ? run<MlpImpl>(o, pg) : run<ConvNetImpl>(o, pg);
+    if (o.model == "mlp") return run<MlpImpl>(o, pg);
+    if (o.model == "wide-mlp") return run<WideMlpImpl>(o, pg);
+    return run<ConvNetImpl>(o, pg);
   } catch (const lockstep::Error& e) {
     // The message says what went wrong and what to do; no abort() and core.
     std::fprintf(stderr, "ddp_throughput: %s\n", e.what());

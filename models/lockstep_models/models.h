@@ -3,6 +3,9 @@
 // programs in any folder share them without reaching into another's.
 //   MlpImpl      6 x Linear(2048, 2048) with ReLU (~25M parameters): a
 //                communication-heavy workload
+//   WideMlpImpl  6 x Linear(4096, 4096) with ReLU (~101M parameters): the
+//                GPU workload, a step of tens of milliseconds at a batch of
+//                thousands
 //   ConvNetImpl  the Fashion-MNIST / MNIST convnet: Conv 1->32->64 (3x3),
 //                MaxPool 2, Linear 9216->128->10 (~1.2M parameters);
 //                optionally with batch normalisation after each conv
@@ -29,6 +32,22 @@ struct MlpImpl : torch::nn::Module {
     return x;
   }
   std::vector<torch::nn::Linear> fc;
+};
+
+// The GPU benchmarks' model (examples/ddp_throughput --model wide-mlp,
+// bench/compare_gpu_ddp.py). An MLP rather than a ResNet-like convnet: its
+// step is six large matrix products per pass, whose time on a GPU varies
+// little from run to run (no cuDNN algorithm choice, no data-dependent
+// kernels), which a benchmark that must resolve a few percent needs; its
+// layers are trivially the same in libtorch and in PyTorch; and the batch
+// alone sets the compute per step (6 x parameters x batch flops), so one
+// model serves any card. 101M parameters (403 MB of fp32 gradients, 16
+// buckets at the default 25 MB cap) give DDP's per-bucket work its real
+// size.
+struct WideMlpImpl : MlpImpl {
+  static constexpr int kLayers = 6;
+  static constexpr int kWidth = 4096;
+  WideMlpImpl() : MlpImpl(kLayers, kWidth) {}
 };
 
 // With batch_norm, a normalisation layer follows each conv. It is declared

@@ -26,6 +26,7 @@ TEST(DdpThroughput, ArgumentsOutOfRangeAreRefusedBeforeTraining) {
       {{"--bucket-cap-mb", "nan"}, "--bucket-cap-mb: 'nan' is not a number above 0"},
       {{"--bucket-cap-mb", "0"}, "--bucket-cap-mb: '0' is not a number above 0"},
       {{"--powersgd-rank", "0"}, "--powersgd-rank: '0' is not a whole number of 1 or more"},
+      {{"--model", "resnet"}, "--model: resnet not in {mlp,wide-mlp,convnet}"},
   };
   for (const auto& [args, message] : cases) {
     const auto r = testing::run_program(DDP_THROUGHPUT, args, {}, 60s);
@@ -42,6 +43,18 @@ TEST(DdpThroughput, AShortRunReportsItsStepTime) {
       DDP_THROUGHPUT, {"--model", "convnet", "--batch", "4", "--steps", "2", "--warmup", "1"}, {{"LOCAL_RANK", "0"}}, 60s);
   ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
   EXPECT_TRUE(contains(r.output, "1 rank(s)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step_ms ")) << r.output;
+}
+
+// The GPU benchmarks' model (6 x Linear(4096, 4096)) trains at a batch a
+// CPU can take, with inputs of its own width.
+TEST(DdpThroughput, TheWideMlpTrainsAtTheBatchGiven) {
+  const auto r = testing::run_program(
+      DDP_THROUGHPUT, {"--model", "wide-mlp", "--batch", "2", "--steps", "1", "--warmup", "0"}, {{"LOCAL_RANK", "0"}},
+      60s);
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "model wide-mlp (100.7M parameters)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "batch 2 per rank")) << r.output;
   EXPECT_TRUE(contains(r.output, "step_ms ")) << r.output;
 }
 
