@@ -7,6 +7,7 @@ Compare lockstep built against the same libtorch as the peer: --build
 build-torch2 (`make build-torch2`) with the default, --build build with 1.13.
 """
 import os
+import shutil
 import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,8 +22,9 @@ def add_python_argument(parser):
 
 
 def torch_version(python):
-    """torch.__version__ as that python reports it, or None when it has no torch."""
-    if not os.access(python, os.X_OK):
+    """torch.__version__ as that python reports it, or None when it has no torch.
+    A bare name (--python python3) is looked up on the PATH."""
+    if not os.access(shutil.which(python) or python, os.X_OK):
         return None
     proc = subprocess.run([python, "-c", "import torch.distributed, torch; print(torch.__version__)"],
                           capture_output=True, text=True)
