@@ -24,10 +24,14 @@
 // The batched variant views each bucket's gradients as one square matrix
 // (zero-padded): fewer, larger multiplications, one matrix per bucket.
 //
-// Thread-safety: a hook's run() is called by its reducer's thread, and its
-// completion runs on the group's progress thread; compression_stats() may
-// be called from any thread. Give each DDP its own hook (the state is kept
-// by bucket index).
+// Host or CUDA gradients: on a GPU the matrices, P, Q and the error
+// feedback stay in device memory and every step is queued on the bucket's
+// stream (docs/gpu.md); only the random Qs are drawn on the host.
+//
+// Thread-safety: a hook's run() and finish() are called by its reducer's
+// thread, and its completion on host memory runs on the group's progress
+// thread; compression_stats() may be called from any thread. Give each DDP
+// its own hook (the state is kept by bucket index).
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,7 @@
 
 #include "cuda/bucket_kernels.h"
 #include "cuda/cuda_runtime.h"
+#include "cuda/low_rank_kernels.h"
 #include "ddp/bucket_memory.h"
 
 namespace lockstep::cuda {
@@ -147,6 +148,40 @@ class CudaBucketMemory final : public detail::BucketMemory {
   void widen(const void* in, float* out, std::size_t count, DType wire, void* stream) override {
     DeviceGuard on(device_.index);
     run_kernel([&] { launch_widen(in, out, count, half16(wire), as_stream(stream)); }, "decompressing a bucket");
+  }
+
+  void low_rank_multiply(const float* a, std::size_t n, std::size_t m, const float* q, std::size_t r, float* p,
+                         void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_low_rank_multiply(a, n, m, q, r, p, as_stream(stream)); }, "PowerSGD's M Q");
+  }
+
+  void low_rank_multiply_transposed(const float* a, std::size_t n, std::size_t m, const float* p, std::size_t r,
+                                    float* q, void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_low_rank_multiply_transposed(a, n, m, p, r, q, as_stream(stream)); }, "PowerSGD's M^T P");
+  }
+
+  void low_rank_reconstruct(const float* p, const float* q, std::size_t n, std::size_t m, std::size_t r, float* a,
+                            void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_low_rank_reconstruct(p, q, n, m, r, a, as_stream(stream)); }, "PowerSGD's P Q^T");
+  }
+
+  void low_rank_orthogonalize(float* p, std::size_t n, std::size_t r, double epsilon, void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_low_rank_orthogonalize(p, n, r, epsilon, as_stream(stream)); },
+               "PowerSGD's orthogonalisation");
+  }
+
+  void feedback_add(float* m, float* e, std::size_t count, void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_feedback_add(m, e, count, as_stream(stream)); }, "PowerSGD's error feedback");
+  }
+
+  void feedback_subtract(float* e, const float* m, std::size_t count, void* stream) override {
+    DeviceGuard on(device_.index);
+    run_kernel([&] { launch_feedback_subtract(e, m, count, as_stream(stream)); }, "PowerSGD's error feedback");
   }
 
   void order(void* earlier, void* later) override {

@@ -54,6 +54,20 @@ class BucketMemory {
   // Work queued on `later` from now on runs after the work queued on
   // `earlier` so far. Host memory: nothing to do.
   virtual void order(void* earlier, void* later) = 0;
+
+  // PowerSGD's linear algebra on fp32 row-major matrices in this memory;
+  // ddp/low_rank.h says what each computes (the host runs those functions).
+  virtual void low_rank_multiply(const float* a, std::size_t n, std::size_t m, const float* q, std::size_t r,
+                                 float* p, void* stream) = 0;
+  virtual void low_rank_multiply_transposed(const float* a, std::size_t n, std::size_t m, const float* p,
+                                            std::size_t r, float* q, void* stream) = 0;
+  virtual void low_rank_reconstruct(const float* p, const float* q, std::size_t n, std::size_t m, std::size_t r,
+                                    float* a, void* stream) = 0;
+  virtual void low_rank_orthogonalize(float* p, std::size_t n, std::size_t r, double epsilon, void* stream) = 0;
+  // Error feedback: m[i] += e[i], then e[i] = m[i] (before compressing);
+  // e[i] -= m[i] (after: what the compression lost).
+  virtual void feedback_add(float* m, float* e, std::size_t count, void* stream) = 0;
+  virtual void feedback_subtract(float* e, const float* m, std::size_t count, void* stream) = 0;
 };
 
 std::unique_ptr<BucketMemory> host_bucket_memory();

@@ -5,6 +5,7 @@
 
 #include "comm/reduce_kernels.h"
 #include "ddp/bucket_memory.h"
+#include "ddp/low_rank.h"
 
 namespace lockstep::detail {
 namespace {
@@ -82,6 +83,31 @@ class HostBucketMemory final : public BucketMemory {
   }
 
   void order(void*, void*) override {}
+
+  void low_rank_multiply(const float* a, std::size_t n, std::size_t m, const float* q, std::size_t r, float* p,
+                         void*) override {
+    low_rank::multiply(a, n, m, q, r, p);
+  }
+  void low_rank_multiply_transposed(const float* a, std::size_t n, std::size_t m, const float* p, std::size_t r,
+                                    float* q, void*) override {
+    low_rank::multiply_transposed(a, n, m, p, r, q);
+  }
+  void low_rank_reconstruct(const float* p, const float* q, std::size_t n, std::size_t m, std::size_t r, float* a,
+                            void*) override {
+    low_rank::reconstruct(p, q, n, m, r, a);
+  }
+  void low_rank_orthogonalize(float* p, std::size_t n, std::size_t r, double epsilon, void*) override {
+    low_rank::orthogonalize(p, n, r, epsilon);
+  }
+  void feedback_add(float* m, float* e, std::size_t count, void*) override {
+    for (std::size_t i = 0; i < count; ++i) {
+      m[i] += e[i];
+      e[i] = m[i];
+    }
+  }
+  void feedback_subtract(float* e, const float* m, std::size_t count, void*) override {
+    for (std::size_t i = 0; i < count; ++i) e[i] -= m[i];
+  }
 };
 
 }  // namespace

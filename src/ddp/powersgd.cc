@@ -9,16 +9,27 @@
 //      all-reduce(sum) of all Ps; wait for P (the only wait on the
 //      backward thread: Q needs the summed P);
 //   4. orthogonalise P, Q = M^T P, issue all-reduce(avg) of all Qs and
-//      return its Work; when it is done (progress thread) M = P Q^T, and the
-//      loss is stored for error feedback.
+//      return its Work; when it is done M = P Q^T, and the loss is stored
+//      for error feedback.
 // Every rank issues the same collectives in the same order, all from run().
+//
+// The matrices, P, Q and the error live where the bucket does, and every
+// step above goes through the bucket's memory (ddp/bucket_memory.h): on the
+// host at once, on a GPU queued on the bucket's stream. There the wait for
+// P makes the stream wait (the host goes on), and step 4's end runs in
+// finish(), on the stream the reducer's wait ordered after Q's all-reduce;
+// on the host it runs inside Q's Work (progress thread). Only the random
+// Qs are drawn on the host (the same numbers as on the CPU) and copied in.
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "ddp/bucket_memory.h"
 #include "ddp/low_rank.h"
 #include "lockstep/error.h"
 #include "lockstep/powersgd.h"
@@ -57,12 +68,17 @@ struct Plan {
 // at a time (the reducer waits for a bucket before reusing it).
 struct BucketState {
   Plan plan;
-  std::vector<float> padded;   // batched: the square matrix
-  std::vector<float> error;    // error feedback, over the matrix memory
-  std::vector<float> p, q, plain;
+  std::unique_ptr<detail::BucketMemory> memory;  // where the bucket is
+  // In `memory`, fp32: the padded square matrix (batched), the error
+  // feedback over the matrix memory, P, Q and the uncompressed ranges.
+  std::shared_ptr<std::byte[]> padded, error, p, q, plain;
   bool q_ready = false;        // q holds the last step's (warm start)
+  bool to_finish = false;      // on a GPU: run() compressed, finish() decompresses
+  std::size_t padded_gradients = 0;  // batched: the bucket's gradients in the padded square
   std::uint64_t draws = 0;     // random Qs drawn so far
 };
+
+float* floats(const std::shared_ptr<std::byte[]>& memory) { return reinterpret_cast<float*>(memory.get()); }
 
 bool compressible(std::size_t n, std::size_t m, std::size_t r, double min_rate) {
   return static_cast<double>((n + m) * r) * min_rate < static_cast<double>(n * m);
@@ -107,9 +123,6 @@ class PowerSGD final : public PowerSGDHook {
     return stats_;
   }
 
-  // Its low-rank products run on the host.
-  bool supports(Device device) const override { return !device.is_cuda(); }
-
   std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) override {
     const bool compress = iterations_ >= options_.start_powersgd_iter && bucket.buffer.dtype == DType::f32;
     if (bucket.last) ++iterations_;  // a backward pass ends with its last bucket
@@ -122,6 +135,22 @@ class PowerSGD final : public PowerSGDHook {
     prepare(*state, bucket);
     if (state->plan.matrices.empty()) return pg.allreduce(bucket.buffer, ReduceOp::avg);
     return compress_and_reduce(pg, *state, bucket);
+  }
+
+  // On a GPU: M = P Q^T and the rest of step 4, on the waiter's stream.
+  void finish(const GradBucket& bucket) override {
+    if (!bucket.buffer.device.is_cuda()) return;
+    BucketState* state = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = buckets_.find(bucket.index);
+      if (it == buckets_.end()) return;
+      state = &it->second;
+    }
+    if (!std::exchange(state->to_finish, false)) return;  // averaged plainly
+    auto* grads = static_cast<float*>(bucket.buffer.data);
+    copy_plain_back(*state, grads, bucket.buffer.stream);
+    decompress(*state, grads, bucket.buffer.stream);
   }
 
  private:
@@ -166,106 +195,136 @@ class PowerSGD final : public PowerSGDHook {
     return plan;
   }
 
-  // Plans the bucket; a new layout (buckets rebuilt) starts afresh.
+  // Plans the bucket; a new layout (buckets rebuilt) or device starts afresh.
   void prepare(BucketState& state, const GradBucket& bucket) const {
     Plan plan = plan_for(bucket);
-    if (plan == state.plan && !state.p.empty()) return;
+    const Device device = bucket.buffer.device;
+    if (plan == state.plan && state.p && state.memory->device() == device) return;
     const std::uint64_t draws = state.draws;
     state = BucketState{};
     state.draws = draws;
     state.plan = std::move(plan);
+    state.memory = detail::bucket_memory_for(device);
     const Plan& p = state.plan;
-    state.padded.assign(p.padded, 0.0f);
+    void* stream = bucket.buffer.stream;
+    const auto floats_of = [&](std::size_t count) { return state.memory->allocate_scratch(count * sizeof(float), stream); };
+    state.padded = floats_of(p.padded);
     std::size_t matrix_memory = p.padded;
     for (const auto& mat : p.matrices) matrix_memory = std::max(matrix_memory, mat.offset + mat.rows * mat.cols);
-    if (options_.use_error_feedback) state.error.assign(matrix_memory, 0.0f);
-    state.p.assign(p.p_elements, 0.0f);
-    state.q.assign(p.q_elements, 0.0f);
-    state.plain.assign(p.plain_elements, 0.0f);
+    if (options_.use_error_feedback) state.error = floats_of(matrix_memory);
+    state.p = floats_of(p.p_elements);
+    state.q = floats_of(p.q_elements);
+    state.plain = floats_of(p.plain_elements);
+  }
+
+  // How many gradients the padded square holds: all the bucket's
+  // (batched), else 0 (the matrices are the bucket's own memory).
+  static std::size_t padded_gradients(const Plan& plan, const GradBucket& bucket) {
+    return plan.padded > 0 ? (bucket.layout ? bucket.layout->count : bucket.buffer.count) : 0;
+  }
+
+  // The averaged uncompressed ranges into the bucket.
+  static void copy_plain_back(BucketState& s, float* grads, void* stream) {
+    std::size_t from = 0;
+    for (const auto& range : s.plan.plain) {
+      s.memory->copy(grads + range.offset, floats(s.plain) + from, range.count * sizeof(float), stream);
+      from += range.count;
+    }
+  }
+
+  // M = P Q^T into the matrices' memory (and out of the padded square into
+  // the bucket); the error keeps what the approximation lost.
+  void decompress(BucketState& s, float* grads, void* stream) const {
+    float* matrix = s.plan.padded > 0 ? floats(s.padded) : grads;
+    std::size_t p_at = 0, q_at = 0;
+    for (const auto& mat : s.plan.matrices) {
+      float* m = matrix + mat.offset;
+      s.memory->low_rank_reconstruct(floats(s.p) + p_at, floats(s.q) + q_at, mat.rows, mat.cols, mat.rank, m, stream);
+      if (options_.use_error_feedback)
+        s.memory->feedback_subtract(floats(s.error) + mat.offset, m, mat.rows * mat.cols, stream);
+      p_at += mat.rows * mat.rank;
+      q_at += mat.cols * mat.rank;
+    }
+    if (s.padded_gradients > 0) s.memory->copy(grads, matrix, s.padded_gradients * sizeof(float), stream);
+    s.q_ready = options_.warm_start;
   }
 
   std::shared_ptr<Work> compress_and_reduce(ProcessGroup& pg, BucketState& state, const GradBucket& bucket) {
     const Plan& plan = state.plan;
+    detail::BucketMemory& memory = *state.memory;
+    const Device device = bucket.buffer.device;
+    void* stream = bucket.buffer.stream;
+    const auto on_here = [&](const std::shared_ptr<std::byte[]>& m, std::size_t count) {
+      return Buffer{m.get(), count, DType::f32, device, stream};
+    };
     auto* grads = static_cast<float*>(bucket.buffer.data);
     float* matrix = grads;
+    state.padded_gradients = padded_gradients(plan, bucket);
     if (plan.padded > 0) {
-      const std::size_t n = bucket.layout ? bucket.layout->count : bucket.buffer.count;
-      std::copy(grads, grads + n, state.padded.begin());
-      std::fill(state.padded.begin() + static_cast<std::ptrdiff_t>(n), state.padded.end(), 0.0f);
-      matrix = state.padded.data();
+      const std::size_t n = state.padded_gradients;
+      matrix = floats(state.padded);
+      memory.copy(matrix, grads, n * sizeof(float), stream);
+      memory.zero(matrix + n, (plan.padded - n) * sizeof(float), stream);
     }
     // Error feedback: M += last loss; remember M to measure this step's loss.
     for (const auto& mat : plan.matrices) {
       if (!options_.use_error_feedback) break;
-      float* m = matrix + mat.offset;
-      float* e = state.error.data() + mat.offset;
-      for (std::size_t i = 0; i < mat.rows * mat.cols; ++i) {
-        m[i] += e[i];
-        e[i] = m[i];
-      }
+      memory.feedback_add(matrix + mat.offset, floats(state.error) + mat.offset, mat.rows * mat.cols, stream);
     }
     std::size_t at = 0;
     for (const auto& range : plan.plain) {
-      std::copy(grads + range.offset, grads + range.offset + range.count, state.plain.begin() + static_cast<std::ptrdiff_t>(at));
+      memory.copy(floats(state.plain) + at, grads + range.offset, range.count * sizeof(float), stream);
       at += range.count;
     }
-    auto plain_work = pg.allreduce(Buffer{state.plain.data(), state.plain.size(), DType::f32}, ReduceOp::avg);
+    auto plain_work = pg.allreduce(on_here(state.plain, plan.plain_elements), ReduceOp::avg);
     BucketState* s = &state;
-    plain_work->on_complete([s, grads](const Work& w) {
-      if (w.error()) return;
-      std::size_t from = 0;
-      for (const auto& range : s->plan.plain) {
-        std::copy(s->plain.begin() + static_cast<std::ptrdiff_t>(from),
-                  s->plain.begin() + static_cast<std::ptrdiff_t>(from + range.count), grads + range.offset);
-        from += range.count;
-      }
+    if (!device.is_cuda()) plain_work->on_complete([s, grads](const Work& w) {
+      if (!w.error()) copy_plain_back(*s, grads, nullptr);
     });
 
     if (!options_.warm_start || !state.q_ready) {
+      // Drawn on the host, the same numbers wherever the bucket is.
+      std::vector<float> drawn(plan.q_elements);
       std::size_t q_at = 0;
       for (const auto& mat : plan.matrices) {
         // A seed per draw, the same sequence on every rank.
         const std::uint64_t seed = options_.random_seed * 0x9E3779B97F4A7C15ull + bucket.index * 1000003ull + state.draws++;
-        low_rank::fill_gaussian(state.q.data() + q_at, mat.cols * mat.rank, seed);
-        low_rank::orthogonalize(state.q.data() + q_at, mat.cols, mat.rank, 0.0);
+        low_rank::fill_gaussian(drawn.data() + q_at, mat.cols * mat.rank, seed);
+        low_rank::orthogonalize(drawn.data() + q_at, mat.cols, mat.rank, 0.0);
         q_at += mat.cols * mat.rank;
       }
+      memory.write(state.q.get(), DType::f32, std::vector<double>(drawn.begin(), drawn.end()), stream);
     }
     std::size_t p_at = 0, q_at = 0;
     for (const auto& mat : plan.matrices) {
-      low_rank::multiply(matrix + mat.offset, mat.rows, mat.cols, state.q.data() + q_at, mat.rank, state.p.data() + p_at);
+      memory.low_rank_multiply(matrix + mat.offset, mat.rows, mat.cols, floats(state.q) + q_at, mat.rank,
+                               floats(state.p) + p_at, stream);
       p_at += mat.rows * mat.rank;
       q_at += mat.cols * mat.rank;
     }
     // Summed, not averaged: P is orthogonalised next, so its scale is moot.
-    pg.allreduce(Buffer{state.p.data(), state.p.size(), DType::f32}, ReduceOp::sum)->wait();
+    auto p_work = pg.allreduce(on_here(state.p, plan.p_elements), ReduceOp::sum);
+    // On a GPU these waits order the stream (the plain ranges are copied
+    // back in finish(), after it); on the host, P's wait blocks.
+    if (device.is_cuda()) plain_work->wait();
+    p_work->wait();
     p_at = q_at = 0;
     for (const auto& mat : plan.matrices) {
-      low_rank::orthogonalize(state.p.data() + p_at, mat.rows, mat.rank, options_.orthogonalization_epsilon);
-      low_rank::multiply_transposed(matrix + mat.offset, mat.rows, mat.cols, state.p.data() + p_at, mat.rank,
-                                    state.q.data() + q_at);
+      memory.low_rank_orthogonalize(floats(state.p) + p_at, mat.rows, mat.rank, options_.orthogonalization_epsilon,
+                                    stream);
+      memory.low_rank_multiply_transposed(matrix + mat.offset, mat.rows, mat.cols, floats(state.p) + p_at, mat.rank,
+                                          floats(state.q) + q_at, stream);
       p_at += mat.rows * mat.rank;
       q_at += mat.cols * mat.rank;
     }
-    auto q_work = pg.allreduce(Buffer{state.q.data(), state.q.size(), DType::f32}, ReduceOp::avg);
-    const std::size_t gradients = plan.padded > 0 ? (bucket.layout ? bucket.layout->count : bucket.buffer.count) : 0;
-    const bool feedback = options_.use_error_feedback, warm = options_.warm_start;
-    q_work->on_complete([s, grads, matrix, gradients, feedback, warm](const Work& w) {
-      if (w.error()) return;
-      std::size_t p_at = 0, q_at = 0;
-      for (const auto& mat : s->plan.matrices) {
-        float* m = matrix + mat.offset;
-        low_rank::reconstruct(s->p.data() + p_at, s->q.data() + q_at, mat.rows, mat.cols, mat.rank, m);
-        if (feedback) {
-          float* e = s->error.data() + mat.offset;
-          for (std::size_t i = 0; i < mat.rows * mat.cols; ++i) e[i] -= m[i];
-        }
-        p_at += mat.rows * mat.rank;
-        q_at += mat.cols * mat.rank;
-      }
-      if (gradients > 0) std::copy(matrix, matrix + gradients, grads);  // batched: out of the padded square
-      s->q_ready = warm;
-    });
+    auto q_work = pg.allreduce(on_here(state.q, plan.q_elements), ReduceOp::avg);
+    if (device.is_cuda()) {
+      state.to_finish = true;
+    } else {
+      q_work->on_complete([this, s, grads](const Work& w) {
+        if (!w.error()) decompress(*s, grads, nullptr);
+      });
+    }
     {
       std::lock_guard lock(mutex_);
       stats_.elements_before += bucket.buffer.count;

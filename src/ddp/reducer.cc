@@ -133,8 +133,8 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params
   state_->store_prefix = fmt::format("ddp/{}", instance);
   if (!options_.comm_hook->supports(gradients_.device()))
     throw InvalidArgument(fmt::format(
-        "the communication hook {} cannot reduce gradients on {}; use the allreduce, fp16_compress or bf16_compress "
-        "hook there, or keep the model in host memory",
+        "the communication hook {} cannot reduce gradients on {}; use the allreduce, fp16_compress, bf16_compress, "
+        "powersgd or batched_powersgd hook there, or keep the model in host memory",
         options_.comm_hook->name(), to_string(gradients_.device())));
   state_->memory = detail::bucket_memory_for(gradients_.device());
   buckets_ = plan_buckets(params_, reverse_order(params_.size()), options_.buckets);

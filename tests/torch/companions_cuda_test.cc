@@ -1,9 +1,10 @@
-// DDP's companions on CUDA tensors (label gpu): SyncBatchNorm and
-// ZeroRedundancyOptimizer trained on cuda:0 in a world of one and by 2 rank
-// processes sharing the GPU over shm, each against the same training on the
-// CPU (thread ranks over shm) and against one process training on the whole
-// global batch on the CPU (plain BatchNorm; the unsharded Adam, whose state
-// the consolidated one must equal). The ranks are processes, and the parent
+// DDP's companions on CUDA tensors (label gpu): SyncBatchNorm,
+// ZeroRedundancyOptimizer and the PowerSGD hooks trained on cuda:0 in a
+// world of one and by 2 rank processes sharing the GPU over shm, each
+// against the same training on the CPU (thread ranks over shm), and the
+// first two against one process training on the whole global batch on the
+// CPU (plain BatchNorm; the unsharded Adam, whose state the consolidated
+// one must equal). The ranks are processes, and the parent
 // never touches CUDA before forking them (a forked child cannot use a CUDA
 // its parent started): see ddp_cuda_test.cc, whose harness this follows.
 //
@@ -26,6 +27,7 @@
 #include "harness/process_ranks.h"
 #include "harness/thread_world.h"
 #include "lockstep/error.h"
+#include "lockstep/powersgd.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/sync_batchnorm.h"
 #include "lockstep/torch/zero.h"
@@ -317,6 +319,95 @@ TEST_P(ZeroOnCuda, ShardedAdamEqualsTheCpuAndTheUnshardedAdam) {
 
 INSTANTIATE_TEST_SUITE_P(SharedGpu, ZeroOnCuda, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "ranks_shm"; });
+
+// ---- PowerSGD --------------------------------------------------------------
+
+constexpr int kPowerSgdSteps = 4;
+
+// Every matrix compressed (rate 0) at rank 2, from the second step on, with
+// error feedback and warm start: each part of the hook runs on the device.
+PowerSGDOptions powersgd_options() {
+  PowerSGDOptions o;
+  o.matrix_approximation_rank = 2;
+  o.start_powersgd_iter = 1;
+  o.min_compression_rate = 0;
+  return o;
+}
+
+std::shared_ptr<PowerSGDHook> make_hook(bool batched) {
+  return batched ? batched_powersgd_hook(powersgd_options()) : powersgd_hook(powersgd_options());
+}
+
+// One rank's DDP training with the hook: its parameters, then the elements
+// the hook sent (as a one-element tensor).
+std::vector<Tensor> train_powersgd(int rank, ProcessGroup& pg, ::torch::Device device, const Batches& batches,
+                                   bool batched) {
+  const int n = pg.size();
+  auto net = make_mlp();
+  net->to(device);
+  DDPOptions options;
+  auto hook = make_hook(batched);
+  options.comm_hook = hook;
+  DistributedDataParallel ddp(net, borrow(pg), options);
+  ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kPowerSgdSteps; ++step) {
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
+    opt.zero_grad();
+    ::torch::mse_loss(ddp.forward(x.chunk(n)[rank].to(device)), y.chunk(n)[rank].to(device)).backward();
+    opt.step();
+  }
+  auto out = to_cpu(net->parameters());
+  out.push_back(::torch::full({1}, static_cast<double>(hook->compression_stats().elements_sent), ::torch::kDouble));
+  return out;
+}
+
+Batches powersgd_batches() {
+  Batches out;
+  for (int step = 0; step < kPowerSgdSteps; ++step) {
+    ::torch::manual_seed(2000 + step);
+    auto x = ::torch::randn({kGlobalBatch, 6});
+    out.emplace_back(x, ::torch::randn({kGlobalBatch, 3}));
+  }
+  return out;
+}
+
+class PowerSgdOnCuda : public ::testing::TestWithParam<std::pair<int, bool>> {};
+
+TEST_P(PowerSgdOnCuda, TrainsAsTheSameHookOnTheCpu) {
+  SKIP_WITHOUT_GPU_DEVICE();
+  const auto [n, batched] = GetParam();
+  const Batches batches = powersgd_batches();
+  const TempDir dir;
+  const std::string result = dir.path + "/powersgd.pt";
+  std::string why;
+  const bool ran = run_on_gpu(
+      n, "shm", dir.path,
+      [&](int rank, ProcessGroup& pg) {
+        auto state = train_powersgd(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches, batched);
+        if (rank == 0) ::torch::save(state, result);
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
+  if (HasFailure()) return;  // a rank failed: its output is above
+  std::vector<Tensor> on_gpu;
+  ::torch::load(on_gpu, result);
+  std::vector<Tensor> on_cpu;
+  run_on_cpu(n, [&](int rank, ProcessGroup& pg) {
+    auto state = train_powersgd(rank, pg, ::torch::Device(::torch::kCPU), batches, batched);
+    if (rank == 0) on_cpu = std::move(state);
+  });
+  ASSERT_FALSE(on_cpu.empty());
+  EXPECT_GT(on_cpu.back().item<double>(), 0) << "the hook never compressed: the test checks nothing";
+  expect_close(on_gpu, on_cpu, std::string(batched ? "batched " : "") + "PowerSGD on cuda:0 against the same on the CPU");
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedGpu, PowerSgdOnCuda,
+                         // (In a world of one DDP sends nothing and runs no hook.)
+                         ::testing::Values(std::make_pair(2, false), std::make_pair(2, true)),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "ranks_shm_" +
+                                  (info.param.second ? "batched" : "per_tensor");
+                         });
 
 // ---- What is still refused, by name ---------------------------------------
 

@@ -29,7 +29,6 @@
 
 #include "harness/process_ranks.h"
 #include "harness/thread_world.h"
-#include "lockstep/powersgd.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
 
@@ -372,23 +371,6 @@ TEST(OnCudaRefusals, AModuleSplitAcrossDevicesIsRefusedNamingBoth) {
     const std::string what = e.what();
     EXPECT_NE(what.find("fc2.weight' is on cuda:0"), std::string::npos) << what;
     EXPECT_NE(what.find("on one device"), std::string::npos) << what;
-  }
-}
-
-// PowerSGD's products run on the host: refused at construction, not in backward.
-TEST(OnCudaRefusals, PowerSgdOnCudaIsRefusedAtConstruction) {
-  SKIP_WITHOUT_CUDA();
-  Net model = make_model(7);
-  model->to(::torch::Device(::torch::kCUDA, 0));
-  ThreadWorld world(1);
-  DDPOptions options;
-  options.comm_hook = powersgd_hook();
-  try {
-    DistributedDataParallel<NetImpl> ddp(model.ptr(), std::shared_ptr<ProcessGroup>(&world.group(0), [](ProcessGroup*) {}),
-                                         options);
-    FAIL() << "no InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot reduce gradients on cuda:0"), std::string::npos) << e.what();
   }
 }
 
