@@ -12,7 +12,10 @@ inline float half_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu;
   const std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0x1f) {
+    if (mantissa == 0) return std::bit_cast<float>(sign | 0x7f800000u);          // Inf
+    return std::bit_cast<float>(sign | 0x7fc00000u | (mantissa << 13));           // NaN, made quiet
+  }
   if (exponent == 0) {
     // Zero or subnormal: the value is mantissa * 2^-24, exact in a float.
     const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;

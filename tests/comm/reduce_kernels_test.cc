@@ -1,10 +1,15 @@
 // Reduction kernels: every dtype and op against the reference, NaN
-// propagation, integer wrap-around, and 16-bit accumulation in fp32.
+// propagation, integer wrap-around, 16-bit accumulation in fp32, and the
+// vector fp16 conversions against the scalar ones, bit for bit.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
+#include "comm/half_simd.h"
 #include "comm/reduce_kernels.h"
 #include "common/half.h"
 #include "reference.h"
@@ -115,6 +120,40 @@ TEST(ReduceKernels, AccumulationTypes) {
   EXPECT_EQ(accumulation_dtype(DType::f16), DType::f32);
   EXPECT_EQ(accumulation_dtype(DType::bf16), DType::f32);
   EXPECT_EQ(accumulation_dtype(DType::i64), DType::i64);
+}
+
+// The vector conversions (F16C) must give the scalar ones' bits: every
+// half, and floats spread over the whole range plus the edges (ties,
+// subnormal results, the overflow threshold, NaN payloads). Counts that are
+// not multiples of 8 cover the scalar tails.
+TEST(HalfSimd, WidensEveryHalfAsTheScalarConversionDoes) {
+  std::vector<std::uint16_t> halves(65536 + 5);
+  for (std::size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> simd(halves.size()), scalar(halves.size());
+  widen_half(halves.data(), simd.data(), halves.size());
+  widen_half_scalar(halves.data(), scalar.data(), halves.size());
+  for (std::size_t i = 0; i < halves.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(simd[i]), std::bit_cast<std::uint32_t>(scalar[i])) << "half 0x" << std::hex << halves[i];
+  RecordProperty("f16c", has_f16c() ? "yes" : "no (both sides scalar)");
+}
+
+TEST(HalfSimd, NarrowsFloatsAcrossTheRangeAsTheScalarConversionDoes) {
+  std::vector<float> floats;
+  // Every 4093rd bit pattern (a prime stride: every exponent, mixed low bits).
+  for (std::uint64_t bits = 0; bits <= 0xffffffffull; bits += 4093)
+    floats.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+  for (const float edge : {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f,
+                           0x1.8p-25f, 0x1p-26f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 0x1.ffep-15f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::quiet_NaN(),
+                           std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xffc12345u)})
+    floats.push_back(edge);
+  std::vector<std::uint16_t> simd(floats.size()), scalar(floats.size());
+  narrow_half(floats.data(), simd.data(), floats.size());
+  narrow_half_scalar(floats.data(), scalar.data(), floats.size());
+  for (std::size_t i = 0; i < floats.size(); ++i)
+    ASSERT_EQ(simd[i], scalar[i]) << "float bits 0x" << std::hex << std::bit_cast<std::uint32_t>(floats[i]);
+  RecordProperty("f16c", has_f16c() ? "yes" : "no (both sides scalar)");
 }
 
 }  // namespace
