@@ -28,6 +28,10 @@
 #   smallmsg  the shm wait policy's candidates (adaptive, fixed spins) against Open MPI
 #             at 4 B, 4 KiB and 64 KiB, 2 to 16 ranks (SMALL_RANKS, SPINS_US, RUNS)
 #   staging   one rank's staged all-reduce at several staging chunk sizes (STAGING_CHUNKS, in bytes)
+#   gpuddp    DDP on the GPU against PyTorch's: plain loop, world of one, 2 ranks sharing the GPU
+#             (bench/compare_gpu_ddp.py; GPUDDP_RUNS, default 5: about 240 s on an H200)
+#   single    one process: PyTorch's plain loop, lockstep's, and lockstep's DDP in a world of one
+#             (bench/compare_ddp.py --single; about 90 s on 16 cores)
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
 #   doctor    lockstep doctor --ranks 1,2,4,8,16
 # Environment: DEBS (default .gpu-deps), BUILD, PYTHON (default python3),
@@ -103,7 +107,7 @@ step_build() {
 # What step_gpu and step_memcheck run, and nothing else (a full build is
 # most of a short loan): the CLI for the benchmarks, the gpu-labelled tests
 # and the DDP step-time example.
-GPU_TARGETS=(lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test ddp_throughput)
+GPU_TARGETS=(lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test ddp_throughput)
 step_gpubuild() {
   configure
   local targets=("${GPU_TARGETS[@]}")
@@ -254,6 +258,26 @@ step_staging() {
   done
 }
 
+# lockstep's DDP on the GPU against PyTorch's (bench/compare_gpu_ddp.py;
+# docs/gpu.md, "DDP step time on one GPU"): six rows, interleaved runs.
+# On an H200 about 240 s at 5 runs (a PyTorch run takes about 10 s to start
+# there, the Gloo pair about 16 s); GPUDDP_RUNS=3 takes about 150 s.
+step_gpuddp() {
+  offline_env
+  "$PYTHON" bench/compare_gpu_ddp.py --build "$BUILD" --python "$PYTHON" --device cuda \
+    --runs "${GPUDDP_RUNS:-5}" --steps 10 --warmup 3 --out "$OUT/gpu-ddp.md" 2>&1 | tee "$OUT/gpu-ddp.log"
+}
+
+# One process, three loops: PyTorch's plain loop, lockstep's (--no-ddp) and
+# lockstep's DDP in a world of one, interleaved, mlp and convnet, both sides
+# under the same malloc settings (MALLOC=default keeps glibc's, to see what
+# the heap costs each side).
+step_single() {
+  offline_env
+  "$PYTHON" bench/compare_ddp.py --single --runs "${RUNS:-5}" --steps "${STEPS:-10}" --build "$BUILD" \
+    --python "$PYTHON" --malloc "${MALLOC:-steady}" --out "$OUT/ddp-single.md"
+}
+
 step_ddp() {
   offline_env
   "$PYTHON" bench/compare_ddp.py --ranks "$RANKS" --runs "${RUNS:-2}" --steps "${STEPS:-10}" --build "$BUILD" \
@@ -270,9 +294,10 @@ steps=()
 for step in "$@"; do
   case "$step" in
     figures) steps+=(gpubuild gpu memcheck) ;;
-    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|ddp|doctor) steps+=("$step") ;;
+    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
+      steps+=("$step") ;;
     *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, memcheck, sanitize, allreduce," \
-           "shmspin, smallmsg, staging, ddp, doctor)"; exit 2 ;;
+           "shmspin, smallmsg, staging, gpuddp, single, ddp, doctor)"; exit 2 ;;
   esac
 done
 started=$SECONDS
