@@ -53,6 +53,26 @@ struct Cluster {
   double copy_gb_per_s = 0;
   double comm_cpu_share = 0;
   double cores_per_rank = 0;
+  // The 16-bit compression hooks (fp16, bf16), where calibrated from
+  // `lockstep bench -d half` / `-d bfloat16` on ordinary buffers: the hook
+  // reduces a 16-bit copy of the bucket in memory of its own, not in the
+  // shared buckets, so its all-reduce runs at that rate, not the fp32
+  // shared-buffer one; it narrows the bucket (fp32 bytes at narrow_gb_per_s)
+  // on the thread that runs backward and widens the result (widen_gb_per_s)
+  // after the all-reduce, before the next bucket's. 0 where unknown: the
+  // fp32 link at half the bytes, conversions free.
+  struct Hook16 {
+    bool calibrated = false;
+    Link link;
+    double gamma_us_per_byte = 0;
+    double narrow_gb_per_s = 0;
+    double widen_gb_per_s = 0;
+  };
+  Hook16 fp16;
+  Hook16 bf16;
+  // The calibration's mean relative error (0: not calibrated), so that a
+  // poor fit is reported wherever the cluster is used.
+  double fit_error = 0;
 };
 
 // The coefficients of one algorithm's cost on a single kind of link:

@@ -22,6 +22,15 @@ double wire_bytes(double bytes, const std::string& hook) {
   throw InvalidArgument(fmt::format("simulate: unknown hook '{}'; use none, fp16 or bf16", hook));
 }
 
+// The calibrated 16-bit rates of the scenario's hook; null for none, or
+// where the cluster has no calibration for it.
+const Cluster::Hook16* hook16(const Scenario& s) {
+  const Cluster::Hook16* h = s.hook == "fp16" ? &s.cluster.fp16 : s.hook == "bf16" ? &s.cluster.bf16 : nullptr;
+  return h != nullptr && h->calibrated ? h : nullptr;
+}
+
+double us_per_byte(double gb_per_s) { return gb_per_s > 0 ? 1e-3 / gb_per_s : 0; }
+
 }  // namespace
 
 StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>& buckets,
@@ -43,7 +52,9 @@ StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>
     p.comm_ms += duration.back();
   }
   const double backward_work = w.backward_ms + copy_in_ms;
-  p.copy_ms = 2 * copy_in_ms;  // and the same bytes back after the last all-reduce
+  double copy_back_ms = 0;
+  for (const auto& b : buckets) copy_back_ms += b.bytes * cpu.copy_back_us_per_byte / 1000;
+  p.copy_ms = copy_in_ms + copy_back_ms;
 
   const double share = cpu.shared_core ? std::clamp(cpu.comm_cpu_share, 0.0, 1.0) : 0;
   const double compute_speed_shared = 1 - std::min(share, 0.5);
@@ -120,11 +131,27 @@ CpuCosts cpu_costs(const Scenario& s, int ranks) {
   CpuCosts cpu;
   if (ranks <= 1) return cpu;  // a world of one copies nothing and has nothing to communicate
   const Cluster& c = s.cluster;
-  if (!s.bucket_view && c.copy_gb_per_s > 0) cpu.copy_us_per_byte = 1e-3 / c.copy_gb_per_s;
+  // After its first step the reducer copies no gradient (reducer.cc): it
+  // reduces from the set of buckets backward wrote into the other set (or,
+  // with bucket views, in place). A 16-bit hook narrows each bucket into
+  // its own memory on the compute thread before the all-reduce.
+  if (const Cluster::Hook16* h = hook16(s)) cpu.copy_us_per_byte = us_per_byte(h->narrow_gb_per_s);
   cpu.comm_cpu_share = c.comm_cpu_share;
   // A rank runs backward on one thread and its collectives on another.
   cpu.shared_core = c.cores_per_rank > 0 && c.cores_per_rank < 2;
   return cpu;
+}
+
+double bucket_allreduce_ms(const Scenario& s, int ranks, double bytes) {
+  const double wire = wire_bytes(bytes, s.hook);
+  const Cluster::Hook16* h = hook16(s);
+  if (h == nullptr || ranks <= 1) return allreduce_us(s.cluster, ranks, wire) / 1000;
+  Cluster sixteen = s.cluster;
+  sixteen.intra = sixteen.inter = h->link;
+  sixteen.gamma_us_per_byte = h->gamma_us_per_byte;
+  // The widening runs when the all-reduce completes, on the thread that
+  // starts the next one.
+  return (allreduce_us(sixteen, ranks, wire) + bytes * us_per_byte(h->widen_gb_per_s)) / 1000;
 }
 
 ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
@@ -134,7 +161,7 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   out.ranks = ranks;
   out.hosts = hosts_for(s.cluster, ranks);
   const auto buckets = plan(w.gradients, s.bucket_cap_mb * (1 << 20));
-  const auto collective = [&](double bytes) { return allreduce_us(s.cluster, ranks, wire_bytes(bytes, s.hook)) / 1000; };
+  const auto collective = [&](double bytes) { return bucket_allreduce_ms(s, ranks, bytes); };
   const double compute = w.forward_ms + w.backward_ms + w.other_ms;
   out.step = simulate_step(w, buckets, collective, straggler_ms(compute, s.jitter, ranks), cpu_costs(s, ranks));
   // Micro-batches under no_sync: forward and backward only, no waiting for
@@ -149,7 +176,13 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   Cluster latency_only = s.cluster;
   latency_only.intra.beta_us_per_byte = latency_only.inter.beta_us_per_byte = latency_only.gamma_us_per_byte = 0;
   double latency_ms = 0;
-  for (const auto& b : buckets) latency_ms += allreduce_us(latency_only, ranks, wire_bytes(b.bytes, s.hook)) / 1000;
+  Scenario latency_scenario = s;
+  latency_scenario.cluster = latency_only;
+  for (auto* h : {&latency_scenario.cluster.fp16, &latency_scenario.cluster.bf16}) {
+    h->link.beta_us_per_byte = h->gamma_us_per_byte = 0;
+    h->widen_gb_per_s = 0;
+  }
+  for (const auto& b : buckets) latency_ms += bucket_allreduce_ms(latency_scenario, ranks, b.bytes);
   out.latency_share = out.step.comm_ms > 0 ? latency_ms / out.step.comm_ms : 0;
   return out;
 }
@@ -211,11 +244,11 @@ std::string bottleneck(const Workload& w, const Scenario& s, const ScalePredicti
   }
   if (biggest == cpu_ms)
     return fmt::format(
-        "Communication's CPU: {:.1f} ms of the {:.1f} ms step ({:.0f}%): DDP copies the gradients into its buckets "
-        "and back ({:.1f} ms at {:.1f} GB/s; none with gradient_as_bucket_view), and backward shares its core with "
-        "the collectives ({:.1f} ms: {:.1f} cores per rank, and the collectives keep a core {:.0f}% busy; a spare "
-        "core per rank, or a device that moves the data itself, takes this off the step).",
-        cpu_ms, step, pct(cpu_ms), st.copy_ms, s.cluster.copy_gb_per_s, st.sharing_ms, s.cluster.cores_per_rank,
+        "Communication's CPU: {:.1f} ms of the {:.1f} ms step ({:.0f}%): the {} hook's narrowing of the buckets on "
+        "the compute thread ({:.1f} ms), and backward shares its core with the collectives ({:.1f} ms: {:.1f} cores "
+        "per rank, and the collectives keep a core {:.0f}% busy; a spare core per rank, or a device that moves the "
+        "data itself, takes this off the step).",
+        cpu_ms, step, pct(cpu_ms), s.hook, st.copy_ms, st.sharing_ms, s.cluster.cores_per_rank,
         100 * s.cluster.comm_cpu_share);
   if (biggest == st.straggler_ms)
     return fmt::format("Stragglers: with a {:.0f}% spread of compute, the slowest of {} ranks is {:.1f} ms late, "

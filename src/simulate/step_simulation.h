@@ -31,7 +31,7 @@ struct StepPrediction {
   double exposed_ms = 0;    // communication after backward ended
   double straggler_ms = 0;  // the slowest rank's extra compute, which everyone waits for
   double data_ms = 0;
-  double copy_ms = 0;        // gradients into their buckets during backward, and back after the last all-reduce
+  double copy_ms = 0;        // the compute thread's work on the buckets: copies or a hook's narrowing (CpuCosts)
   double sharing_ms = 0;     // backward slowed by collectives running on its core
   std::vector<BucketTiming> buckets;
 };
@@ -40,11 +40,16 @@ struct StepPrediction {
 // free) hold where transfers have their own engines: a GPU's copy engines
 // and NCCL's kernels, or a spare core for the communication thread.
 struct CpuCosts {
-  // DDP copies each gradient into its bucket (in backward, on the compute
-  // thread, when the gradient is ready) and the averaged bucket back (after
-  // the last all-reduce): bucket bytes at this cost each way. 0 with
-  // gradient_as_bucket_view, or where the copies run on a device.
+  // Work on the compute thread per byte of a bucket before it can launch
+  // (in backward, when its last gradient is ready): a copy of the gradients
+  // into the bucket, or a compression hook's narrowing to 16 bits.
+  // lockstep's reducer copies nothing after its first step (it reduces out
+  // of place between two sets of buckets, or in place with
+  // gradient_as_bucket_view), so for plain all-reduces this is 0.
   double copy_us_per_byte = 0;
+  // Per bucket byte after the last all-reduce, on the compute thread (a
+  // copy of the averages back into the gradients; 0 for lockstep's reducer).
+  double copy_back_us_per_byte = 0;
   // The share of a collective's time that its thread keeps a core busy
   // (1 for shm, which copies and spins; less for tcp, which waits on the
   // link). Costs compute only where `shared_core`.
@@ -69,8 +74,14 @@ struct Scenario {
   std::string hook = "none";  // none, fp16, bf16: 16-bit gradients halve the bytes on the wire
   int accumulation = 1;       // micro-batches per synchronised step (no_sync on the others)
   double jitter = 0;          // per-rank compute spread (standard deviation / mean)
-  bool bucket_view = false;   // gradient_as_bucket_view: no copies into the buckets and back
+  bool bucket_view = false;   // gradient_as_bucket_view: in place in one set of buckets (no copies either way)
 };
+
+// One bucket's all-reduce under the scenario's hook at `ranks`, in ms: the
+// fp32 link for plain all-reduces; for fp16 / bf16 the hook's calibrated
+// 16-bit rate (Cluster::Hook16) on half the bytes plus the widening after
+// it, or, uncalibrated, the fp32 link at half the bytes.
+double bucket_allreduce_ms(const Scenario& s, int ranks, double bytes);
 
 // The CPU costs of the scenario's cluster (copy rate, communication's CPU
 // share, cores per rank) for a world of `ranks`.

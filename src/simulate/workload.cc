@@ -299,4 +299,18 @@ std::vector<PlannedBucket> plan(const std::vector<Gradient>& gradients, double b
   return out;
 }
 
+Workload rescale_batch(const Workload& w, int batch) {
+  if (w.batch <= 0 || batch <= 0)
+    throw InvalidArgument(fmt::format("simulate: cannot rescale a profile of batch {} to batch {}: both must be known "
+                                      "and positive",
+                                      w.batch, batch));
+  Workload out = w;
+  const double f = static_cast<double>(batch) / w.batch;
+  out.batch = batch;
+  out.forward_ms *= f;
+  out.backward_ms *= f;
+  for (auto& g : out.gradients) g.ready_ms *= f;
+  return out;
+}
+
 }  // namespace lockstep::sim

@@ -18,7 +18,7 @@ struct Gradient {
 
 struct Workload {
   std::string name;
-  int batch = 1;           // samples per rank per step
+  int batch = 0;           // samples per rank per step; 0: not known (a profile's files do not record it)
   double forward_ms = 0;
   double backward_ms = 0;
   double other_ms = 0;     // optimizer and the rest of the step
@@ -79,6 +79,13 @@ Workload from_stats(const std::string& path, double backward_share = 2.0 / 3);
 // order), each ready when the measured curve of bytes-ready-over-time
 // reaches it, so that smaller buckets than the traced ones can be planned.
 Workload refine_gradients(const Workload& measured, const Description& d);
+
+// A profile of batch w.batch at another batch: forward, backward and the
+// gradients' ready times scale linearly with the batch; the rest of the
+// step (the optimizer) and data loading are kept. An approximation (fixed
+// per-layer costs do not scale): a profile at the batch itself is better.
+// Throws InvalidArgument when w.batch is not known (0).
+Workload rescale_batch(const Workload& w, int batch);
 
 // A bucket as DDP plans it: gradients in backward order, the first bucket
 // closed at `first_bucket_bytes` (or the cap, if smaller), the others at the cap (plan_buckets in

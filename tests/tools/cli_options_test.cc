@@ -6,6 +6,7 @@
 // lockstep program does: --backend, else LOCKSTEP_BACKEND, else auto.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -106,6 +107,35 @@ TEST(CliOptions, SimulateRefusesSizesBelowOneAndNumbersThatAreNotFinite) {
                   {simulate({"--world-sizes", "4,0"}), "--world-sizes 4,0: '0' is not a whole number"},
                   {simulate({"--layers", "4096,nan"}), "--layers 4096,nan: 'nan' is not a whole number"}},
                  "# lockstep simulate");
+}
+
+// A profile is of one batch, which its file does not record: --batch
+// against it is refused unless --trace-batch says which batch it was (then
+// rescaled, with a note), and without either the report does not make up a
+// batch (it said "batch 1 per rank").
+TEST(CliOptions, SimulateRefusesABatchAProfileWasNotRecordedAt) {
+  testing::TempDir dir;
+  const std::string stats = dir.path() + "/s.rank0.json";
+  std::ofstream(stats) << R"({"compute_ms": 30, "data_ms": 0, "buckets": [{"parameters": 1, "bytes": 1048576}]})";
+  const auto simulate = [&](std::vector<std::string> more) {
+    std::vector<std::string> args{"simulate", "--stats", stats, "--preset", "cpu-eth10", "--world-sizes", "2",
+                                  "--out", dir.path()};
+    args.insert(args.end(), more.begin(), more.end());
+    return testing::run_program(LOCKSTEP_CLI, args, {}, 30s);
+  };
+  const auto refused = simulate({"--batch", "128"});
+  EXPECT_NE(refused.exit_code, 0) << testing::describe(refused);
+  EXPECT_TRUE(contains(refused.output, "a profile is of the batch it was recorded at")) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "--trace-batch")) << refused.output;
+  const auto rescaled = simulate({"--batch", "128", "--trace-batch", "32"});
+  EXPECT_EQ(rescaled.exit_code, 0) << testing::describe(rescaled);
+  EXPECT_TRUE(contains(rescaled.output, "rescaled linearly to batch 128")) << rescaled.output;
+  EXPECT_TRUE(contains(rescaled.output, "forward 40.0 ms, backward 80.0 ms")) << rescaled.output;
+  EXPECT_TRUE(contains(rescaled.output, "batch 128 per rank")) << rescaled.output;
+  const auto unknown = simulate({});
+  EXPECT_EQ(unknown.exit_code, 0) << testing::describe(unknown);
+  EXPECT_FALSE(contains(unknown.output, "batch 1 per rank")) << unknown.output;
+  EXPECT_TRUE(contains(unknown.output, "batch not known")) << unknown.output;
 }
 
 TEST(CliOptions, DoctorRefusesWorldSizesBelowOneAndNumbersThatAreNotFinite) {

@@ -146,17 +146,21 @@ TEST(StepSimulation, IdleGroupStartsABucketWhenItIsReady) {
   EXPECT_DOUBLE_EQ(p.exposed_ms, 0);
 }
 
-TEST(StepSimulation, BucketCopiesDelayReadinessAndFollowTheLastAllReduce) {
-  // 2000 bytes at 1 us per byte: 2 ms into the bucket during backward (ready
-  // at 10 + 2), 2 ms back after the all-reduce (12-15).
+TEST(StepSimulation, BucketWorkDelaysReadinessAndCopiesBackFollowTheLastAllReduce) {
+  // 2000 bytes at 1 us per byte: 2 ms on the bucket during backward (ready
+  // at 10 + 2); with a copy back, 2 ms more after the all-reduce (12-15).
   CpuCosts cpu;
   cpu.copy_us_per_byte = 1;
   const auto p = simulate_step(timeline(5, 10, 1), {{2000, 10}}, [](double) { return 3.0; }, 0, cpu);
   EXPECT_DOUBLE_EQ(p.buckets[0].start_ms, 12);
-  EXPECT_DOUBLE_EQ(p.copy_ms, 4);
+  EXPECT_DOUBLE_EQ(p.copy_ms, 2);
   EXPECT_DOUBLE_EQ(p.exposed_ms, 3);
   EXPECT_DOUBLE_EQ(p.sharing_ms, 0);
-  EXPECT_DOUBLE_EQ(p.step_ms, 5 + 10 + 1 + 4 + 3);
+  EXPECT_DOUBLE_EQ(p.step_ms, 5 + 10 + 1 + 2 + 3);
+  cpu.copy_back_us_per_byte = 1;
+  const auto back = simulate_step(timeline(5, 10, 1), {{2000, 10}}, [](double) { return 3.0; }, 0, cpu);
+  EXPECT_DOUBLE_EQ(back.copy_ms, 4);
+  EXPECT_DOUBLE_EQ(back.step_ms, 5 + 10 + 1 + 4 + 3);
 }
 
 TEST(StepSimulation, ABusyCollectiveOnTheComputeCoreHalvesBothWhileTheyOverlap) {
@@ -209,17 +213,68 @@ TEST(StepSimulation, CpuCostsComeFromTheClusterAndTheScenario) {
   s.cluster.comm_cpu_share = 0.8;
   s.cluster.cores_per_rank = 1;
   auto cpu = cpu_costs(s, 2);
-  EXPECT_DOUBLE_EQ(cpu.copy_us_per_byte, 1e-3 / 5);  // 5 GB/s: 5000 bytes per us
   EXPECT_TRUE(cpu.shared_core);
   EXPECT_DOUBLE_EQ(cpu.comm_cpu_share, 0.8);
-  EXPECT_DOUBLE_EQ(cpu_costs(s, 1).copy_us_per_byte, 0);  // a world of one copies nothing
   EXPECT_FALSE(cpu_costs(s, 1).shared_core);
-  s.bucket_view = true;
-  EXPECT_DOUBLE_EQ(cpu_costs(s, 2).copy_us_per_byte, 0);
   s.cluster.cores_per_rank = 2;  // a core for backward, one for the collectives
   EXPECT_FALSE(cpu_costs(s, 2).shared_core);
   s.cluster.cores_per_rank = 0;  // unknown: as on the presets, nothing shared
   EXPECT_FALSE(cpu_costs(s, 2).shared_core);
+}
+
+// reducer.cc: after the first step the reducer reduces out of place from
+// the set of buckets backward wrote into the other set (or, with bucket
+// views, in place): no copy into the buckets and none back, with or
+// without gradient_as_bucket_view, whatever the memory copy rate.
+TEST(StepSimulation, PlainAllReducesChargeNoBucketCopiesInEitherMode) {
+  Scenario s;
+  s.cluster.copy_gb_per_s = 5;
+  for (bool view : {false, true}) {
+    s.bucket_view = view;
+    const CpuCosts cpu = cpu_costs(s, 2);
+    EXPECT_DOUBLE_EQ(cpu.copy_us_per_byte, 0) << view;
+    EXPECT_DOUBLE_EQ(cpu.copy_back_us_per_byte, 0) << view;
+  }
+  Workload w = timeline(10, 20, 0);
+  w.gradients = {{100e6, 20}};
+  s.cluster = flat(Algorithm::ring, 0, 1e-6);
+  s.cluster.copy_gb_per_s = 10;
+  s.bucket_view = false;
+  const double copying = predict(w, s, 2).step_ms;
+  s.bucket_view = true;
+  EXPECT_DOUBLE_EQ(predict(w, s, 2).step_ms, copying);
+  EXPECT_DOUBLE_EQ(predict(w, s, 2).step.copy_ms, 0);
+}
+
+// The fp16 / bf16 hooks narrow each bucket on the compute thread, reduce
+// the 16-bit copy at its own calibrated rate (ordinary buffers, not the
+// shared buckets) and widen the result before the next all-reduce.
+TEST(StepSimulation, HookChargesItsConversionsAndItsOwnReductionRate) {
+  Workload w = timeline(0, 10, 0);
+  w.gradients = {{4e6, 10}};  // one bucket of 4 MB, ready at the end of backward
+  Scenario s;
+  s.cluster = flat(Algorithm::ring, 0, 1e-3);  // fp32: 1 GB/s
+  s.cluster.fp16.calibrated = true;
+  s.cluster.fp16.link = Link{0, 4e-3};     // 16-bit, ordinary buffers: 0.25 GB/s
+  s.cluster.fp16.narrow_gb_per_s = 2;      // 4 MB: 2 ms
+  s.cluster.fp16.widen_gb_per_s = 4;       // 4 MB: 1 ms
+  s.hook = "fp16";
+  // 2 ranks, ring: wire = 1 x 2 MB at 4 us/KB = 8 ms, + 1 ms widening.
+  EXPECT_DOUBLE_EQ(bucket_allreduce_ms(s, 2, 4e6), 8 + 1);
+  EXPECT_DOUBLE_EQ(cpu_costs(s, 2).copy_us_per_byte, 1e-3 / 2);
+  const auto p = predict(w, s, 2);
+  EXPECT_DOUBLE_EQ(p.step.copy_ms, 2);
+  EXPECT_DOUBLE_EQ(p.step.buckets[0].start_ms, 12);
+  EXPECT_DOUBLE_EQ(p.step.exposed_ms, 9);
+  EXPECT_DOUBLE_EQ(p.step_ms, 10 + 2 + 9);
+  // Uncalibrated (bf16 here): the fp32 link at half the bytes, free conversions.
+  s.hook = "bf16";
+  EXPECT_DOUBLE_EQ(bucket_allreduce_ms(s, 2, 4e6), 2);
+  EXPECT_DOUBLE_EQ(cpu_costs(s, 2).copy_us_per_byte, 0);
+  // A world of one runs no hook.
+  s.hook = "fp16";
+  EXPECT_DOUBLE_EQ(bucket_allreduce_ms(s, 1, 4e6), 0);
+  EXPECT_DOUBLE_EQ(predict(w, s, 1).step_ms, 10);
 }
 
 TEST(StepSimulation, BottleneckNamesCommunicationsCpuWhenItIsTheLargestCost) {
@@ -227,12 +282,15 @@ TEST(StepSimulation, BottleneckNamesCommunicationsCpuWhenItIsTheLargestCost) {
   w.gradients = {{100e6, 20}};
   Scenario s;
   s.cluster = flat(Algorithm::ring, 0, 1e-6);  // 100 MB at 1000 GB/s: 0.2 ms
-  s.cluster.copy_gb_per_s = 10;                // 10 ms each way
+  s.cluster.bf16.calibrated = true;
+  s.cluster.bf16.link = Link{0, 1e-6};
+  s.cluster.bf16.narrow_gb_per_s = 5;  // 20 ms on the compute thread
+  s.hook = "bf16";
   const auto p = predict(w, s, 2);
   EXPECT_DOUBLE_EQ(p.step.copy_ms, 20);
   const std::string text = bottleneck(w, s, p);
   EXPECT_NE(text.find("Communication's CPU"), std::string::npos) << text;
-  EXPECT_NE(text.find("gradient_as_bucket_view"), std::string::npos) << text;
+  EXPECT_NE(text.find("bf16 hook's narrowing"), std::string::npos) << text;
 }
 
 TEST(StepSimulation, StragglersAreTheExpectedSlowestOfNNormalDraws) {
@@ -561,6 +619,120 @@ TEST(Calibration, ClusterFileRoundTrips) {
   EXPECT_DOUBLE_EQ(cpu.cores_per_rank, 1);
   EXPECT_THROW(parse_cluster_json(R"({"intra": {"gb_per_s": 1}, "comm_cpu_share": 2})"), ConfigError);
   EXPECT_THROW(preset("nope"), InvalidArgument);
+}
+
+// bench --json rows of one run, as calibrate_cluster reads them.
+std::vector<cli::BenchRow> bench_json(const std::string& dtype, const Link& l, double noise, int ranks_per_host,
+                                      bool shared = true) {
+  auto rows = synthetic(Algorithm::shm, l, 0, {2});
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i].backend = "shm";
+    rows[i].dtype = dtype;
+    rows[i].ranks_per_host = ranks_per_host;
+    rows[i].shared_buffers = shared;
+    rows[i].narrow_gb_per_s = dtype == "float" ? 0 : 3;
+    rows[i].widen_gb_per_s = dtype == "float" ? 0 : 6;
+    rows[i].time_us *= i % 2 ? 1 + noise : 1 - noise;
+  }
+  return rows;
+}
+
+bool mentions(const std::vector<std::string>& lines, const std::string& what) {
+  for (const auto& l : lines)
+    if (l.find(what) != std::string::npos) return true;
+  return false;
+}
+
+TEST(Calibration, AGoodFitWarnsOfNothing) {
+  const Calibration c = calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0.02, 2), "", -1, 0);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  EXPECT_LT(c.cluster.fit_error, kPoorFitError);
+  EXPECT_EQ(poor_fit_warning(0.1, "x"), "");
+}
+
+TEST(Calibration, APoorFitIsWarnedAboutWithWhatToDo) {
+  // +-40% alternating: no line fits within 15%.
+  const Calibration c = calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0.4, 2), "", -1, 0);
+  ASSERT_TRUE(mentions(c.warnings, "fit is poor")) << c.warnings.size();
+  EXPECT_TRUE(mentions(c.warnings, "quiet machine"));
+  EXPECT_GT(c.cluster.fit_error, kPoorFitError);
+  // ... and the cluster file carries the error, so --cluster warns again.
+  EXPECT_DOUBLE_EQ(parse_cluster_json(cluster_json(c.cluster)).fit_error, c.cluster.fit_error);
+  EXPECT_NE(poor_fit_warning(c.cluster.fit_error, "x").find("above 15%"), std::string::npos);
+}
+
+TEST(Calibration, RanksPerHostComeFromTheBenchRun) {
+  // Two hosts with one rank each: the bench run says 1, not its world of 2.
+  EXPECT_EQ(calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0, 1), "", -1, 0).cluster.ranks_per_host,
+            1);
+  EXPECT_EQ(calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0, 2), "", -1, 0).cluster.ranks_per_host,
+            2);
+  // The option wins; a table (0: not recorded) takes its world, and says so.
+  EXPECT_EQ(calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0, 1), "", -1, 4).cluster.ranks_per_host,
+            4);
+  const Calibration table = calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 6), 0, 0), "", -1, 0);
+  EXPECT_EQ(table.cluster.ranks_per_host, 2);
+  EXPECT_TRUE(mentions(table.notes, "ranks per host"));
+}
+
+TEST(Calibration, HalfAndBfloat16RowsCalibrateTheHooks) {
+  auto rows = bench_json("float", Link::from_bandwidth(4, 6), 0, 2);
+  const auto half = bench_json("half", Link::from_bandwidth(10, 1.5), 0, 2, /*shared=*/false);
+  rows.insert(rows.end(), half.begin(), half.end());
+  const Calibration c = calibrate_cluster(rows, "", -1, 0);
+  // fp32 from the float rows alone (two-shot trades alpha for beta: compare times).
+  const double fp32 = cost_us(flat_terms(Algorithm::shm, 2, 16e6), Link::from_bandwidth(4, 6), 0, 16e6);
+  EXPECT_NEAR(allreduce_us(c.cluster, 2, 16e6), fp32, 0.02 * fp32);
+  ASSERT_TRUE(c.cluster.fp16.calibrated);
+  EXPECT_FALSE(c.cluster.bf16.calibrated);
+  EXPECT_TRUE(mentions(c.notes, "--hook bf16: no 16-bit rows"));
+  Scenario s;
+  s.cluster = c.cluster;
+  s.hook = "fp16";
+  const double want = cost_us(flat_terms(Algorithm::shm, 2, 8e6), Link::from_bandwidth(10, 1.5), 0, 8e6);
+  EXPECT_NEAR(bucket_allreduce_ms(s, 2, 16e6), (want + 16e6 * 1e-3 / 6) / 1000, 0.05 * want / 1000);
+  const Cluster back = parse_cluster_json(cluster_json(c.cluster));
+  EXPECT_TRUE(back.fp16.calibrated);
+  EXPECT_DOUBLE_EQ(back.fp16.narrow_gb_per_s, 3);
+  EXPECT_DOUBLE_EQ(back.fp16.widen_gb_per_s, 6);
+  EXPECT_NEAR(back.fp16.link.gb_per_s(), c.cluster.fp16.link.gb_per_s(), 1e-9);
+  // Half rows on shared buffers measure what the hook does not do.
+  auto wrong = bench_json("float", Link::from_bandwidth(4, 6), 0, 2);
+  const auto shared_half = bench_json("half", Link::from_bandwidth(10, 1.5), 0, 2, /*shared=*/true);
+  wrong.insert(wrong.end(), shared_half.begin(), shared_half.end());
+  EXPECT_TRUE(mentions(calibrate_cluster(wrong, "", -1, 0).warnings, "without --shared-buffers"));
+  // Without fp32 rows there are no links to fit.
+  EXPECT_THROW(calibrate_cluster(half, "", -1, 0), InvalidArgument);
+}
+
+TEST(Calibration, BenchJsonCarriesDtypeRanksPerHostAndConversionRates) {
+  const auto rows = cli::parse_bench_output(
+      R"({"backend": "shm", "ranks": 2, "dtype": "half", "ranks_per_host": 1, "shared_buffers": false,
+          "narrow_gbps": 2.5, "widen_gbps": 5, "results": [{"op": "allreduce", "size": 1024, "time_us": 10}]})");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].dtype, "half");
+  EXPECT_EQ(rows[0].ranks_per_host, 1);
+  EXPECT_FALSE(rows[0].shared_buffers);
+  EXPECT_DOUBLE_EQ(rows[0].narrow_gb_per_s, 2.5);
+  EXPECT_DOUBLE_EQ(rows[0].widen_gb_per_s, 5);
+}
+
+TEST(Workload, RescalingTheBatchScalesForwardBackwardAndReadyTimesOnly) {
+  Workload w = timeline(10, 20, 5);
+  w.data_ms = 2;
+  w.gradients = {{1e6, 4}, {1e6, 20}};
+  w.batch = 32;
+  const Workload big = rescale_batch(w, 128);
+  EXPECT_EQ(big.batch, 128);
+  EXPECT_DOUBLE_EQ(big.forward_ms, 40);
+  EXPECT_DOUBLE_EQ(big.backward_ms, 80);
+  EXPECT_DOUBLE_EQ(big.other_ms, 5);  // the optimizer does not see the batch
+  EXPECT_DOUBLE_EQ(big.data_ms, 2);
+  EXPECT_DOUBLE_EQ(big.gradients[0].ready_ms, 16);
+  EXPECT_DOUBLE_EQ(big.gradients[1].ready_ms, 80);
+  // A profile whose batch is not known cannot be rescaled.
+  w.batch = 0;
+  EXPECT_THROW(rescale_batch(w, 128), InvalidArgument);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "common/env.h"
 #include "common/format.h"
 #include "common/half.h"
+#include "ddp/bucket_memory.h"
 #include "bench/device_memory.h"
 #include "lockstep/affinity.h"
 #include "lockstep/error.h"
@@ -348,6 +349,41 @@ double memcpy_bandwidth(ProcessGroup& pg) {
   return gbps;
 }
 
+// What the fp16 / bf16 compression hooks do to each bucket besides the
+// all-reduce, at one rank's rates with every rank converting at once: the
+// narrowing of fp32 gradients (scaled by 1/n) to 16 bits, and the widening
+// of the reduced 16 bits back; in GB/s of fp32 bytes, medians of single
+// passes over 64 MiB. `lockstep simulate --calibrate` charges them.
+struct ConvertRates {
+  double narrow = 0;
+  double widen = 0;
+};
+ConvertRates conversion_rates(ProcessGroup& pg, DType wire) {
+  constexpr std::size_t kCount = 16u << 20;
+  constexpr int kReps = 7;
+  const auto memory = detail::bucket_memory_for(Device::host());
+  std::vector<float> wide(kCount, 1.5f);
+  std::vector<std::byte> narrow(kCount * dtype_size(wire));
+  const auto median_rate = [&](const auto& pass) {
+    pass();  // fault the pages in
+    pg.barrier()->wait();
+    std::vector<double> rates;
+    for (int i = 0; i < kReps; ++i) {
+      const auto start = Clock::now();
+      pass();
+      rates.push_back(static_cast<double>(kCount * sizeof(float)) / seconds_between(start, Clock::now()) / 1e9);
+    }
+    std::nth_element(rates.begin(), rates.begin() + kReps / 2, rates.end());
+    double gbps = rates[kReps / 2];
+    pg.allreduce(Buffer{&gbps, 1, DType::f64}, ReduceOp::avg)->wait();
+    return gbps;
+  };
+  ConvertRates r;
+  r.narrow = median_rate([&] { memory->narrow(wide.data(), narrow.data(), kCount, 0.5f, wire, nullptr); });
+  r.widen = median_rate([&] { memory->widen(narrow.data(), wide.data(), kCount, wire, nullptr); });
+  return r;
+}
+
 std::string self_exe() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
@@ -455,6 +491,8 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     }
   }
   const double copy = memcpy_bandwidth(*pg);
+  const bool sixteen = *dtype == DType::f16 || *dtype == DType::bf16;
+  const ConvertRates convert = sixteen ? conversion_rates(*pg, *dtype) : ConvertRates{};
   if (printer) {
     const double avg = rows ? busbw_sum / rows : 0;
     std::printf("# Out of bounds values : %ld %s\n", static_cast<long>(wrong_total), wrong_total ? "FAILED" : "OK");
@@ -464,6 +502,16 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     report["avg_busbw"] = avg;
     report["memcpy_gbps"] = copy;
     report["cores_per_rank"] = cores_per_rank;
+    // The ranks of this rank's host, from its launcher: one rank on each of
+    // two hosts is 1, not the world's 2.
+    report["ranks_per_host"] = std::max(1, config.launcher.local_world_size);
+    report["shared_buffers"] = o.shared_buffers;
+    if (sixteen) {
+      std::printf("# %s hook conversions  : narrow %.3f GB/s, widen %.3f GB/s of fp32 per rank\n",
+                  std::string(to_string(*dtype)).c_str(), convert.narrow, convert.widen);
+      report["narrow_gbps"] = convert.narrow;
+      report["widen_gbps"] = convert.widen;
+    }
     report["wrong"] = wrong_total;
     if (device) {
       // What staging is measured against: cudaMemcpy on pinned memory, the

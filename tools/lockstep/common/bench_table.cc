@@ -15,10 +15,17 @@ namespace {
 
 std::vector<BenchRow> parse_json(const nlohmann::json& j) {
   std::vector<BenchRow> rows;
-  for (const auto& r : j.value("results", nlohmann::json::array()))
-    rows.push_back({j.value("ranks", 0), j.value("backend", ""), r.value("op", "allreduce"), r.value("size", 0.0),
-                    r.value("time_us", 0.0), r.value("cpu_us", 0.0), j.value("memcpy_gbps", 0.0),
-                    j.value("cores_per_rank", 0.0)});
+  for (const auto& r : j.value("results", nlohmann::json::array())) {
+    BenchRow row{j.value("ranks", 0), j.value("backend", ""), r.value("op", "allreduce"), r.value("size", 0.0),
+                 r.value("time_us", 0.0), r.value("cpu_us", 0.0), j.value("memcpy_gbps", 0.0),
+                 j.value("cores_per_rank", 0.0)};
+    row.dtype = j.value("dtype", "float");
+    row.ranks_per_host = j.value("ranks_per_host", 0);
+    row.shared_buffers = j.value("shared_buffers", false);
+    row.narrow_gb_per_s = j.value("narrow_gbps", 0.0);
+    row.widen_gb_per_s = j.value("widen_gbps", 0.0);
+    rows.push_back(row);
+  }
   return rows;
 }
 
@@ -27,12 +34,14 @@ std::vector<BenchRow> parse_table(const std::string& text) {
   std::istringstream in(text);
   int ranks = 0;
   std::string backend, op = "allreduce";
+  bool shared = false;
   for (std::string line; std::getline(in, line);) {
     int n = 0;
     char name[64] = {0};
     if (std::sscanf(line.c_str(), "# lockstep bench: %d ranks, backend %63[^,]", &n, name) == 2) {
       ranks = n;
       backend = name;
+      shared = line.find(" shared buffers") != std::string::npos;
       continue;
     }
     if (std::sscanf(line.c_str(), "# %63s", name) == 1 && line.find(' ', 2) == std::string::npos) {
@@ -43,8 +52,12 @@ std::vector<BenchRow> parse_table(const std::string& text) {
     char type[32], redop[32];
     int root = 0;
     if (line.rfind('#', 0) != 0 &&
-        std::sscanf(line.c_str(), " %lf %lf %31s %31s %d %lf", &bytes, &count, type, redop, &root, &time) == 6)
-      rows.push_back({ranks, backend, op, bytes, time});
+        std::sscanf(line.c_str(), " %lf %lf %31s %31s %d %lf", &bytes, &count, type, redop, &root, &time) == 6) {
+      BenchRow row{ranks, backend, op, bytes, time};
+      row.dtype = type;
+      row.shared_buffers = shared;
+      rows.push_back(row);
+    }
   }
   return rows;
 }

@@ -21,6 +21,16 @@ struct BenchRow {
   double cpu_us = 0;
   double memcpy_gb_per_s = 0;
   double cores_per_rank = 0;
+  // The element type (float, half, bfloat16, ...; the table's type column),
+  // the ranks of one host (--json only; 0 where unknown), whether the
+  // buffers were the group's shared ones (--shared-buffers; from the
+  // table's header too), and, for 16-bit types (--json), the compression
+  // hooks' conversion rates in GB/s of fp32.
+  std::string dtype = "float";
+  int ranks_per_host = 0;
+  bool shared_buffers = false;
+  double narrow_gb_per_s = 0;
+  double widen_gb_per_s = 0;
 };
 
 // Either format; the table's header ("# lockstep bench: N ranks, backend

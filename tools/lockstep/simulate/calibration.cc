@@ -161,8 +161,114 @@ Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, d
   return fit;
 }
 
+std::string poor_fit_warning(double mean_error, const std::string& what) {
+  if (!(mean_error > kPoorFitError)) return "";
+  return fmt::format(
+      "warning: the {} fit is poor: mean error {:.1f}% (above {:.0f}%); predictions from it will be off by about as "
+      "much. The machine was probably busy while bench ran: run it again on a quiet machine with more iterations "
+      "(-n 50), fit only the buckets' sizes (--calibrate-min-bytes 8M), and calibrate again",
+      what, 100 * mean_error, 100 * kPoorFitError);
+}
+
+namespace {
+
+std::vector<cli::BenchRow> rows_of(const std::vector<cli::BenchRow>& rows, const std::string& dtype) {
+  std::vector<cli::BenchRow> out;
+  for (const auto& r : rows)
+    if (r.dtype == dtype) out.push_back(r);
+  return out;
+}
+
+// The hook's 16-bit all-reduce and conversions from the rows of one
+// 16-bit type (bench -d half / -d bfloat16, ordinary buffers).
+void calibrate_hook(const std::vector<cli::BenchRow>& rows, const char* hook, Calibration& c) {
+  if (rows.empty()) {
+    c.notes.push_back(fmt::format("--hook {}: no 16-bit rows (bench -d {}); its all-reduce is taken as the fp32 "
+                                  "one's on half the bytes, its conversions as free",
+                                  hook, hook == std::string("fp16") ? "half" : "bfloat16"));
+    return;
+  }
+  const Fit fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
+  Cluster::Hook16& h = hook == std::string("fp16") ? c.cluster.fp16 : c.cluster.bf16;
+  h.calibrated = true;
+  h.link = fit.link;
+  h.gamma_us_per_byte = fit.gamma_us_per_byte;
+  h.narrow_gb_per_s = rows.front().narrow_gb_per_s;
+  h.widen_gb_per_s = rows.front().widen_gb_per_s;
+  c.notes.push_back(fmt::format("--hook {}: {} rows of {}: alpha {:.2f} us, beta {:.3f} GB/s; mean error {:.1f}%, max "
+                                "{:.1f}%; narrowing {:.2f} GB/s, widening {:.2f} GB/s of fp32",
+                                hook, fit.rows, rows.front().dtype, fit.link.alpha_us, fit.link.gb_per_s(),
+                                100 * fit.mean_error, 100 * fit.max_error, h.narrow_gb_per_s, h.widen_gb_per_s));
+  if (rows.front().shared_buffers)
+    c.warnings.push_back(fmt::format("warning: the {} rows were measured on shared buffers, but the {} hook reduces "
+                                     "a copy in memory of its own: bench -d {} without --shared-buffers",
+                                     rows.front().dtype, hook, rows.front().dtype));
+  if (h.narrow_gb_per_s <= 0)
+    c.warnings.push_back(fmt::format("warning: the {} rows carry no conversion rates (a table, or an older --json): "
+                                     "the {} hook's narrowing and widening are taken as free; use bench --json",
+                                     rows.front().dtype, hook));
+  const std::string poor = poor_fit_warning(fit.mean_error, fmt::format("{} ({} hook)", rows.front().dtype, hook));
+  if (!poor.empty()) c.warnings.push_back(poor);
+  c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
+}
+
+}  // namespace
+
+Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::string& algorithm_name,
+                              double min_bytes, int ranks_per_host) {
+  Calibration c;
+  const std::vector<cli::BenchRow> rows = rows_of(all, "float");
+  if (rows.empty())
+    throw InvalidArgument("calibrate: no fp32 (float) all-reduce rows; the links are fitted to DDP's plain "
+                          "all-reduce: lockstep bench -np 2 -b 256K -e 64M -f 2 --shared-buffers --json FILE");
+  const std::string backend = rows.front().backend;
+  c.algorithm = algorithm_name.empty() ? backend_algorithm(backend) : parse_algorithm(algorithm_name);
+  // DDP buckets are large: by default fit the large-message algorithm only.
+  c.min_bytes = min_bytes >= 0 ? min_bytes
+                : c.algorithm == Algorithm::tcp ? 64 * 1024 + 1
+                : c.algorithm == Algorithm::shm ? 256 * 1024 + 1
+                                                : 0;
+  c.fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
+  int ranks = 1;
+  for (const auto& r : rows) ranks = std::max(ranks, r.ranks);
+  Cluster& cl = c.cluster;
+  cl.name = fmt::format("calibrated ({} {}, {} ranks)", backend.empty() ? "?" : backend, to_string(c.algorithm), ranks);
+  if (ranks_per_host > 0) {
+    cl.ranks_per_host = ranks_per_host;
+  } else if (rows.front().ranks_per_host > 0) {
+    cl.ranks_per_host = rows.front().ranks_per_host;
+  } else {
+    cl.ranks_per_host = ranks;
+    c.notes.push_back(fmt::format("ranks per host: the bench table does not say; taking its {} ranks as one host's "
+                                  "(give --ranks-per-host, or calibrate from bench --json, which records it)",
+                                  ranks));
+  }
+  cl.intra = cl.inter = c.fit.link;
+  cl.gamma_us_per_byte = c.fit.gamma_us_per_byte;
+  cl.algorithm = c.algorithm;
+  cl.copy_gb_per_s = rows.front().memcpy_gb_per_s;
+  cl.cores_per_rank = rows.front().cores_per_rank;
+  cl.comm_cpu_share = comm_cpu_share(rows, c.min_bytes);
+  cl.fit_error = c.fit.mean_error;
+  if (backend == "shm" && !rows.front().shared_buffers)
+    c.warnings.push_back("warning: the fp32 rows were measured on ordinary buffers, which the shm backend copies in "
+                         "and out; DDP's buckets are shared buffers: bench with --shared-buffers");
+  const std::string poor = poor_fit_warning(c.fit.mean_error, "fp32 all-reduce");
+  if (!poor.empty()) c.warnings.push_back(poor);
+  calibrate_hook(rows_of(all, "half"), "fp16", c);
+  calibrate_hook(rows_of(all, "bfloat16"), "bf16", c);
+  return c;
+}
+
 std::string cluster_json(const Cluster& c) {
   const auto link = [](const Link& l) { return nlohmann::json{{"alpha_us", l.alpha_us}, {"gb_per_s", l.gb_per_s()}}; };
+  const auto hook = [&](const Cluster::Hook16& h) {
+    nlohmann::json j = link(h.link);
+    j["gamma_gb_per_s"] = h.gamma_us_per_byte > 0 ? 1e-3 / h.gamma_us_per_byte : 0;
+    j["narrow_gb_per_s"] = h.narrow_gb_per_s;
+    j["widen_gb_per_s"] = h.widen_gb_per_s;
+    return j;
+  };
   nlohmann::json j = {{"name", c.name},
                       {"ranks_per_host", c.ranks_per_host},
                       {"algorithm", to_string(c.algorithm)},
@@ -171,7 +277,10 @@ std::string cluster_json(const Cluster& c) {
                       {"gamma_gb_per_s", c.gamma_us_per_byte > 0 ? 1e-3 / c.gamma_us_per_byte : 0},
                       {"copy_gb_per_s", c.copy_gb_per_s},
                       {"comm_cpu_share", c.comm_cpu_share},
-                      {"cores_per_rank", c.cores_per_rank}};
+                      {"cores_per_rank", c.cores_per_rank},
+                      {"fit_error", c.fit_error}};
+  if (c.fp16.calibrated) j["fp16"] = hook(c.fp16);
+  if (c.bf16.calibrated) j["bf16"] = hook(c.bf16);
   return j.dump(1) + "\n";
 }
 
@@ -197,6 +306,16 @@ Cluster parse_cluster_json(const std::string& text) {
   c.copy_gb_per_s = j.value("copy_gb_per_s", 0.0);
   c.comm_cpu_share = j.value("comm_cpu_share", 0.0);
   c.cores_per_rank = j.value("cores_per_rank", 0.0);
+  c.fit_error = j.value("fit_error", 0.0);
+  for (auto [key, h] : {std::pair{"fp16", &c.fp16}, std::pair{"bf16", &c.bf16}}) {
+    if (!j.contains(key)) continue;
+    h->calibrated = true;
+    h->link = link(key);
+    const double g = j[key].value("gamma_gb_per_s", 0.0);
+    h->gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
+    h->narrow_gb_per_s = j[key].value("narrow_gb_per_s", 0.0);
+    h->widen_gb_per_s = j[key].value("widen_gb_per_s", 0.0);
+  }
   if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0)
     throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}: the rate and "
                                   "the cores must not be negative and the share must lie in [0, 1] (0 for unknown)",

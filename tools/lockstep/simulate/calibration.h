@@ -36,6 +36,35 @@ Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, d
 // JSON from before they were recorded).
 double comm_cpu_share(const std::vector<cli::BenchRow>& rows, double min_bytes = 0);
 
+// Above this mean relative error a calibration is reported as poor: the
+// model's predictions inherit the error (a 35% fit gave 40-70% errors in
+// step time), so the user is told to re-measure.
+constexpr double kPoorFitError = 0.15;
+
+// A cluster fitted to one or more `lockstep bench` runs: the fp32 rows set
+// the links (DDP's plain all-reduce), half and bfloat16 rows the fp16 and
+// bf16 hooks' rates (Cluster::Hook16). `notes` say where each term came
+// from; `warnings` what is wrong with the measurements and what to do.
+struct Calibration {
+  Cluster cluster;
+  Fit fit;
+  Algorithm algorithm = Algorithm::ring;
+  double min_bytes = 0;
+  std::vector<std::string> notes;
+  std::vector<std::string> warnings;
+};
+
+// `algorithm_name` empty: the backend's; `min_bytes` < 0: the backend's
+// large-message threshold; `ranks_per_host` 0: the bench run's (its --json
+// records it; a table does not, and then all its ranks are taken as one
+// host's, with a note). Throws InvalidArgument without fp32 all-reduce rows.
+Calibration calibrate_cluster(const std::vector<cli::BenchRow>& rows, const std::string& algorithm_name,
+                              double min_bytes, int ranks_per_host);
+
+// The warning for a calibration whose mean error is above kPoorFitError
+// (empty otherwise): what it means and what to do.
+std::string poor_fit_warning(double mean_error, const std::string& what);
+
 // A single-host cluster with the fitted link inside and between hosts, for
 // `lockstep simulate --cluster`, as JSON text; and back.
 std::string cluster_json(const Cluster& c);

@@ -48,41 +48,37 @@ std::vector<std::int64_t> parse_counts(const std::string& text, const char* what
 }
 
 // Fits the cluster to bench results, prints the fit, writes cluster.json.
+// Poor fits and measurements that do not match DDP's are warned about on
+// stderr, with what to do.
 sim::Cluster calibrate(const SimulateOptions& o, const fs::path& dir) {
-  const auto rows = read_bench_file(o.calibrate);
-  const std::string backend = rows.front().backend;
-  const sim::Algorithm algorithm = o.algorithm.empty() ? sim::backend_algorithm(backend) : sim::parse_algorithm(o.algorithm);
-  // DDP buckets are large: by default fit the large-message algorithm only.
-  const double min_bytes = !o.calibrate_min_bytes.empty() ? static_cast<double>(parse_size(o.calibrate_min_bytes))
-                           : algorithm == sim::Algorithm::tcp ? 64 * 1024 + 1
-                           : algorithm == sim::Algorithm::shm ? 256 * 1024 + 1
-                                                              : 0;
-  const sim::Fit fit = sim::fit_allreduce(rows, algorithm, min_bytes);
-  int ranks = 1;
-  for (const auto& r : rows) ranks = std::max(ranks, r.ranks);
-  sim::Cluster c;
-  c.name = fmt::format("calibrated ({} {}, {} ranks)", backend.empty() ? "?" : backend, sim::to_string(algorithm), ranks);
-  c.ranks_per_host = o.ranks_per_host > 0 ? o.ranks_per_host : ranks;
-  c.intra = c.inter = fit.link;
-  c.gamma_us_per_byte = fit.gamma_us_per_byte;
-  c.algorithm = algorithm;
-  c.copy_gb_per_s = rows.front().memcpy_gb_per_s;
-  c.cores_per_rank = rows.front().cores_per_rank;
-  c.comm_cpu_share = sim::comm_cpu_share(rows, min_bytes);
+  std::vector<BenchRow> rows;
+  for (const auto& path : o.calibrate) {
+    const auto more = read_bench_file(path);
+    rows.insert(rows.end(), more.begin(), more.end());
+  }
+  const double min_bytes = o.calibrate_min_bytes.empty() ? -1 : static_cast<double>(parse_size(o.calibrate_min_bytes));
+  const sim::Calibration c = sim::calibrate_cluster(rows, o.algorithm, min_bytes, o.ranks_per_host);
+  const sim::Fit& fit = c.fit;
   const fs::path file = dir / "cluster.json";
-  std::ofstream(file) << sim::cluster_json(c);
-  std::printf("calibrated %s from %zu rows of %s (%.0f bytes and up; %zu outlier(s) left out): alpha %.2f us, beta %.3f GB/s, %s; mean error "
-              "%.1f%%, max %.1f%%\ncluster: %s\n",
-              sim::to_string(algorithm).c_str(), fit.rows, o.calibrate.c_str(), min_bytes, fit.outliers, fit.link.alpha_us,
-              fit.link.gb_per_s(),
+  std::ofstream(file) << sim::cluster_json(c.cluster);
+  std::string files;
+  for (const auto& path : o.calibrate) files += (files.empty() ? "" : ", ") + path;
+  std::printf("calibrated %s from %zu rows of %s (%.0f bytes and up; %zu outlier(s) left out): alpha %.2f us, beta "
+              "%.3f GB/s, %s; mean error %.1f%%, max %.1f%%; %d rank(s) per host\ncluster: %s\n",
+              sim::to_string(c.algorithm).c_str(), fit.rows, files.c_str(), c.min_bytes, fit.outliers,
+              fit.link.alpha_us, fit.link.gb_per_s(),
               fit.gamma_separate ? fmt::format("reduction {:.3f} GB/s", 1e-3 / fit.gamma_us_per_byte).c_str()
                                  : "reduction included in beta (one ratio of reduced to sent bytes)",
-              100 * fit.mean_error, 100 * fit.max_error, file.string().c_str());
-  if (c.copy_gb_per_s > 0 || c.cores_per_rank > 0)
+              100 * fit.mean_error, 100 * fit.max_error, c.cluster.ranks_per_host, file.string().c_str());
+  const sim::Cluster& cl = c.cluster;
+  if (cl.copy_gb_per_s > 0 || cl.cores_per_rank > 0)
     std::printf("CPU: one rank copies %.2f GB/s, has %.2g core(s), and its all-reduces keep a core %.0f%% busy%s\n",
-                c.copy_gb_per_s, c.cores_per_rank, 100 * c.comm_cpu_share,
-                c.cores_per_rank > 0 && c.cores_per_rank < 2 ? " (no spare core: they slow backward down)" : "");
-  return c;
+                cl.copy_gb_per_s, cl.cores_per_rank, 100 * cl.comm_cpu_share,
+                cl.cores_per_rank > 0 && cl.cores_per_rank < 2 ? " (no spare core: they slow backward down)" : "");
+  for (const auto& note : c.notes) std::printf("%s\n", note.c_str());
+  std::fflush(stdout);
+  for (const auto& warning : c.warnings) std::fprintf(stderr, "%s\n", warning.c_str());
+  return c.cluster;
 }
 
 sim::Cluster cluster_for(const SimulateOptions& o) {
@@ -98,6 +94,12 @@ sim::Cluster cluster_for(const SimulateOptions& o) {
   }
   if (o.ranks_per_host > 0) c.ranks_per_host = o.ranks_per_host;
   if (!o.algorithm.empty()) c.algorithm = sim::parse_algorithm(o.algorithm);
+  const std::string poor = sim::poor_fit_warning(c.fit_error, fmt::format("calibration in {}", o.cluster_file));
+  if (!poor.empty()) std::fprintf(stderr, "%s\n", poor.c_str());
+  if ((o.hook == "fp16" && !c.fp16.calibrated) || (o.hook == "bf16" && !c.bf16.calibrated))
+    std::fprintf(stderr, "note: the cluster has no %s rates; the hook's all-reduce is taken as the fp32 one's on half "
+                 "the bytes and its conversions as free (calibrate with a bench -d %s --json file too)\n",
+                 o.hook.c_str(), o.hook == "fp16" ? "half" : "bfloat16");
   return c;
 }
 
@@ -125,12 +127,22 @@ sim::Workload workload_for(const SimulateOptions& o) {
     return sim::from_description(description_for(o));
   }
   if (!o.compute_trace.empty()) w = sim::with_compute_of(w, sim::from_trace(o.compute_trace, o.trace_rank));
-  if (described) {
-    const auto d = description_for(o);
-    w = sim::refine_gradients(w, d);
-    w.batch = d.batch;
+  if (described) w = sim::refine_gradients(w, description_for(o));
+  // A profile is of one batch size, which the files do not record.
+  w.batch = o.trace_batch;
+  if (o.batch > 0 && o.batch != o.trace_batch) {
+    if (o.trace_batch == 0)
+      throw InvalidArgument(fmt::format(
+          "simulate: --batch {} with {}: a profile is of the batch it was recorded at, which the file does not say, "
+          "and forward and backward grow with the batch, so this would predict the profiled batch's step. Profile "
+          "at batch {} (the workflow of docs/scaling.md), or give --trace-batch B, the batch of the profile, to "
+          "rescale its forward and backward linearly to {} (approximate)",
+          o.batch, o.trace.empty() ? "--stats" : "--trace", o.batch, o.batch));
+    w = sim::rescale_batch(w, o.batch);
+    std::fprintf(stderr, "note: the batch-%d profile rescaled linearly to batch %d (forward, backward and the "
+                 "buckets' ready times x %.3g; the rest of the step kept): approximate, a profile at batch %d is "
+                 "not\n", o.trace_batch, o.batch, static_cast<double>(o.batch) / o.trace_batch, o.batch);
   }
-  if (o.batch > 0) w.batch = o.batch;
   if (o.data_ms >= 0) w.data_ms = o.data_ms;
   return w;
 }
@@ -146,21 +158,24 @@ std::string render(const sim::Workload& w, const sim::Scenario& s, const std::ve
                    const sim::Recommendation& r) {
   std::string out = fmt::format(
       "# lockstep simulate\n\nWorkload: {} (forward {:.1f} ms, backward {:.1f} ms, rest {:.1f} ms, data {:.1f} ms; "
-      "{:.1f} MiB of gradients in {} tensors; batch {} per rank).\nCluster: {} ({} ranks per host, {}; inside a host "
+      "{:.1f} MiB of gradients in {} tensors; {}).\nCluster: {} ({} ranks per host, {}; inside a host "
       "{:.1f} GB/s and {:.1f} us, between hosts {:.2f} GB/s and {:.1f} us{}).\nBucket cap {} MB{}, hook {}, {} "
       "micro-batch(es) per step, compute spread {:.0f}%.\n\n",
       w.name, w.forward_ms, w.backward_ms, w.other_ms, w.data_ms, w.gradient_bytes() / (1 << 20), w.gradients.size(),
-      w.batch, s.cluster.name, s.cluster.ranks_per_host, sim::to_string(s.cluster.algorithm), s.cluster.intra.gb_per_s(),
+      w.batch > 0 ? fmt::format("batch {} per rank", w.batch)
+                  : std::string("batch not known: give --trace-batch for samples/s"),
+      s.cluster.name, s.cluster.ranks_per_host, sim::to_string(s.cluster.algorithm), s.cluster.intra.gb_per_s(),
       s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, cpu_text(s.cluster),
       s.bucket_cap_mb, s.bucket_view ? " (gradients as bucket views)" : "", s.hook,
       s.accumulation, 100 * s.jitter);
-  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | bucket copies (ms) | core "
+  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | hook narrowing (ms) | core "
          "shared with comm (ms) | stragglers (ms) | efficiency | samples/s |\n";
   out += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& q : p)
-    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} |\n",
+    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} |\n",
                        q.ranks, q.hosts, q.step_ms, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms,
-                       q.step.copy_ms, q.step.sharing_ms, q.step.straggler_ms, q.efficiency, q.samples_per_s);
+                       q.step.copy_ms, q.step.sharing_ms, q.step.straggler_ms, q.efficiency,
+                       w.batch > 0 ? fmt::format("{:.0f}", q.samples_per_s) : std::string("-"));
   const auto& last = p.back();
   out += fmt::format("\n## Bottleneck at {} ranks\n\n{}\n\n## What to choose at {} ranks\n\n", last.ranks,
                      sim::bottleneck(w, s, last), last.ranks);
@@ -203,8 +218,12 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--layers", o.layers, "Describe a model: parameters per layer in forward order, e.g. 4194304,2048");
   s->add_option("--ms-per-sample", o.ms_per_sample, "Forward+backward time per sample of a described model")
       ->check(checks::positive_number());
-  s->add_option("--batch", o.batch, "Samples per rank per step")->check(checks::positive_count());
+  s->add_option("--batch", o.batch,
+                "Samples per rank per step (with a profile: only its own batch, or with --trace-batch, rescaled)")
+      ->check(checks::positive_count());
   s->add_option("--trace", o.trace, "Profile: a LOCKSTEP_TRACE file of a real run");
+  s->add_option("--trace-batch", o.trace_batch, "The batch per rank the --trace or --stats profile was recorded at")
+      ->check(checks::positive_count());
   s->add_option("--trace-rank", o.trace_rank, "The rank to read from a merged trace")
       ->capture_default_str()
       ->check(checks::non_negative_count());
@@ -219,7 +238,10 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
       ->check(checks::whole_number_in(1, kMaxWorldSize));
   s->add_option("--algorithm", o.algorithm,
                 "ring, recursive_doubling, halving_doubling, one_shot, two_shot, hierarchical, tcp, shm");
-  s->add_option("--calibrate", o.calibrate, "Fit the cluster to `lockstep bench` output (table or --json file)");
+  s->add_option("--calibrate", o.calibrate,
+                "Fit the cluster to `lockstep bench` outputs (tables or --json files, comma-separated): fp32 for the "
+                "links, -d half / -d bfloat16 (ordinary buffers) for the fp16 / bf16 hooks")
+      ->delimiter(',');
   s->add_option("--calibrate-min-bytes", o.calibrate_min_bytes, "Fit rows of at least this size, e.g. 8M: the sizes of the buckets (default: the large-message algorithm's)");
   s->add_option("--world-sizes", o.world_sizes, "World sizes to predict")->capture_default_str();
   s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")
@@ -236,7 +258,7 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
                 "Measure --jitter from these LOCKSTEP_TRACE files (comma-separated; every rank's, e.g. under no_sync)")
       ->delimiter(',')
       ->excludes(jitter);
-  s->add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view: DDP copies no gradients into its buckets");
+  s->add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view (reduced in place in one set of buckets)");
   s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
   s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
   s->add_option("--json", o.json, "Also write the predictions to this JSON file");

@@ -18,8 +18,9 @@ struct SimulateOptions {
   std::string model;        // mlp, convnet, resnet50 (description; refines a trace's gradients)
   std::string layers;       // parameters per layer, forward order: "4194304,2048,..."
   double ms_per_sample = 0;  // 0: the model's own
-  int batch = 0;             // 0: the model's own
+  int batch = 0;             // 0: the model's own, or the trace's (--trace-batch)
   std::string trace;        // a LOCKSTEP_TRACE file
+  int trace_batch = 0;      // the batch per rank the trace (or stats file) was recorded at; 0: not given
   int trace_rank = 0;
   std::string compute_trace;  // forward/backward/rest from this trace (e.g. N ranks under no_sync)
   std::string stats;        // a LOCKSTEP_STATS file
@@ -30,7 +31,7 @@ struct SimulateOptions {
   int ranks_per_host = 0;   // 0: the cluster's
   std::string algorithm;    // "": the cluster's
   // Calibration.
-  std::string calibrate;    // `lockstep bench` output or --json file
+  std::vector<std::string> calibrate;  // `lockstep bench` outputs or --json files (fp32; half, bfloat16 for the hooks)
   std::string calibrate_min_bytes;  // "8M"; empty: the backend's large-message threshold
   // What to predict.
   std::string world_sizes = "1,2,4,8,16,32,64,128,256,512,1024";
@@ -39,7 +40,7 @@ struct SimulateOptions {
   int accumulation = 1;
   double jitter = 0;
   std::vector<std::string> jitter_from;  // LOCKSTEP_TRACE files to measure the jitter from
-  bool bucket_view = false;  // gradient_as_bucket_view: no copies into the buckets
+  bool bucket_view = false;  // gradient_as_bucket_view (in place in one set of buckets)
   bool list_presets = false;
   std::string out = "lockstep-simulate";
   std::string json;
