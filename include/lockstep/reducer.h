@@ -248,11 +248,14 @@ class Reducer {
   // Uneven inputs (lockstep::torch::Join). On a rank that has run out of
   // data: issues the collectives of one synchronised backward with zero
   // gradients, bucket by bucket through the comm hook, as the ranks still
-  // training do, and waits for them. This rank's gradients are left alone.
+  // training do, and waits for them. This rank's gradients then hold the
+  // averages, as the others' do after finalize() (a rank that joined may
+  // still step an optimizer on them: ZeroRedundancyOptimizer updates its
+  // shard).
   void shadow_backward();
-  // The next synchronised backward's averages divide by `ranks` (the ranks
-  // that still train) instead of the group's size: the others contributed
-  // zeros. 0 or the group's size: the plain average.
+  // The next synchronised (or shadowed) backward's averages divide by
+  // `ranks` (the ranks that still train) instead of the group's size: the
+  // others contributed zeros. 0 or the group's size: the plain average.
   void set_contributing_ranks(int ranks) { contributing_ranks_ = ranks; }
 
   // Under no_sync (sync false), backward passes only accumulate locally; the
@@ -294,6 +297,7 @@ class Reducer {
   void report_missing(double flag, std::uint64_t iteration);
   void take_pending_flags();
   void finish_iteration();
+  void deliver_shadowed(const std::vector<std::shared_ptr<std::byte[]>>& results);
   bool measuring() const;
   void record_timeline();
 

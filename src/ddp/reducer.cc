@@ -566,8 +566,12 @@ void Reducer::shadow_backward() {
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     works[b]->wait();
-    options_.comm_hook->finish(launched[b]);
+    s.memory->order(launched[b].buffer.stream, here);
+    GradBucket waited = launched[b];
+    waited.buffer.stream = waited.input.stream = here;
+    options_.comm_hook->finish(waited);
   }
+  deliver_shadowed(results);
   // The ranks still training rebuild their buckets after their first
   // synchronised backward; a rank that joined before its first one must
   // take part in that rebuild (with rank 0's order, like everyone).
@@ -583,6 +587,37 @@ bool Reducer::measuring() const {
   if (!options_.autotune_bucket_cap || autotune_ || rebuilt_ || solo()) return false;
   return s.synced_iterations < options_.autotune_iterations &&
          (s.synced_iterations > 0 || options_.autotune_iterations <= 1);
+}
+
+// The averages a shadowed backward brought, written into this rank's
+// gradients as finalize() gives them to the ranks still training (scaled
+// the same way; a parameter no rank used keeps its gradient), so that an
+// optimizer stepping on this rank (ZeroRedundancyOptimizer's join hook)
+// steps on the same gradients as theirs.
+void Reducer::deliver_shadowed(const std::vector<std::shared_ptr<std::byte[]>>& results) {
+  const auto& s = *state_;
+  void* here = stream();
+  const int contributing = contributing_ranks_;
+  contributing_ranks_ = 0;
+  if (contributing > 0 && contributing != pg_->size())
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      s.memory->scale(results[b].get(), buckets_[b].count, buckets_[b].dtype,
+                      static_cast<double>(pg_->size()) / contributing, here);
+  std::vector<double> used;
+  if (options_.find_unused_parameters && !buckets_.empty()) {
+    const Bucket& last = buckets_.back();
+    used = s.memory->read(results.back().get() + last.count * dtype_size(last.dtype), last.dtype,
+                          trailer_elements(), here)->values(pg_->timeout());
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    for (std::size_t k = 0; k < bucket.params.size(); ++k) {
+      const std::size_t i = bucket.params[k];
+      if (!used.empty() && used[1 + i] == 0) continue;
+      s.memory->copy(gradients_.gradient(i), results[b].get() + bucket.offsets[k] * dtype_size(bucket.dtype),
+                     params_[i].count * dtype_size(params_[i].dtype), here);
+    }
+  }
 }
 
 // Adds this backward's ready times (a gradient that never came: at the end

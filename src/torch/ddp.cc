@@ -448,7 +448,8 @@ void DataParallelCore::before_forward() {
 
 // A joined rank's DDP: per iteration of the ranks still training, the
 // collectives of their training forward (before_forward) and backward, in
-// the same order; at the end, the last joiner's parameters and buffers.
+// the same order, leaving their averaged gradients in this rank's
+// param.grad(); at the end, the last joiner's parameters and buffers.
 class DataParallelCore::Shadow final : public JoinHook {
  public:
   explicit Shadow(DataParallelCore::State& s) : s_(s) {}
@@ -459,7 +460,10 @@ class DataParallelCore::Shadow final : public JoinHook {
     s_.rebuild_buckets();
     if (s_.options.broadcast_buffers && !s_.buffers.empty())
       broadcast_coalesced(*s_.pg, s_.buffers, s_.highest_rank_with(false));
-    if (s_.any_rank_syncs(false)) s_.reducer->shadow_backward();
+    if (s_.any_rank_syncs(false)) {
+      s_.reducer->set_contributing_ranks(s_.divide_by_initial_world_size ? 0 : ranks_training());
+      s_.reducer->shadow_backward();
+    }
   }
 
   void post_hook(bool is_last_joiner) override {

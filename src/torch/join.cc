@@ -3,6 +3,7 @@
 // fp32 (exact), which every backend reduces.
 #include "lockstep/torch/join.h"
 
+#include <algorithm>
 #include <exception>
 
 #include <fmt/format.h>
@@ -34,6 +35,10 @@ Join::Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions 
                                         "joinable 0; every joinable of a Join must use the same group",
                                         i));
   }
+  // Shadowed in the order of a training iteration: forward and backward
+  // (DDP) before the optimizer's step; the first one notifies.
+  std::stable_partition(joinables_.begin(), joinables_.end(),
+                        [](const std::reference_wrapper<Joinable>& j) { return !j.get().joins_at_step(); });
   for (auto& j : joinables_) hooks_.push_back(j.get().join_hook(options_));
   for (std::size_t i = 0; i < joinables_.size(); ++i) {
     Joinable& j = joinables_[i].get();
@@ -89,7 +94,10 @@ void Join::join() {
           "drops the last batch), or join without throw_on_early_termination to let the others finish",
           group_->rank(), group_->size(), training));
     }
-    for (auto& hook : hooks_) hook->main_hook();
+    for (auto& hook : hooks_) {
+      hook->ranks_training_ = training;
+      hook->main_hook();
+    }
     is_last_joiner = false;
     training = all_reduce_count(0);
   }

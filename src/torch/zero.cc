@@ -94,6 +94,29 @@ std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
 // stream (the allgather runs after the packing queued there; wait() makes
 // the stream wait for it): the host never waits for the device.
 void ZeroRedundancyOptimizer::step() {
+  // Under a Join whose first joinable this is (no DDP in it): tells joined
+  // ranks to shadow this step.
+  Join::notify_join_context(*this);
+  step_shard_and_gather();
+}
+
+// What a joined rank does in each step of the ranks still training: the
+// same, on the gradients that DDP's join hook (shadowed just before) left
+// in param.grad(), so its shard moves as it would without Join.
+class ZeroRedundancyOptimizer::JoinedStep final : public JoinHook {
+ public:
+  explicit JoinedStep(ZeroRedundancyOptimizer& zero) : zero_(zero) {}
+  void main_hook() override { zero_.step_shard_and_gather(); }
+
+ private:
+  ZeroRedundancyOptimizer& zero_;
+};
+
+std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&) {
+  return std::make_unique<JoinedStep>(*this);
+}
+
+void ZeroRedundancyOptimizer::step_shard_and_gather() {
   if (local_) local_->step();
   const int ranks = group_->size(), me = group_->rank();
   if (ranks == 1) return;

@@ -5,7 +5,8 @@
 //
 //   lockstep::torch::DistributedDataParallel ddp(net, pg);
 //   {
-//     lockstep::torch::Join join({ddp});          // ddp is a Joinable
+//     lockstep::torch::Join join({ddp});          // ddp is a Joinable; with a
+//                                                 // ZeroRedundancyOptimizer: Join({ddp, zero})
 //     for (auto& batch : my_batches) {           // 5 on one rank, 9 on another
 //       opt.zero_grad();
 //       loss_fn(ddp.forward(batch.data), batch.target).backward();
@@ -20,7 +21,10 @@
 // all-reduces 0 in the same place: the sum is the number of ranks still
 // training. While it is not 0, the joined rank runs every joinable's
 // main_hook(), which issues that joinable's collectives for one iteration
-// (DDP: the buffer broadcast and each bucket's all-reduce with zeros).
+// (DDP: the buffer broadcast and each bucket's all-reduce with zeros, whose
+// averages become the joined rank's gradients; ZeroRedundancyOptimizer: the
+// step of this rank's shard on those gradients and the all-gather of the
+// shards), DDP's before the optimizer's.
 // When the sum is 0 every rank has joined and each runs post_hook(), told
 // whether it joined last (DDP: every rank takes the last joiner's model).
 //
@@ -70,6 +74,15 @@ class JoinHook {
   // Once every rank has joined. `is_last_joiner`: this rank was among the
   // last to run out of data.
   virtual void post_hook(bool is_last_joiner) {}
+
+ protected:
+  // While main_hook() runs: how many ranks train in the iteration it
+  // shadows (the count of the iteration's first all-reduce).
+  int ranks_training() const { return ranks_training_; }
+
+ private:
+  friend class Join;
+  int ranks_training_ = 0;
 };
 
 // How a Join configures a joinable while it is active.
@@ -83,14 +96,21 @@ struct JoinConfig {
 class Join;
 
 // A class whose collectives a joined rank must shadow, e.g.
-// DistributedDataParallel. It calls Join::notify_join_context(*this) at the
-// start of each training iteration, before its own collectives.
+// DistributedDataParallel or ZeroRedundancyOptimizer. It calls
+// Join::notify_join_context(*this) before its own collectives in each
+// training iteration (DDP: at the start of forward; an optimizer: at the
+// start of its step).
 class Joinable {
  public:
   virtual ~Joinable() = default;
   virtual std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) = 0;
   // The group its collectives run on (every joinable of a Join uses one).
   virtual ProcessGroup& join_process_group() = 0;
+  // Whether its collectives come at the end of a training iteration (an
+  // optimizer's step) rather than in forward and backward (DDP). A Join
+  // shadows those after the others, whatever order they were listed in:
+  // Join({ddp, zero}) and Join({zero, ddp}) are the same.
+  virtual bool joins_at_step() const { return false; }
   const JoinConfig& join_config() const { return join_config_; }
 
  private:

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "lockstep/process_group.h"
+#include "lockstep/torch/join.h"
 
 namespace lockstep::torch {
 
@@ -53,7 +54,12 @@ inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::to
 }
 }  // namespace detail
 
-class ZeroRedundancyOptimizer {
+// As a Joinable (lockstep/torch/join.h), for uneven inputs:
+// Join join({ddp, zero}). A rank that ran out of data keeps stepping its
+// shard on the averaged gradients DDP's join hook leaves it, and takes part
+// in the all-gather, so the others' steps complete and every parameter is
+// updated as in training without Join (DDP with an unsharded optimizer).
+class ZeroRedundancyOptimizer : public Joinable {
  public:
   // Builds the optimizer of a set of parameters: this rank's shard, or all
   // of them for the consolidated state. Called with the same options each
@@ -102,7 +108,14 @@ class ZeroRedundancyOptimizer {
   const std::vector<::torch::Tensor>& parameters() const { return parameters_; }
   ProcessGroup& group() const { return *group_; }
 
+  // For lockstep::torch::Join: a joined rank's step (shard and all-gather).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  ProcessGroup& join_process_group() override { return *group_; }
+  bool joins_at_step() const override { return true; }
+
  private:
+  class JoinedStep;
+  void step_shard_and_gather();
   std::vector<::torch::Tensor> shard_of(int rank) const;
   std::vector<::torch::Tensor> parameters_;
   std::shared_ptr<ProcessGroup> group_;
