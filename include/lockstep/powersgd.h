@@ -58,6 +58,14 @@ struct PowerSGDOptions {
   double orthogonalization_epsilon = 0;
   // Seeds the random Qs (identical on every rank).
   std::uint64_t random_seed = 0;
+
+  // PyTorch's spelling of start_powersgd_iter (PowerSGDState's
+  // start_powerSGD_iter): options.start_powerSGD_iter(10).
+  PowerSGDOptions& start_powerSGD_iter(std::uint64_t iterations) {
+    start_powersgd_iter = iterations;
+    return *this;
+  }
+  std::uint64_t start_powerSGD_iter() const { return start_powersgd_iter; }
 };
 
 // Elements of the compressed steps' buckets, before and as sent.

@@ -258,6 +258,12 @@ class Reducer {
   // others contributed zeros. 0 or the group's size: the plain average.
   void set_contributing_ranks(int ranks) { contributing_ranks_ = ranks; }
 
+  // Replaces the comm hook (null: allreduce_hook()). Only before the first
+  // backward: InvalidArgument afterwards, or for a hook that cannot reduce
+  // buckets in the gradients' memory.
+  void set_comm_hook(std::shared_ptr<CommHook> hook);
+  const CommHook& comm_hook() const { return *options_.comm_hook; }
+
   // Under no_sync (sync false), backward passes only accumulate locally; the
   // next synchronised backward reduces the accumulated gradients.
   void set_sync(bool sync) { sync_ = sync; }
@@ -297,6 +303,7 @@ class Reducer {
   void report_missing(double flag, std::uint64_t iteration);
   void take_pending_flags();
   void finish_iteration();
+  void check_comm_hook(const CommHook& hook) const;
   void deliver_shadowed(const std::vector<std::shared_ptr<std::byte[]>>& results);
   bool measuring() const;
   void record_timeline();

@@ -131,16 +131,30 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> pg, std::vector<ParamSpec> params
   // The k-th reducer a rank creates on this group is the k-th on every rank.
   const auto instance = pg_->store()->add(fmt::format("ddp/instances/{}", pg_->rank()), 1);
   state_->store_prefix = fmt::format("ddp/{}", instance);
-  if (!options_.comm_hook->supports(gradients_.device()))
-    throw InvalidArgument(fmt::format(
-        "the communication hook {} cannot reduce gradients on {}; use the allreduce, fp16_compress, bf16_compress, "
-        "powersgd or batched_powersgd hook there, or keep the model in host memory",
-        options_.comm_hook->name(), to_string(gradients_.device())));
+  check_comm_hook(*options_.comm_hook);
   state_->memory = detail::bucket_memory_for(gradients_.device());
   buckets_ = plan_buckets(params_, reverse_order(params_.size()), options_.buckets);
   allocate_buckets();
   state_->calls.assign(params_.size(), 0);
   state_->ready.assign(params_.size(), false);
+}
+
+void Reducer::check_comm_hook(const CommHook& hook) const {
+  if (!hook.supports(gradients_.device()))
+    throw InvalidArgument(fmt::format(
+        "the communication hook {} cannot reduce gradients on {}; use the allreduce, fp16_compress, bf16_compress, "
+        "powersgd or batched_powersgd hook there, or keep the model in host memory",
+        hook.name(), to_string(gradients_.device())));
+}
+
+void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
+  if (!hook) hook = allreduce_hook();
+  if (state_->iterations > 0 || state_->prepared || state_->synced_once)
+    throw InvalidArgument(fmt::format("the communication hook cannot change after the first backward pass ({} so "
+                                      "far); set it before training starts",
+                                      state_->iterations));
+  check_comm_hook(*hook);
+  options_.comm_hook = std::move(hook);
 }
 
 Reducer::~Reducer() {

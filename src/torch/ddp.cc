@@ -151,6 +151,8 @@ struct DataParallelCore::State {
   bool finalize_queued = false;
   StepTimes times;
   bool divide_by_initial_world_size = true;  // set by a Join (join_hook)
+  bool forwarded = false;                    // a forward ran (register_comm_hook comes before)
+  const char* hook_origin = nullptr;         // where the comm hook came from, if one was given
 
   // Step statistics. A step runs from one training forward to the next (or
   // to an evaluation forward, which pauses the count until training resumes).
@@ -318,6 +320,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<::torch::nn::Module> module, 
   s.pg = std::move(pg);
   s.options = std::move(options);
   s.log = Logger(s.pg->config().log_level).for_rank(s.pg->rank(), s.pg->size());
+  if (s.options.comm_hook) s.hook_origin = "given as DDPOptions::comm_hook";
   std::vector<std::pair<std::string, ::torch::Tensor>> named_params, named_buffers;
   for (const auto& item : s.module->named_parameters(/*recurse=*/true)) named_params.emplace_back(item.key(), item.value());
   for (const auto& item : s.module->named_buffers(/*recurse=*/true)) named_buffers.emplace_back(item.key(), item.value());
@@ -413,6 +416,7 @@ void DataParallelCore::State::write_stats_file() const {
 
 void DataParallelCore::before_forward() {
   auto& s = *state_;
+  s.forwarded = true;
   s.times.forward_start_us = now_us();
   s.reducer->check_previous_iteration();
   const bool training = ::torch::GradMode::is_enabled() && s.module->is_training();
@@ -477,6 +481,27 @@ class DataParallelCore::Shadow final : public JoinHook {
  private:
   DataParallelCore::State& s_;
 };
+
+void DataParallelCore::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  auto& s = *state_;
+  if (!hook) throw InvalidArgument("DistributedDataParallel::register_comm_hook: the hook is null");
+  if (s.hook_origin)
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel::register_comm_hook({}): a communication hook is already registered ({}, {}); "
+        "a DDP takes one hook, registered once (as in PyTorch): make a new DistributedDataParallel to change it",
+        hook->name(), s.options.comm_hook->name(), s.hook_origin));
+  if (s.forwarded)
+    throw InvalidArgument(fmt::format(
+        "DistributedDataParallel::register_comm_hook({}): called after the first forward; register the hook "
+        "before training starts (right after constructing the DistributedDataParallel), as in PyTorch",
+        hook->name()));
+  verify_same_descriptions(*s.pg, {{"comm_hook", hook->name()}}, "the registered communication hooks",
+                           "Every rank must register the same communication hook: ranks that reduce their buckets "
+                           "differently issue different collectives.");
+  s.reducer->set_comm_hook(hook);
+  s.options.comm_hook = std::move(hook);
+  s.hook_origin = "by an earlier register_comm_hook";
+}
 
 std::unique_ptr<JoinHook> DataParallelCore::join_hook(const JoinOptions& options) {
   state_->divide_by_initial_world_size = options.divide_by_initial_world_size;

@@ -38,10 +38,13 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "lockstep/powersgd.h"
 #include "lockstep/process_group.h"
 #include "lockstep/reducer.h"
 #include "lockstep/step_stats.h"
@@ -52,11 +55,38 @@ namespace lockstep::torch {
 // The comm hooks, where a DDP user looks for them (they live in lockstep::,
 // beside the Reducer, which runs them): DDPOptions::comm_hook takes one.
 using ::lockstep::allreduce_hook;
+using ::lockstep::batched_powersgd_hook;
 using ::lockstep::BucketAutotune;
 using ::lockstep::bf16_compress_hook;
 using ::lockstep::CommHook;
+using ::lockstep::CompressionStats;
 using ::lockstep::fp16_compress_hook;
 using ::lockstep::GradBucket;
+using ::lockstep::powersgd_hook;
+using ::lockstep::PowerSGDHook;
+using ::lockstep::PowerSGDOptions;
+// PyTorch's spellings (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook).
+inline std::shared_ptr<PowerSGDHook> powerSGD_hook(PowerSGDOptions options = {}) {
+  return powersgd_hook(std::move(options));
+}
+inline std::shared_ptr<PowerSGDHook> batched_powerSGD_hook(PowerSGDOptions options = {}) {
+  return batched_powersgd_hook(std::move(options));
+}
+
+namespace detail {
+// A comm hook made of a state and a function, for register_comm_hook(state, hook).
+template <typename State, typename Fn>
+class FunctionCommHook final : public CommHook {
+ public:
+  FunctionCommHook(State state, Fn fn) : state_(std::move(state)), fn_(std::move(fn)) {}
+  std::string name() const override { return "custom"; }
+  std::shared_ptr<Work> run(ProcessGroup& pg, const GradBucket& bucket) override { return fn_(state_, pg, bucket); }
+
+ private:
+  State state_;
+  Fn fn_;
+};
+}  // namespace detail
 
 struct DDPOptions {
   // Gradients are all-reduced in buckets of about this size (MiB).
@@ -145,6 +175,9 @@ class DataParallelCore : public Joinable {
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
   ProcessGroup& join_process_group() override { return group(); }
 
+  // See DistributedDataParallel::register_comm_hook.
+  void register_comm_hook(std::shared_ptr<CommHook> hook);
+
  private:
   class Shadow;
   struct State;
@@ -219,6 +252,31 @@ class DistributedDataParallel {
     detail::collect(tensors, out);
     core_.after_forward(tensors);
     return out;
+  }
+
+  // PyTorch's DistributedDataParallel.register_comm_hook: replaces the
+  // plain average of each gradient bucket with `hook` (fp16_compress_hook(),
+  // powersgd_hook(options), ...; the hook object holds its state), as
+  // DDPOptions::comm_hook does at construction. Once, before the first
+  // forward: a second call, a call after a hook came with DDPOptions, or a
+  // call after the first forward throws InvalidArgument naming the cause.
+  // Collective: every rank registers the same kind of hook (a MismatchError
+  // names the ranks that differ).
+  void register_comm_hook(std::shared_ptr<CommHook> hook) { core_.register_comm_hook(std::move(hook)); }
+  // PyTorch's form, register_comm_hook(state, hook), for a hook written as
+  // a function: hook(state, pg, bucket) is called for every bucket with this
+  // DDP's copy of `state`, and returns the Work after which bucket.buffer
+  // holds the group's average (it reduces in place: bucket.input is
+  // bucket.buffer). E.g.
+  //   ddp.register_comm_hook(0, [](int& calls, ProcessGroup& pg, const GradBucket& b) {
+  //     ++calls;
+  //     return pg.allreduce(b.buffer, lockstep::ReduceOp::avg);
+  //   });
+  template <typename State, typename Fn,
+            typename = std::enable_if_t<
+                std::is_invocable_r_v<std::shared_ptr<Work>, Fn&, State&, ProcessGroup&, const GradBucket&>>>
+  void register_comm_hook(State state, Fn hook) {
+    register_comm_hook(std::make_shared<detail::FunctionCommHook<State, Fn>>(std::move(state), std::move(hook)));
   }
 
   // Use as: { auto guard = ddp.no_sync(); loss.backward(); }
