@@ -29,7 +29,22 @@ Prints a markdown table per place (for docs/performance.md) with the mean
 and the largest absolute error, and the mean over all places; the files are
 kept in --out.
 
-Usage: bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
+With --random N (and --seed S) it validates instead N configurations drawn
+at random on this machine, at --bench-ranks ranks over shm: model, batch per
+rank, bucket cap, hook (none, fp16, bf16) and gradient_as_bucket_view. (The
+link rate is not drawn: the emulated links need root, network namespaces
+and tc.) It follows docs/scaling.md's quick start: one calibration from
+`lockstep bench --json` in fp32 on shared buffers and in half and bfloat16
+on ordinary buffers (the hooks' own memory); for every (model, batch) drawn,
+a one-rank trace (the buckets) and an N-rank no_sync trace (the compute),
+given with --trace-batch. Every configuration is predicted before any is
+measured (predictions-<time>.json), then each is measured --repeats times,
+interleaved; it prints the table, the mean and largest error, and the
+signed error per value of each option, so that a term charged in the wrong
+direction shows.
+
+Usage: bench/validate_simulate.py --random 12 --seed 7 [--steps 10] [--repeats 3]
+       bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
            [--models mlp,convnet] [--steps 15] [--repeats 3] [--bench-ranks 2]
            [--calibrate-min-bytes 8M] [--profile-repeats 3] [--cluster-rates 1gbit,10gbit] [--hosts 2]
            [--cluster-caps 5,25,100] [--local/--no-local] [--out DIR]
@@ -218,6 +233,113 @@ def validate(a, place, models):
     return rows, errors, errors_n
 
 
+def random_configs(a):
+    """--random configurations from --seed: every option drawn independently."""
+    import random
+    rng = random.Random(a.seed)
+    choices = {"model": a.models.split(","), "batch": [int(b) for b in a.batches.split(",")],
+               "cap": parse_caps(a.random_caps), "hook": a.hooks.split(","), "view": [False, True]}
+    return [{k: rng.choice(v) for k, v in choices.items()} for _ in range(a.random)]
+
+
+def config_name(c):
+    return f"{c['model']} b{c['batch']} cap{c['cap']} {c['hook']}{' view' if c['view'] else ''}"
+
+
+def validate_random(a):
+    """Predicts every drawn configuration, then measures them all."""
+    place = ThisMachine(a)
+    n = a.bench_ranks
+    out_dir = os.path.join(a.out, f"random-seed{a.seed}")
+    os.makedirs(out_dir, exist_ok=True)
+    lockstep = f"{a.build}/lockstep"
+    configs = random_configs(a)
+    for c in configs:
+        print(config_name(c), file=sys.stderr)
+
+    # 1. Calibration: fp32 on shared buffers (DDP's buckets), 16-bit on
+    # ordinary ones (the hooks reduce a copy in memory of their own).
+    benches = []
+    for dtype, shared in (("float", True), ("half", False), ("bfloat16", False)):
+        path = os.path.join(out_dir, f"bench-{dtype}.json")
+        run([lockstep, "bench", "-np", str(n)] + bench_sizes() + ["-n", "20", "-d", dtype, "--json", path] +
+            (["--shared-buffers"] if shared else []))
+        benches.append(path)
+    proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(benches), "--calibrate-min-bytes",
+                           a.calibrate_min_bytes, "--out", out_dir], capture_output=True, text=True)
+    print(proc.stdout.strip() + "\n" + proc.stderr.strip(), file=sys.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError("calibration failed")
+    cluster = os.path.join(out_dir, "cluster.json")
+
+    # 2. Profiles per (model, batch): one rank (buckets) and N ranks under
+    # no_sync (compute), --profile-repeats times interleaved, the median run.
+    pairs = sorted({(c["model"], c["batch"]) for c in configs})
+    runs = {}
+    for repeat in range(a.profile_repeats):
+        for model, batch in pairs:
+            for k in (1, n):
+                prefix = os.path.join(out_dir, f"profile-{model}-b{batch}-{k}-{repeat}")
+                program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1) + ["--batch", str(batch)]
+                text = place.run_ranks(k, program, env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+                runs.setdefault((model, batch, k), []).append(
+                    (float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
+    profile = {key: sorted(v)[len(v) // 2][1] for key, v in runs.items()}
+
+    # 3. Every prediction, written down before the first measurement.
+    predicted = {}
+    for i, c in enumerate(configs):
+        one, many = profile[(c["model"], c["batch"], 1)], profile[(c["model"], c["batch"], n)]
+        out = os.path.join(out_dir, f"predict-{i}.json")
+        run([lockstep, "simulate", "--trace", one + ".rank0.json", "--model", c["model"], "--trace-batch",
+             str(c["batch"]), "--compute-trace", many + ".rank0.json",
+             "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
+             "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
+             "--out", os.path.join(out_dir, "simulate"), "--json", out] + (["--bucket-view"] if c["view"] else []))
+        with open(out) as f:
+            predicted[i] = json.load(f)["predictions"][0]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with open(os.path.join(out_dir, f"predictions-{stamp}.json"), "w") as f:
+        json.dump({"time": stamp, "seed": a.seed, "configs": [dict(c, predicted=predicted[i]) for i, c in
+                                                               enumerate(configs)]}, f, indent=1)
+
+    # 4. Measurements, interleaved.
+    measured = {i: [] for i in range(len(configs))}
+    for _ in range(a.repeats):
+        for i, c in enumerate(configs):
+            program = throughput_program(a, c["model"], c["cap"]) + ["--batch", str(c["batch"]), "--hook", c["hook"]]
+            text = place.run_ranks(n, program + (["--bucket-view"] if c["view"] else []))
+            measured[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
+    errors = {}
+    print(f"seed {a.seed}, {len(configs)} configurations, {n} ranks over shm, {a.steps} steps x {a.repeats} runs; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
+    print()
+    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | measured (ms) | runs (ms) | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for i, c in enumerate(configs):
+        step = statistics.median(measured[i])
+        p = predicted[i]
+        errors[i] = (p["step_ms"] - step) / step
+        print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | "
+              f"{p['buckets']} | {p['step_ms']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
+              f"{100 * errors[i]:+.1f}% |")
+    print()
+    e = [abs(x) for x in errors.values()]
+    print(f"mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% over {len(e)} "
+          f"configurations (mean signed {100 * statistics.mean(errors.values()):+.1f}%).")
+    print()
+    print("Per option (signed: + predicted slower than measured): value: mean signed error, mean |error|, count")
+    for key in ("model", "batch", "cap", "hook", "view"):
+        values = sorted({c[key] for c in configs}, key=str)
+        parts = []
+        for v in values:
+            es = [errors[i] for i, c in enumerate(configs) if c[key] == v]
+            parts.append(f"{v}: {100 * statistics.mean(es):+.1f}%, {100 * statistics.mean(abs(x) for x in es):.1f}%, "
+                         f"{len(es)}")
+        print(f"- {key}: " + "; ".join(parts))
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
@@ -239,10 +361,18 @@ def main():
     parser.add_argument("--hosts", type=int, default=2, help="hosts of the emulated cluster (one rank each)")
     parser.add_argument("--cluster-caps", default="5,25,100", help="bucket caps (MB) on the emulated cluster")
     parser.add_argument("--out", default="validate-simulate")
+    parser.add_argument("--random", type=int, default=0,
+                        help="validate this many configurations drawn at random on this machine instead")
+    parser.add_argument("--seed", type=int, default=1, help="the draw of --random")
+    parser.add_argument("--batches", default="32,64,128", help="batches per rank --random draws from")
+    parser.add_argument("--random-caps", default="2,5,25,50", help="bucket caps (MB) --random draws from")
+    parser.add_argument("--hooks", default="none,fp16,bf16", help="hooks --random draws from")
     a = parser.parse_args()
     a.build = os.path.abspath(a.build)
     a.out = os.path.abspath(a.out)
     os.makedirs(a.out, exist_ok=True)
+    if a.random:
+        return validate_random(a)
     models = a.models.split(",")
     rates = [r for r in a.cluster_rates.split(",") if r]
     if rates and os.geteuid() != 0:
