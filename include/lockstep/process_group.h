@@ -71,6 +71,17 @@ class Work {
   // group's next operation. A callback must not throw.
   void on_complete(std::function<void(const Work&)> callback);
 
+  // A Work that finishes once `continuation` has run on this one's outcome,
+  // as c10d's Future::then: it fails with this Work's error if this one
+  // fails (the continuation is not run), with the continuation's exception
+  // if that throws, and succeeds otherwise. The continuation runs once this
+  // Work counts as done, on the thread that finished it (or at once on this
+  // thread if it is done already); chains (a->then(f)->then(g)) and
+  // siblings (a->then(f); a->then(g)) run in order.
+  // For CUDA memory it carries this Work's stream order: waiting on it
+  // orders the caller's stream after this operation's device work.
+  std::shared_ptr<Work> then(std::function<void(const Work&)> continuation);
+
   std::uint64_t seq() const { return seq_; }
   Collective collective() const { return info_.collective; }
   const OpInfo& info() const { return info_; }
@@ -101,6 +112,7 @@ class Work {
   std::int64_t started_us_ = 0;
   std::int64_t finished_us_ = 0;
   std::vector<std::function<void(const Work&)>> callbacks_;
+  std::vector<std::function<void(const Work&)>> continuations_;  // then(): run once done_ is set
   std::shared_ptr<detail::StreamOrder> stream_order_;  // set before the Work is handed out
 };
 

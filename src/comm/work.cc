@@ -56,6 +56,34 @@ void Work::on_complete(std::function<void(const Work&)> callback) {
   callback(*this);
 }
 
+std::shared_ptr<Work> Work::then(std::function<void(const Work&)> continuation) {
+  auto next = std::make_shared<Work>(seq_, info_, issued_us_);
+  next->stream_order_ = stream_order_;
+  // Runs once this Work counts as done (unlike on_complete's callbacks), so
+  // a waiter on `next` finds this one done too, as with c10d's futures.
+  auto run = [next, continuation = std::move(continuation)](const Work& done) {
+    std::exception_ptr error = done.error();
+    if (!error) {
+      try {
+        continuation(done);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    next->mark_started(done.started_us());
+    next->complete(error, now_us());
+  };
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      continuations_.push_back(std::move(run));
+      return next;
+    }
+  }
+  run(*this);
+  return next;
+}
+
 std::int64_t Work::started_us() const {
   std::lock_guard lock(mutex_);
   return started_us_;
@@ -72,7 +100,7 @@ void Work::mark_started(std::int64_t at_us) {
 }
 
 void Work::complete(std::exception_ptr error, std::int64_t finished) {
-  std::vector<std::function<void(const Work&)>> callbacks;
+  std::vector<std::function<void(const Work&)>> callbacks, continuations;
   {
     std::lock_guard lock(mutex_);
     error_ = std::move(error);
@@ -80,12 +108,14 @@ void Work::complete(std::exception_ptr error, std::int64_t finished) {
     if (started_us_ == 0) started_us_ = finished_us_;
     if (callbacks_.empty()) {
       done_.store(true, std::memory_order_release);  // the common case: nothing to run first
+      continuations.swap(continuations_);
     } else {
       callbacks.swap(callbacks_);
     }
   }
   if (callbacks.empty()) {
     finished_.notify_all();
+    for (auto& next : continuations) next(*this);
     return;
   }
   // Callbacks run before the Work counts as done, so whoever waits sees
@@ -105,10 +135,12 @@ void Work::complete(std::exception_ptr error, std::int64_t finished) {
     callbacks.swap(callbacks_);
     if (callbacks.empty()) {
       done_.store(true, std::memory_order_release);
+      continuations.swap(continuations_);
       break;
     }
   }
   finished_.notify_all();
+  for (auto& next : continuations) next(*this);
 }
 
 }  // namespace lockstep

@@ -23,8 +23,9 @@ class AllreduceHook final : public CommHook {
 // Divides by the world size first (as PyTorch's hook does) so that sums of
 // large gradients stay within fp16's range, sends 16 bits, sums in fp32 on
 // the receiving side, and widens into the bucket when done: on host memory
-// inside the Work (on the progress thread), on CUDA memory in finish(), on
-// the stream the wait ordered after the collective.
+// in a continuation of the collective (Work::then, on the progress thread),
+// on CUDA memory in finish(), on the stream the wait ordered after the
+// collective.
 class CompressHook final : public CommHook {
  public:
   explicit CompressHook(DType wire) : wire_(wire) {}
@@ -39,13 +40,11 @@ class CompressHook final : public CommHook {
     scratch.memory->narrow(static_cast<const float*>(bucket.input.data), scratch.wire.get(), n,
                            1.0f / static_cast<float>(pg.size()), wire_, stream);
     auto work = pg.allreduce(Buffer{scratch.wire.get(), n, wire_, device, stream}, ReduceOp::sum);
-    if (!device.is_cuda()) {
-      auto* reduced = static_cast<float*>(bucket.buffer.data);
-      work->on_complete([&scratch, reduced, n, wire = wire_](const Work& w) {
-        if (!w.error()) scratch.memory->widen(scratch.wire.get(), reduced, n, wire, nullptr);
-      });
-    }
-    return work;
+    if (device.is_cuda()) return work;
+    auto* reduced = static_cast<float*>(bucket.buffer.data);
+    return work->then([&scratch, reduced, n, wire = wire_](const Work&) {
+      scratch.memory->widen(scratch.wire.get(), reduced, n, wire, nullptr);
+    });
   }
 
   void finish(const GradBucket& bucket) override {

@@ -457,6 +457,80 @@ TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
   });
 }
 
+// Work::then: continuations run after the collective's result is in
+// place, in order (chains and siblings alike); a failure reaches every
+// continuation's Work without running it; a continuation that throws fails
+// its own Work only; waiting on one honours its timeout.
+TEST_P(ProcessGroupTest, ContinuationsRunInOrderAfterTheCollective) {
+  ThreadWorld world(3, GetParam());
+  world.run([](int, ProcessGroup& pg) {
+    std::vector<float> data(1 << 18, 1.0f);
+    std::vector<std::string> order;  // written by whichever thread completes the Work, one at a time
+    auto reduced = pg.allreduce(view(std::span(data)));
+    auto first = reduced->then([&](const Work& w) {
+      EXPECT_TRUE(w.error() == nullptr);
+      EXPECT_EQ(data.front(), 3.0f);
+      EXPECT_EQ(data.back(), 3.0f);
+      order.push_back("first");
+    });
+    auto sibling = reduced->then([&](const Work&) { order.push_back("sibling"); });
+    auto second = first->then([&](const Work&) { order.push_back("second"); });
+    second->wait();
+    sibling->wait();
+    EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "sibling"}));
+    EXPECT_EQ(second->seq(), reduced->seq());
+    EXPECT_TRUE(reduced->done());
+    EXPECT_GE(second->finished_us(), reduced->finished_us());
+  });
+}
+
+TEST_P(ProcessGroupTest, AFailedCollectiveFailsItsContinuationsWithoutRunningThem) {
+  ThreadWorld world(2, GetParam(), 1s);
+  world.run_collecting([](int rank, ProcessGroup& pg) {
+    if (rank == 1) return;  // never joins: rank 0's allreduce times out
+    std::vector<float> v(1000, 1.0f);
+    std::atomic<int> ran{0};
+    auto last = pg.allreduce(view(std::span(v)))->then([&](const Work&) { ++ran; })->then([&](const Work&) { ++ran; });
+    EXPECT_THROW(last->wait(), TimeoutError);
+    EXPECT_EQ(ran.load(), 0);
+  });
+}
+
+TEST_P(ProcessGroupTest, AContinuationThatThrowsFailsOnlyItsOwnWork) {
+  ThreadWorld world(2, GetParam());
+  world.run([](int, ProcessGroup& pg) {
+    std::vector<float> v(1000, 1.0f);
+    bool after_ran = false;
+    auto reduced = pg.allreduce(view(std::span(v)));
+    auto throwing = reduced->then([](const Work&) { throw InvalidArgument("the continuation's own failure"); });
+    auto after = throwing->then([&](const Work&) { after_ran = true; });
+    EXPECT_THROW(after->wait(), InvalidArgument);
+    EXPECT_FALSE(after_ran);
+    reduced->wait();  // the collective itself succeeded
+    EXPECT_EQ(v[0], 2.0f);
+    std::vector<float> w(1000, 1.0f);
+    pg.allreduce(view(std::span(w)))->wait();  // and the group goes on
+    EXPECT_EQ(w[0], 2.0f);
+  });
+}
+
+TEST_P(ProcessGroupTest, WaitingOnAContinuationHonoursItsTimeout) {
+  ThreadWorld world(2, GetParam(), 5s);
+  world.run([](int rank, ProcessGroup& pg) {
+    std::vector<float> v(1 << 20, 1.0f);
+    std::atomic<bool> started{false};
+    if (rank == 1) std::this_thread::sleep_for(500ms);
+    auto next = pg.allreduce(view(std::span(v)))->then([&](const Work&) { started = true; });
+    if (rank == 0) {
+      EXPECT_THROW(next->wait(50ms), TimeoutError);
+      EXPECT_FALSE(started.load());
+    }
+    next->wait();
+    EXPECT_TRUE(started.load());
+    EXPECT_EQ(v[0], 2.0f);
+  });
+}
+
 // Backend choice across (pretend) hosts: auto takes hier where a host runs
 // several ranks and tcp where every host runs one; hier on one host is shm.
 TEST(HierSelection, AutoPicksHierWhenAHostRunsSeveralRanks) {
