@@ -2,8 +2,8 @@
 # PowerSGD where it pays: two hosts (network namespaces joined by a veth
 # pair, each direction rate-limited with tc tbf) with one rank each, the tcp
 # backend between them, and ddp_throughput's step time with the plain
-# all-reduce and with the PowerSGD hooks. Needs root.
-# Usage: bench/powersgd_shaped_link.sh BUILD_DIR [RATE] [MODEL] [BATCH] [STEPS]
+# all-reduce and with the PowerSGD hooks (or the hooks in HOOKS). Needs root.
+# Usage: [HOOKS="none fp16 bf16"] bench/powersgd_shaped_link.sh BUILD_DIR [RATE] [MODEL] [BATCH] [STEPS]
 #   e.g. bench/powersgd_shaped_link.sh build 1gbit mlp 32
 set -uo pipefail
 build=$(realpath "$1")
@@ -28,7 +28,7 @@ run_pair() {
 
 echo "link: veth, tbf $rate each way; 2 hosts x 1 rank, backend tcp"
 port=29611
-for hook in none powersgd batched_powersgd; do
+for hook in ${HOOKS:-none powersgd batched_powersgd}; do
   run_pair $port --model "$model" --batch "$batch" --steps "$steps" --hook "$hook"
   port=$((port + 1))
 done
