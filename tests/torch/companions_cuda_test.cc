@@ -25,6 +25,7 @@
 #include <functional>
 
 #include "harness/process_ranks.h"
+#include "torch/gpu_ranks.h"
 #include "harness/thread_world.h"
 #include "lockstep/error.h"
 #include "lockstep/powersgd.h"
@@ -37,6 +38,8 @@ namespace lockstep::torch {
 namespace {
 
 using lockstep::testing::ThreadWorld;
+using lockstep::testing::TempDir;
+using lockstep::testing::exact_fp32;
 using ::torch::Tensor;
 namespace nn = ::torch::nn;
 
@@ -45,23 +48,12 @@ namespace nn = ::torch::nn;
     if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";    \
   } while (0)
 
-#define SKIP_WITHOUT_CUDA()                                                                                   \
-  do {                                                                                                        \
-    if (!::torch::cuda::is_available())                                                                       \
-      GTEST_SKIP() << "no CUDA device visible to libtorch (or a libtorch without CUDA): this test needs a GPU"; \
-  } while (0)
 
 constexpr double kRtol = 1e-4;
 constexpr int kGlobalBatch = 16;
 constexpr int kSteps = 3;
 
 std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
-
-// Exact fp32 convolutions and matrix products.
-void exact_fp32() {
-  at::globalContext().setAllowTF32CuDNN(false);
-  at::globalContext().setAllowTF32CuBLAS(false);
-}
 
 using Batches = std::vector<std::pair<Tensor, Tensor>>;
 
@@ -92,52 +84,6 @@ void expect_close(const std::vector<Tensor>& got, const std::vector<Tensor>& wan
         << what << ": tensor " << i << " differs by " << (g - w).abs().max().item<double>() << " (scale "
         << w.abs().max().item<double>() << ")";
   }
-}
-
-// A directory for the ranks' results, removed with everything in it.
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/lockstep-companions-cuda-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
-// Runs body(rank, group) in `n` rank processes that each use cuda:0, with
-// TF32 off and one intra-op thread; a failed rank fails the test. False
-// (with `why`) when the ranks' libtorch sees no CUDA device.
-bool run_on_gpu(int n, const std::string& backend, const std::string& dir,
-                const std::function<void(int rank, ProcessGroup& pg)>& body, std::string* why) {
-  const int port = testing::free_port();
-  const std::string no_gpu = dir + "/no-gpu";
-  {
-    testing::ProcessRanks ranks(
-        n,
-        [&](int rank) {
-          return testing::EnvMap{{"RANK", std::to_string(rank)},   {"WORLD_SIZE", std::to_string(n)},
-                                 {"MASTER_ADDR", "127.0.0.1"},     {"MASTER_PORT", std::to_string(port)},
-                                 {"LOCKSTEP_BACKEND", backend},    {"LOCKSTEP_TIMEOUT", "60"},
-                                 {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-        },
-        [&](int rank) {
-          if (!::torch::cuda::is_available()) {
-            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
-            return;
-          }
-          at::set_num_threads(1);
-          exact_fp32();
-          auto pg = init_process_group();
-          body(rank, *pg);
-        });
-    for (const auto& r : ranks.wait_all(std::chrono::seconds(300)))
-      EXPECT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
-  }
-  std::ifstream reason(no_gpu);
-  return !(reason && std::getline(reason, *why));
 }
 
 // Runs body(rank, group) on the CPU in `n` thread ranks over shm.
@@ -210,13 +156,13 @@ TEST_P(SyncBatchNormOnCuda, TrainsAsOnTheCpuAndAsBatchNormOverTheGlobalBatch) {
   const TempDir dir;
   const std::string result = dir.path + "/sync_batchnorm.pt";
   std::string why;
-  const bool ran = run_on_gpu(
+  const bool ran = testing::run_on_gpu(
       n, "shm", dir.path,
       [&](int rank, ProcessGroup& pg) {
         auto state = train_sync_batchnorm(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
         if (rank == 0) ::torch::save(state, result);
       },
-      &why);
+      &why, std::chrono::seconds(300));
   if (!ran) GTEST_SKIP() << why;
   if (HasFailure()) return;  // a rank failed: its output is above
   std::vector<Tensor> on_gpu;
@@ -297,13 +243,13 @@ TEST_P(ZeroOnCuda, ShardedAdamEqualsTheCpuAndTheUnshardedAdam) {
   const TempDir dir;
   const std::string result = dir.path + "/zero.pt";
   std::string why;
-  const bool ran = run_on_gpu(
+  const bool ran = testing::run_on_gpu(
       n, "shm", dir.path,
       [&](int rank, ProcessGroup& pg) {
         auto state = train_zero(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
         if (rank == 0) ::torch::save(state, result);
       },
-      &why);
+      &why, std::chrono::seconds(300));
   if (!ran) GTEST_SKIP() << why;
   if (HasFailure()) return;  // a rank failed: its output is above
   std::vector<Tensor> on_gpu;
@@ -380,13 +326,13 @@ TEST_P(PowerSgdOnCuda, TrainsAsTheSameHookOnTheCpu) {
   const TempDir dir;
   const std::string result = dir.path + "/powersgd.pt";
   std::string why;
-  const bool ran = run_on_gpu(
+  const bool ran = testing::run_on_gpu(
       n, "shm", dir.path,
       [&](int rank, ProcessGroup& pg) {
         auto state = train_powersgd(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches, batched);
         if (rank == 0) ::torch::save(state, result);
       },
-      &why);
+      &why, std::chrono::seconds(300));
   if (!ran) GTEST_SKIP() << why;
   if (HasFailure()) return;  // a rank failed: its output is above
   std::vector<Tensor> on_gpu;

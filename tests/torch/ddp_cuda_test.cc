@@ -28,6 +28,7 @@
 #include <functional>
 
 #include "harness/process_ranks.h"
+#include "torch/gpu_ranks.h"
 #include "harness/thread_world.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
@@ -36,20 +37,10 @@ namespace lockstep::torch {
 namespace {
 
 using lockstep::testing::ThreadWorld;
+using lockstep::testing::TempDir;
+using lockstep::testing::exact_fp32;
 namespace nn = ::torch::nn;
 
-#define SKIP_WITHOUT_CUDA()                                                                                   \
-  do {                                                                                                        \
-    if (!::torch::cuda::is_available())                                                                       \
-      GTEST_SKIP() << "no CUDA device visible to libtorch (or a libtorch without CUDA): this test needs a GPU"; \
-  } while (0)
-
-// Exact fp32 convolutions and matrix products, so that the GPU differs
-// from the CPU only in the order of its sums.
-void exact_fp32() {
-  at::globalContext().setAllowTF32CuDNN(false);
-  at::globalContext().setAllowTF32CuBLAS(false);
-}
 
 struct NetImpl : nn::Module {
   explicit NetImpl(bool with_side) {
@@ -197,43 +188,10 @@ std::vector<::torch::Tensor> train_on_cpu(int n, const std::string& backend, con
   return out;
 }
 
-// Runs body(rank, group) in `n` rank processes that each use cuda:0, with
-// TF32 off and one intra-op thread; a failed rank fails the test. False
-// (with `why`) when the ranks' libtorch sees no CUDA device.
-bool run_on_gpu(int n, const std::string& backend, const std::string& dir,
-                const std::function<void(int rank, ProcessGroup& pg)>& body, std::string* why) {
-  const int port = testing::free_port();
-  const std::string no_gpu = dir + "/no-gpu";
-  {
-    testing::ProcessRanks ranks(
-        n,
-        [&](int rank) {
-          return testing::EnvMap{{"RANK", std::to_string(rank)},   {"WORLD_SIZE", std::to_string(n)},
-                                 {"MASTER_ADDR", "127.0.0.1"},     {"MASTER_PORT", std::to_string(port)},
-                                 {"LOCKSTEP_BACKEND", backend},    {"LOCKSTEP_TIMEOUT", "60"},
-                                 {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-        },
-        [&](int rank) {
-          if (!::torch::cuda::is_available()) {
-            if (rank == 0) std::ofstream(no_gpu) << "libtorch sees no CUDA device (or has no CUDA)";
-            return;
-          }
-          at::set_num_threads(1);
-          exact_fp32();
-          auto pg = init_process_group();
-          body(rank, *pg);
-        });
-    for (const auto& r : ranks.wait_all(std::chrono::seconds(600)))
-      EXPECT_EQ(r.exit_code, testing::kExitOk) << testing::describe(r);
-  }
-  std::ifstream reason(no_gpu);
-  return !(reason && std::getline(reason, *why));
-}
-
 // Every case on cuda:0 in `n` rank processes; rank 0 saves its state per
 // case into `dir`.
 bool train_on_gpu(int n, const std::string& backend, const std::string& dir, std::string* why) {
-  return run_on_gpu(
+  return testing::run_on_gpu(
       n, backend, dir,
       [&](int rank, ProcessGroup& pg) {
         for (const Case& c : cases()) {
@@ -242,7 +200,7 @@ bool train_on_gpu(int n, const std::string& backend, const std::string& dir, std
           if (rank == 0) ::torch::save(state, dir + "/" + c.name + ".pt");
         }
       },
-      why);
+      why, std::chrono::seconds(600));
 }
 
 void expect_close(const std::vector<::torch::Tensor>& got, const std::vector<::torch::Tensor>& want, double rtol,
@@ -282,19 +240,6 @@ std::vector<::torch::Tensor> train_join_rank(int rank, ProcessGroup& pg, ::torch
   return snapshot(*model, true);
 }
 
-// A directory for the ranks' results, removed with everything in it.
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/lockstep-ddp-cuda-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
 class OnCuda : public ::testing::TestWithParam<std::pair<int, std::string>> {};
 
 TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
@@ -326,14 +271,14 @@ TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
   const TempDir dir;
   const std::string result = dir.path + "/join.pt";
   std::string why;
-  const bool ran = run_on_gpu(
+  const bool ran = testing::run_on_gpu(
       2, "shm", dir.path,
       [&](int rank, ProcessGroup& pg) {
         auto [model, batches] = rank_inputs(rank, Case{});
         auto state = train_join_rank(rank, pg, ::torch::Device(::torch::kCUDA, 0), model, batches);
         if (rank == 0) ::torch::save(state, result);
       },
-      &why);
+      &why, std::chrono::seconds(600));
   if (!ran) GTEST_SKIP() << why;
   if (HasFailure()) return;  // a rank failed: its output is above
   std::vector<::torch::Tensor> on_gpu;
