@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
@@ -20,14 +21,15 @@ namespace {
 using ::torch::Tensor;
 
 // Largest first, each to the rank with the fewest elements so far (the
-// lowest such rank on ties): a pure function of the sizes, so every rank
-// computes the same owners.
-std::vector<int> partition(const std::vector<Tensor>& params, int ranks) {
+// lowest such rank on ties), counting what earlier groups gave each rank
+// (`load`, updated): a pure function of the sizes, so every rank computes
+// the same owners, and a group added later leaves the earlier ones where
+// they are.
+std::vector<int> partition(const std::vector<Tensor>& params, std::vector<std::int64_t>& load) {
   std::vector<std::size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return params[a].numel() > params[b].numel(); });
-  std::vector<std::int64_t> load(static_cast<std::size_t>(ranks), 0);
   std::vector<int> owners(params.size(), 0);
   for (const auto i : order) {
     const auto lightest = std::min_element(load.begin(), load.end()) - load.begin();
@@ -43,8 +45,26 @@ void copy_state(::torch::optim::Optimizer& from, ::torch::optim::Optimizer& to, 
     const auto it = from.state().find(libtorch::optimizer_state_key(p));
     if (it != from.state().end()) to.state()[libtorch::optimizer_state_key(p)] = it->second->clone();
   }
-  if (!from.param_groups().empty() && !to.param_groups().empty())
-    to.param_groups()[0].set_options(from.param_groups()[0].options().clone());
+}
+
+// Each group's options of `from`, into the same group of `to`.
+void copy_options(const std::vector<::torch::optim::OptimizerParamGroup>& from,
+                  std::vector<::torch::optim::OptimizerParamGroup>& to) {
+  for (std::size_t g = 0; g < from.size() && g < to.size(); ++g) to[g].set_options(from[g].options().clone());
+}
+
+// The parameters of a list of groups, refused if there are none or one is
+// undefined; then the defaults of the optimizer the factory makes.
+std::unique_ptr<::torch::optim::OptimizerOptions> checked_defaults(
+    const std::vector<::torch::optim::OptimizerParamGroup>& groups,
+    const ZeroRedundancyOptimizer::OptimizerFactory& make_optimizer) {
+  std::vector<Tensor> all;
+  for (const auto& g : groups) all.insert(all.end(), g.params().begin(), g.params().end());
+  if (all.empty()) throw InvalidArgument("ZeroRedundancyOptimizer got an empty parameter list");
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (!all[i].defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
+  if (!make_optimizer) throw InvalidArgument("ZeroRedundancyOptimizer needs a way to build the optimizer");
+  return make_optimizer(std::move(all))->defaults().clone();
 }
 
 std::string serialized(::torch::optim::Optimizer& optimizer) {
@@ -59,25 +79,71 @@ std::string serialized(::torch::optim::Optimizer& optimizer) {
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters, std::shared_ptr<ProcessGroup> group,
                                                  OptimizerFactory make_optimizer)
-    : parameters_(std::move(parameters)), group_(std::move(group)), make_optimizer_(std::move(make_optimizer)) {
-  if (parameters_.empty()) throw InvalidArgument("ZeroRedundancyOptimizer got an empty parameter list");
+    : ZeroRedundancyOptimizer(std::vector<ParamGroup>{ParamGroup(std::move(parameters))}, std::move(group),
+                              std::move(make_optimizer)) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups,
+                                                 std::shared_ptr<ProcessGroup> group, OptimizerFactory make_optimizer)
+    : Optimizer(param_groups, checked_defaults(param_groups, make_optimizer)),
+      group_(std::move(group)),
+      make_optimizer_(std::move(make_optimizer)) {
   if (!group_) throw InvalidArgument("ZeroRedundancyOptimizer needs a process group (lockstep::init_process_group())");
-  if (!make_optimizer_) throw InvalidArgument("ZeroRedundancyOptimizer needs a way to build the optimizer");
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    if (!parameters_[i].defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
-    dtype_of(parameters_[i].scalar_type());  // throws for types lockstep cannot all-gather
-    // The shards are packed into one tensor per dtype and all-gathered
-    // there: every parameter on one device (the CPU or one GPU).
-    if (parameters_[i].device() != parameters_[0].device())
-      throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter 0 is on {} but parameter {} is on {}; "
-                                        "the parameters must all be on one device (move the model with "
-                                        "module->to(device) before building the optimizer)",
-                                        c10::str(parameters_[0].device()), i, c10::str(parameters_[i].device())));
+  load_.assign(static_cast<std::size_t>(group_->size()), 0);
+  sync_groups();
+}
+
+// Takes in the groups added since the last call (all of them at
+// construction): checks their parameters, shares them out, and gives this
+// rank's part of each to its optimizer (made once it has a parameter).
+void ZeroRedundancyOptimizer::sync_groups() {
+  if (groups_seen_ == param_groups_.size()) return;
+  for (std::size_t g = groups_seen_; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (const auto& p : params) {
+      const std::size_t i = parameters_.size();
+      if (!p.defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
+      dtype_of(p.scalar_type());  // throws for types lockstep cannot all-gather
+      // The shards are packed into one tensor per dtype and all-gathered
+      // there: every parameter on one device (the CPU or one GPU).
+      const Tensor& first = parameters_.empty() ? p : parameters_[0];
+      if (p.device() != first.device())
+        throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter 0 is on {} but parameter {} is on {}; "
+                                          "the parameters must all be on one device (move the model with "
+                                          "module->to(device) before building the optimizer)",
+                                          c10::str(first.device()), i, c10::str(p.device())));
+      if (parameters_.empty()) buffer_of(p, "a parameter of ZeroRedundancyOptimizer");  // a device lockstep uses
+      parameters_.push_back(p);
+      group_of_.push_back(g);
+    }
+    for (const int owner : partition(params, load_)) owners_.push_back(owner);
+    if (local_) local_->add_param_group(ParamGroup(shard_of(group_->rank(), g), param_groups_[g].options().clone()));
   }
-  buffer_of(parameters_[0], "a parameter of ZeroRedundancyOptimizer");  // throws for devices lockstep cannot use
-  owners_ = partition(parameters_, group_->size());
-  auto mine = shard_of(group_->rank());
-  if (!mine.empty()) local_ = make_optimizer_(std::move(mine));
+  groups_seen_ = param_groups_.size();
+  if (!local_ && !shard_of(group_->rank()).empty()) local_ = optimizer_over(group_->rank());
+}
+
+void ZeroRedundancyOptimizer::add_param_group(const ParamGroup& param_group) {
+  Optimizer::add_param_group(param_group);
+  sync_groups();
+}
+
+int ZeroRedundancyOptimizer::owner(std::size_t index) {
+  sync_groups();
+  return owners_.at(index);
+}
+
+// The factory's optimizer over `rank`'s shard (every parameter for -1),
+// with one group per group of this optimizer, each with its options.
+std::unique_ptr<::torch::optim::Optimizer> ZeroRedundancyOptimizer::optimizer_over(int rank) const {
+  const auto params_of = [&](std::size_t g) {
+    if (rank >= 0) return shard_of(rank, g);
+    return param_groups_[g].params();
+  };
+  auto optimizer = make_optimizer_(params_of(0));
+  optimizer->param_groups()[0].set_options(param_groups_[0].options().clone());
+  for (std::size_t g = 1; g < param_groups_.size(); ++g)
+    optimizer->add_param_group(ParamGroup(params_of(g), param_groups_[g].options().clone()));
+  return optimizer;
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
@@ -87,17 +153,30 @@ std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
   return shard;
 }
 
+std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank, std::size_t group) const {
+  std::vector<Tensor> shard;
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    if (owners_[i] == rank && group_of_[i] == group) shard.push_back(parameters_[i]);
+  return shard;
+}
+
 // Per dtype: every rank packs its shard into a block of the largest
 // shard's size (padding the rest), one allgather brings all blocks, and each
 // rank copies the other ranks' blocks into their parameters. On a GPU the
 // packing, the allgather and the copies out are ordered by the current
 // stream (the allgather runs after the packing queued there; wait() makes
 // the stream wait for it): the host never waits for the device.
-void ZeroRedundancyOptimizer::step() {
+Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // Under a Join whose first joinable this is (no DDP in it): tells joined
   // ranks to shadow this step.
   Join::notify_join_context(*this);
+  Tensor loss;
+  if (closure) {
+    ::torch::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
   step_shard_and_gather();
+  return loss;
 }
 
 // What a joined rank does in each step of the ranks still training: the
@@ -117,7 +196,12 @@ std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&)
 }
 
 void ZeroRedundancyOptimizer::step_shard_and_gather() {
-  if (local_) local_->step();
+  sync_groups();
+  if (local_) {
+    // A scheduler (or the user) changes the options of param_groups().
+    copy_options(param_groups_, local_->param_groups());
+    local_->step();
+  }
   const int ranks = group_->size(), me = group_->rank();
   if (ranks == 1) return;
   ::torch::NoGradGuard no_grad;
@@ -150,6 +234,7 @@ void ZeroRedundancyOptimizer::step_shard_and_gather() {
 }
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  sync_groups();
   for (auto& p : parameters_) {
     if (!p.grad().defined()) continue;
     if (set_to_none) {
@@ -169,6 +254,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const int ranks = group_->size(), me = group_->rank();
   if (to < 0 || to >= ranks)
     throw InvalidArgument(fmt::format("consolidate_state_dict: rank {} is not in the group of {} rank(s)", to, ranks));
+  sync_groups();
   consolidated_.reset();
   if (me != to) {
     const std::string bytes = local_ ? serialized(*local_) : std::string();
@@ -177,7 +263,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     if (size > 0) group_->send(ConstBuffer{bytes.data(), bytes.size(), DType::u8}, to)->wait();
     return;
   }
-  auto full = make_optimizer_(parameters_);
+  auto full = optimizer_over(-1);
   if (local_) copy_state(*local_, *full, shard_of(me));
   for (int r = 0; r < ranks; ++r) {
     if (r == me) continue;
@@ -186,7 +272,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     if (size == 0) continue;
     std::string bytes(static_cast<std::size_t>(size), '\0');
     group_->recv(Buffer{bytes.data(), bytes.size(), DType::u8}, r)->wait();
-    auto theirs = make_optimizer_(shard_of(r));
+    auto theirs = optimizer_over(r);
     ::torch::serialize::InputArchive archive;
     // Onto this rank's device: rank r saved the tensors of its own (another
     // GPU of this host, perhaps).
@@ -194,11 +280,14 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     theirs->load(archive);
     copy_state(*theirs, *full, shard_of(r));
   }
-  if (local_) full->param_groups()[0].set_options(local_->param_groups()[0].options().clone());
   consolidated_ = std::move(full);
 }
 
 ::torch::optim::Optimizer& ZeroRedundancyOptimizer::consolidated() {
+  return const_cast<::torch::optim::Optimizer&>(std::as_const(*this).consolidated());
+}
+
+const ::torch::optim::Optimizer& ZeroRedundancyOptimizer::consolidated() const {
   if (!consolidated_)
     throw InvalidArgument(fmt::format(
         "ZeroRedundancyOptimizer: rank {} holds no consolidated state; call consolidate_state_dict(to) on every rank "
@@ -207,12 +296,19 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   return *consolidated_;
 }
 
-void ZeroRedundancyOptimizer::save(::torch::serialize::OutputArchive& archive) { consolidated().save(archive); }
+void ZeroRedundancyOptimizer::save(::torch::serialize::OutputArchive& archive) const {
+  consolidated().save(archive);
+}
 
 void ZeroRedundancyOptimizer::load(::torch::serialize::InputArchive& archive) {
-  auto full = make_optimizer_(parameters_);
+  sync_groups();
+  auto full = optimizer_over(-1);
   full->load(archive);
-  if (local_) copy_state(*full, *local_, shard_of(group_->rank()));
+  copy_options(full->param_groups(), param_groups_);
+  if (local_) {
+    copy_state(*full, *local_, shard_of(group_->rank()));
+    copy_options(param_groups_, local_->param_groups());
+  }
 }
 
 std::size_t optimizer_state_bytes(const ::torch::optim::Optimizer& optimizer) {

@@ -271,7 +271,7 @@ TEST(ZeroRedundancyOptimizer, EachRankHoldsAboutOneNthOfTheState) {
 TEST(ZeroRedundancyOptimizer, MisuseIsRefusedClearly) {
   ThreadWorld world(2, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
-    EXPECT_THROW(ZeroRedundancyOptimizer({}, borrow(pg), sgd()), InvalidArgument);
+    EXPECT_THROW(ZeroRedundancyOptimizer(std::vector<Tensor>{}, borrow(pg), sgd()), InvalidArgument);
     auto net = make_mlp(1);
     ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), sgd());
     try {
@@ -301,6 +301,190 @@ TEST(ZeroRedundancyOptimizer, EmptyShardsWhenRanksOutnumberParameters) {
     weights[static_cast<std::size_t>(rank)] = fc->weight.detach().clone();
   });
   for (int r = 1; r < kRanks; ++r) EXPECT_TRUE(weights[static_cast<std::size_t>(r)].equal(weights[0]));
+}
+
+// ---- As a torch::optim::Optimizer -----------------------------------------
+
+// Every rank trains on the whole batch (no DDP): the gradients are the
+// reference's on every rank, so the sharded steps equal the unsharded ones.
+void local_step(nn::Sequential& net, ::torch::optim::Optimizer& opt, int step) {
+  auto [x, y] = batch(step);
+  opt.zero_grad();
+  ::torch::mse_loss(net->forward(x), y).backward();
+  opt.step();
+}
+
+double lr_of(const ::torch::optim::Optimizer& opt, std::size_t group) {
+  return opt.param_groups().at(group).options().get_lr();
+}
+
+// torch::optim::StepLR drives the sharded optimizer through its
+// param_groups(): the learning rate each shard steps with is StepLR's, and
+// the parameters follow the unsharded SGD under the same schedule.
+// step(closure) returns the closure's loss.
+TEST(ZeroRedundancyOptimizer, AStepLRSchedulerDrivesTheShards) {
+  constexpr int kRanks = 2;
+  Reference ref{make_mlp(7), nullptr};
+  ref.opt = sgd()(ref.net->parameters());
+  ::torch::optim::StepLR ref_schedule(*ref.opt, /*step_size=*/2, /*gamma=*/0.5);
+  std::vector<double> expected_lrs;
+  for (int s = 0; s < kSteps; ++s) {
+    expected_lrs.push_back(lr_of(*ref.opt, 0));
+    local_step(ref.net, *ref.opt, s);
+    ref_schedule.step();
+  }
+  std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)};
+  std::vector<std::vector<Tensor>> params(kRanks);
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::SGDOptions(0.05).momentum(0.9));
+    ::torch::optim::StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.5);
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s);
+      const Tensor loss = opt.step([&] {
+        opt.zero_grad();
+        auto l = ::torch::mse_loss(net->forward(x), y);
+        l.backward();
+        return l;
+      });
+      EXPECT_TRUE(loss.defined() && loss.item<double>() > 0) << "step " << s;
+      ASSERT_NE(opt.local_optimizer(), nullptr);
+      EXPECT_EQ(lr_of(*opt.local_optimizer(), 0), expected_lrs[static_cast<std::size_t>(s)]) << "step " << s;
+      schedule.step();
+    }
+    EXPECT_EQ(lr_of(opt, 0), lr_of(*ref.opt, 0));
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+  });
+  EXPECT_LT(expected_lrs.back(), expected_lrs.front());  // the schedule did change it
+  for (int r = 0; r < kRanks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r));
+}
+
+// The first layer at lr 0.1, the second at 0.01, the rest added after two
+// steps at 0.5 (the last through a torch::optim::Optimizer&): each moves as
+// in torch::optim::SGD with the same groups.
+TEST(ZeroRedundancyOptimizer, ParameterGroupsKeepTheirOwnOptions) {
+  constexpr int kRanks = 3;
+  using Group = ::torch::optim::OptimizerParamGroup;
+  const auto groups_of = [](nn::Sequential& net) {
+    const auto p = net->parameters();  // fc1 w, b, fc2 w, b, fc3 w, b, fc4 w, b
+    std::vector<Group> first;
+    first.emplace_back(std::vector<Tensor>{p[0], p[1]}, std::make_unique<::torch::optim::SGDOptions>(0.1));
+    first.emplace_back(std::vector<Tensor>{p[2], p[3]}, std::make_unique<::torch::optim::SGDOptions>(0.01));
+    Group later(std::vector<Tensor>(p.begin() + 4, p.end()), std::make_unique<::torch::optim::SGDOptions>(0.5));
+    return std::make_pair(std::move(first), std::move(later));
+  };
+  auto ref_net = make_mlp(7);
+  auto [ref_groups, ref_later] = groups_of(ref_net);
+  ::torch::optim::SGD ref_opt(ref_groups, ::torch::optim::SGDOptions(1.0));
+  for (int s = 0; s < kSteps; ++s) {
+    if (s == 2) ref_opt.add_param_group(ref_later);
+    local_step(ref_net, ref_opt, s);
+  }
+  std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7), make_mlp(7)};
+  std::vector<std::vector<Tensor>> params(kRanks);
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    auto [groups, later] = groups_of(net);
+    ZeroRedundancyOptimizer opt(groups, borrow(pg), ::torch::optim::SGDOptions(1.0));
+    EXPECT_EQ(opt.param_groups().size(), 2u);
+    for (int s = 0; s < kSteps; ++s) {
+      if (s == 2) static_cast<::torch::optim::Optimizer&>(opt).add_param_group(later);
+      local_step(net, opt, s);
+    }
+    EXPECT_EQ(opt.param_groups().size(), 3u);
+    EXPECT_EQ(opt.parameters().size(), net->parameters().size());
+    if (opt.local_optimizer()) {
+      EXPECT_EQ(opt.local_optimizer()->param_groups().size(), 3u);
+      for (std::size_t g = 0; g < 3; ++g) EXPECT_EQ(lr_of(*opt.local_optimizer(), g), lr_of(opt, g));
+    }
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+  });
+  for (int r = 0; r < kRanks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref_net->parameters()), "rank " + std::to_string(r));
+}
+
+// torch::save(zero, ...) writes the consolidated state, which torch::load
+// reads into the unsharded Adam and into a fresh sharded optimizer, which
+// then trains on exactly as the reference. The groups' options load as the
+// unsharded Adam's do (libtorch 2.x restores them, 1.13 keeps the current).
+TEST(ZeroRedundancyOptimizer, SavesAndLoadsThroughTorchSaveAndLoad) {
+  constexpr int kRanks = 2;
+  using Group = ::torch::optim::OptimizerParamGroup;
+  const auto groups_of = [](nn::Sequential& net, double lr0, double lr1) {
+    const auto p = net->parameters();
+    std::vector<Group> groups;
+    groups.emplace_back(std::vector<Tensor>(p.begin(), p.begin() + 4), std::make_unique<::torch::optim::AdamOptions>(lr0));
+    groups.emplace_back(std::vector<Tensor>(p.begin() + 4, p.end()), std::make_unique<::torch::optim::AdamOptions>(lr1));
+    return groups;
+  };
+  auto ref_net = make_mlp(7);
+  ::torch::optim::Adam ref_opt(groups_of(ref_net, 0.01, 0.02), ::torch::optim::AdamOptions(1.0));
+  for (int s = 0; s < 2; ++s) local_step(ref_net, ref_opt, s);
+  const auto after_2 = values(ref_net->parameters());
+  // The reference's state after 2 steps, kept for comparison.
+  auto ref_net_after_2 = make_mlp(7);
+  ::torch::optim::Adam ref_after_2(groups_of(ref_net_after_2, 0.01, 0.02), ::torch::optim::AdamOptions(1.0));
+  {
+    ::torch::serialize::OutputArchive archive;
+    ref_opt.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    std::istringstream in(out.str());
+    ::torch::load(ref_after_2, in);
+  }
+  const auto ref_opt_after_2 = [&]() -> ::torch::optim::Optimizer& { return ref_after_2; };
+  for (int s = 2; s < kSteps; ++s) local_step(ref_net, ref_opt, s);
+
+  std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)}, fresh{make_mlp(8), make_mlp(8)};
+  std::vector<std::vector<Tensor>> params(kRanks);
+  std::string saved;
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    ZeroRedundancyOptimizer opt(groups_of(net, 0.01, 0.02), borrow(pg), ::torch::optim::AdamOptions(1.0));
+    for (int s = 0; s < 2; ++s) local_step(net, opt, s);
+    opt.consolidate_state_dict(0);
+    if (rank == 0) {
+      std::ostringstream out;
+      ::torch::save(opt, out);
+      saved = out.str();
+    } else {
+      std::ostringstream out;
+      EXPECT_THROW(::torch::save(opt, out), InvalidArgument);  // nothing consolidated here
+    }
+  });
+  ASSERT_FALSE(saved.empty());
+  auto unsharded_net = make_mlp(7);
+  ::torch::optim::Adam unsharded(groups_of(unsharded_net, 0.5, 0.5), ::torch::optim::AdamOptions(1.0));
+  {
+    std::istringstream in(saved);
+    ::torch::load(unsharded, in);
+    expect_same_state(unsharded, unsharded_net->parameters(), ref_opt_after_2(), ref_net_after_2->parameters());
+  }
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = fresh[static_cast<std::size_t>(rank)];
+    {
+      ::torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < after_2.size(); ++i) net->parameters()[i].copy_(after_2[i]);
+    }
+    ZeroRedundancyOptimizer loaded(groups_of(net, 0.5, 0.5), borrow(pg), ::torch::optim::AdamOptions(1.0));
+    {
+      std::istringstream in(saved);
+      ::torch::load(loaded, in);
+      EXPECT_EQ(lr_of(loaded, 0), lr_of(unsharded, 0));
+      EXPECT_EQ(lr_of(loaded, 1), lr_of(unsharded, 1));
+    }
+    ZeroRedundancyOptimizer opt(groups_of(net, 0.01, 0.02), borrow(pg), ::torch::optim::AdamOptions(1.0));
+    std::istringstream in(saved);
+    ::torch::load(opt, in);
+    for (int s = 2; s < kSteps; ++s) local_step(net, opt, s);
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+  });
+  for (int r = 0; r < kRanks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref_net->parameters()), "rank " + std::to_string(r));
 }
 
 }  // namespace

@@ -13,9 +13,10 @@
 //
 // Results equal the unsharded optimizer's for optimizers that update each
 // parameter from its own gradient and state (SGD, Adam, AdamW, Adagrad,
-// RMSprop). Shards are assigned greedily, largest parameter first, to the
-// rank with the fewest elements so far (the same on every rank). step() is
-// collective: every rank calls it, with the same parameters.
+// RMSprop). Shards are assigned greedily, group by group, largest
+// parameter first, to the rank with the fewest elements so far (the same on
+// every rank). step() is collective: every rank calls it, with the same
+// parameters.
 //
 // Thread-safety: drive it from one thread, like a torch optimizer.
 #pragma once
@@ -54,21 +55,36 @@ inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::to
 }
 }  // namespace detail
 
+// A torch::optim::Optimizer: learning-rate schedulers drive it
+// (torch::optim::StepLR sched(zero, 10, 0.5)), torch::save(zero, ...) and
+// torch::load(zero, ...) go through save() and load(), parameter groups
+// carry their own options (each group's options reach the shard's
+// optimizer at every step), add_param_group() adds more, and step(closure)
+// evaluates the closure first. param_groups() hold every parameter, as the
+// unsharded optimizer's do; state() is empty: the shard's state is in
+// local_optimizer().
+//
 // As a Joinable (lockstep/torch/join.h), for uneven inputs:
 // Join join({ddp, zero}). A rank that ran out of data keeps stepping its
 // shard on the averaged gradients DDP's join hook leaves it, and takes part
 // in the all-gather, so the others' steps complete and every parameter is
 // updated as in training without Join (DDP with an unsharded optimizer).
-class ZeroRedundancyOptimizer : public Joinable {
+class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinable {
  public:
   // Builds the optimizer of a set of parameters: this rank's shard, or all
   // of them for the consolidated state. Called with the same options each
   // time, so that the shards' optimizers and the consolidated one agree.
+  // Parameter groups after the first are added to what it returns, each
+  // with its own options.
   using OptimizerFactory =
       std::function<std::unique_ptr<::torch::optim::Optimizer>(std::vector<::torch::Tensor> parameters)>;
+  using ParamGroup = ::torch::optim::OptimizerParamGroup;
 
   // Throws InvalidArgument for an empty parameter list. Not collective.
   ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
+                          OptimizerFactory make_optimizer);
+  // Parameter groups; a group without options takes the factory's defaults.
+  ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups, std::shared_ptr<ProcessGroup> group,
                           OptimizerFactory make_optimizer);
   // With a torch optimizer's options: SGDOptions, AdamOptions, AdamWOptions,
   // AdagradOptions or RMSpropOptions pick that optimizer.
@@ -76,16 +92,25 @@ class ZeroRedundancyOptimizer : public Joinable {
             typename = decltype(detail::optimizer_for({}, std::declval<const Options&>()))>
   ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
                           const Options& options)
-      : ZeroRedundancyOptimizer(std::move(parameters), std::move(group),
-                                [options](std::vector<::torch::Tensor> p) {
-                                  return detail::optimizer_for(std::move(p), options);
-                                }) {}
+      : ZeroRedundancyOptimizer(std::move(parameters), std::move(group), factory_for(options)) {}
+  template <typename Options,
+            typename = decltype(detail::optimizer_for({}, std::declval<const Options&>()))>
+  ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups, std::shared_ptr<ProcessGroup> group,
+                          const Options& options)
+      : ZeroRedundancyOptimizer(std::move(param_groups), std::move(group), factory_for(options)) {}
 
-  // Updates this rank's shard from its gradients, then all-gathers every
-  // shard (one allgather per dtype). Collective.
-  void step();
+  // Evaluates `closure` (if any, with gradients enabled) and returns its
+  // loss; updates this rank's shard from its gradients, with each group's
+  // current options, then all-gathers every shard (one allgather per
+  // dtype). Collective.
+  ::torch::Tensor step(LossClosure closure = nullptr) override;
   // Clears the gradients of all parameters (not only the shard's).
   void zero_grad(bool set_to_none = false);
+  // Appends a group, as torch::optim::Optimizer::add_param_group does (also
+  // through an Optimizer&). Its parameters are shared out among the ranks
+  // without moving those of the earlier groups. Every rank adds the same
+  // groups in the same order before its next step.
+  void add_param_group(const ParamGroup& param_group);
 
   // Gathers every shard's optimizer state on rank `to` (point to point: only
   // `to` receives). Collective. Then, on `to`, consolidated() is an
@@ -94,17 +119,23 @@ class ZeroRedundancyOptimizer : public Joinable {
   void consolidate_state_dict(int to = 0);
   // Throws InvalidArgument on a rank that received no consolidated state.
   ::torch::optim::Optimizer& consolidated();
-  void save(::torch::serialize::OutputArchive& archive);
-  // Reads a state saved by save() (or by the unsharded optimizer) and keeps
-  // this rank's shard of it. Every rank calls it with the same archive
-  // contents; not collective.
-  void load(::torch::serialize::InputArchive& archive);
+  const ::torch::optim::Optimizer& consolidated() const;
+  // Writes the consolidated state (what the unsharded optimizer saves);
+  // InvalidArgument without one. torch::save(zero, ...) calls it.
+  void save(::torch::serialize::OutputArchive& archive) const override;
+  // Reads a state saved by save() (or by the unsharded optimizer), takes
+  // its groups' options and keeps this rank's shard of the state. Every
+  // rank calls it with the same archive contents; not collective.
+  // torch::load(zero, ...) calls it.
+  void load(::torch::serialize::InputArchive& archive) override;
 
-  // The rank that owns (updates) parameter `index` of the constructor's list.
-  int owner(std::size_t index) const { return owners_.at(index); }
+  // The rank that owns (updates) parameter `index` of parameters().
+  int owner(std::size_t index);
   // This rank's optimizer (null when its shard is empty: more ranks than
-  // parameters), e.g. for a learning-rate schedule: change it on every rank.
+  // parameters). Its groups' options are set from param_groups() at every
+  // step: change those (or use a scheduler on this optimizer).
   ::torch::optim::Optimizer* local_optimizer() { return local_.get(); }
+  // Every parameter, group after group.
   const std::vector<::torch::Tensor>& parameters() const { return parameters_; }
   ProcessGroup& group() const { return *group_; }
 
@@ -115,12 +146,22 @@ class ZeroRedundancyOptimizer : public Joinable {
 
  private:
   class JoinedStep;
+  template <typename Options>
+  static OptimizerFactory factory_for(const Options& options) {
+    return [options](std::vector<::torch::Tensor> p) { return detail::optimizer_for(std::move(p), options); };
+  }
   void step_shard_and_gather();
+  void sync_groups();
+  std::unique_ptr<::torch::optim::Optimizer> optimizer_over(int rank) const;
   std::vector<::torch::Tensor> shard_of(int rank) const;
-  std::vector<::torch::Tensor> parameters_;
+  std::vector<::torch::Tensor> shard_of(int rank, std::size_t group) const;
   std::shared_ptr<ProcessGroup> group_;
   OptimizerFactory make_optimizer_;
-  std::vector<int> owners_;  // by parameter index
+  std::vector<::torch::Tensor> parameters_;  // every group's, in order
+  std::vector<std::size_t> group_of_;        // by parameter index
+  std::vector<int> owners_;                  // by parameter index
+  std::vector<std::int64_t> load_;           // elements owned, by rank
+  std::size_t groups_seen_ = 0;              // of param_groups(), shared out so far
   std::unique_ptr<::torch::optim::Optimizer> local_;
   std::unique_ptr<::torch::optim::Optimizer> consolidated_;
 };
