@@ -184,6 +184,29 @@ TEST(Launcher, TwoLaunchersFormOneJobAsTwoNodes) {
   EXPECT_TRUE(contains(b.output, "(local rank 0 of 1, node 1)")) << b.output;
 }
 
+// Two nodes started with the same --node-rank (node 0 hosts the store on
+// this one machine, so the duplicate is node 1): every launcher stops at
+// once naming the two, instead of waiting for the node nobody started.
+TEST(Launcher, ANodeRankGivenToTwoLaunchersStopsEveryNodeNamingBoth) {
+  const std::string port = std::to_string(testing::free_port());
+  const auto node = [&](int rank) {
+    return std::vector<std::string>{"--nnodes", "3", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
+                                    "--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "30",
+                                    "--", RANK_PROGRAM, "ok"};
+  };
+  const auto start = Clock::now();
+  Launcher host(node(0), {{"LOCKSTEP_BACKEND", "tcp"}});
+  Launcher one(node(1), {{"LOCKSTEP_BACKEND", "tcp"}});
+  Launcher other(node(1), {{"LOCKSTEP_BACKEND", "tcp"}});
+  const auto results = {host.wait(40s), one.wait(40s), other.wait(40s)};
+  EXPECT_LT(seconds_between(start, Clock::now()), 15.0) << "a launcher waited for --rdzv-timeout";
+  for (const auto& r : results) {
+    EXPECT_NE(r.exit_code, 0) << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "--node-rank 1 was given to two launchers, host ")) << r.output;
+    EXPECT_FALSE(contains(r.output, "rank 0 of")) << "a rank ran: " << r.output;
+  }
+}
+
 TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   TempDir dir;
   const std::string port = std::to_string(testing::free_port());
@@ -454,6 +477,24 @@ TEST(Launcher, AnElasticJobBelowItsMinimumFailsClearlyAtTheDeadline) {
   EXPECT_TRUE(contains(r.output, "only 1 node(s)")) << r.output;
   EXPECT_TRUE(contains(r.output, "fewer than the minimum of 2 (--nnodes 2:3)")) << r.output;
   EXPECT_FALSE(contains(r.output, "attempt 0 starting")) << "a rank started: " << r.output;
+}
+
+// torchrun's multi-node form: --nnodes 2:2 with an endpoint and an id, no
+// --rdzv-backend and no --node-rank. The rendezvous numbers the nodes (it
+// once ran as a static job where both launchers took node 0).
+TEST(Launcher, MinEqualToMaxIsTheElasticRendezvous) {
+  const std::string port = std::to_string(testing::free_port());
+  const std::vector<std::string> args{"--nnodes", "2:2", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id",
+                                      fmt::format("mm-{}", ::getpid()), "--", RANK_PROGRAM, "ok"};
+  Launcher first(args, {{"LOCKSTEP_BACKEND", "tcp"}});
+  Launcher second(args, {{"LOCKSTEP_BACKEND", "tcp"}});
+  const auto a = first.wait(60s), b = second.wait(60s);
+  EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
+  EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
+  const std::string all = a.output + b.output;
+  EXPECT_TRUE(contains(all, "on node 0 of 2")) << all;
+  EXPECT_TRUE(contains(all, "on node 1 of 2")) << all;
+  for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(contains(all, fmt::format("rank {} of 2 sum 3", rank))) << all;
 }
 
 TEST(Launcher, AnElasticJobRanksItsNodesAndRestartsAfterAFailure) {

@@ -39,6 +39,12 @@ TEST(RunArguments, NodeCountsAreNOrMinMax) {
   EXPECT_EQ(r.min, 2);
   EXPECT_EQ(r.max, 4);
   EXPECT_TRUE(r.elastic());
+  // MIN:MAX is the elastic rendezvous even when MIN == MAX (torchrun's
+  // --nnodes 2:2 with an --rdzv-id), unlike a plain N.
+  const NodeRange fixed_size = parse_nnodes("2:2");
+  EXPECT_EQ(fixed_size.min, 2);
+  EXPECT_EQ(fixed_size.max, 2);
+  EXPECT_TRUE(fixed_size.elastic());
   for (const char* bad : {"0", "4:2", "a", "1:2:3", "", "2:"}) EXPECT_THROW(parse_nnodes(bad), ConfigError) << bad;
 }
 

@@ -63,7 +63,8 @@ NodeRange parse_nnodes(const std::string& text) {
   if (parts.size() > 2) throw ConfigError(fmt::format("--nnodes '{}' is neither N nor MIN:MAX", text));
   NodeRange range;
   range.min = parse_count(parts[0], "--nnodes", 1, kMaxNodes);
-  range.max = parts.size() == 2 ? parse_count(parts[1], "--nnodes", 1, kMaxNodes) : range.min;
+  range.written_as_range = parts.size() == 2;
+  range.max = range.written_as_range ? parse_count(parts[1], "--nnodes", 1, kMaxNodes) : range.min;
   if (range.min > range.max)
     throw ConfigError(fmt::format("--nnodes {}: the minimum {} is above the maximum {}", text, range.min, range.max));
   return range;

@@ -22,7 +22,10 @@ std::vector<std::string> separate_program(const CLI::App& run, std::vector<std::
 struct NodeRange {
   int min = 1;
   int max = 1;
-  bool elastic() const { return min != max; }
+  bool written_as_range = false;  // "MIN:MAX", even with MIN == MAX
+  // MIN:MAX is the elastic rendezvous, as --help and torchrun say, even
+  // when MIN == MAX: nodes are numbered by the rendezvous, not --node-rank.
+  bool elastic() const { return min != max || written_as_range; }
 };
 // "N" or "MIN:MAX"; throws ConfigError.
 NodeRange parse_nnodes(const std::string& text);

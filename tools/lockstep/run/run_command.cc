@@ -79,6 +79,19 @@ Round rendezvous_static(Store& store, const RunOptions& o, int node_rank, int nn
     round.world_size = nproc;
     return round;
   }
+  // Two launchers given the same --node-rank would each run as that node
+  // and wait for the one nobody started; the second to claim it names both
+  // and stops every node at once.
+  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
+  const std::string holder = store.compare_set(fmt::format("launcher/{}/node/{}", attempt, node_rank), "", me);
+  if (holder != me) {
+    const std::string what = fmt::format(
+        "--node-rank {} was given to two launchers, {} and {}: give each node its own --node-rank from 0 to {}, or "
+        "let the rendezvous number the nodes (--nnodes {}:{} --rdzv-backend c10d)",
+        node_rank, holder, me, nnodes - 1, nnodes, nnodes);
+    publish_interruption(store, what);
+    throw ConfigError(what);
+  }
   store.set(fmt::format("launcher/{}/nproc/{}", attempt, node_rank), std::to_string(nproc));
   std::vector<std::string> keys;
   for (int n = 0; n < nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
@@ -336,15 +349,21 @@ std::string store_token(const RunOptions& o, const JobPlan& plan, bool single) {
   return shared_store_token(user, facts);
 }
 
-// After a signal during the rendezvous: tell the other launchers, and if
-// this one hosts the store, keep it up a moment so they can read why.
+// When the nodes stop during the rendezvous, the launcher hosting the store
+// keeps it up a moment (while others are connected, 2 s at most) so they
+// can read why.
+void keep_store_for_readers(TcpStoreServer* server) {
+  if (!server) return;
+  const Deadline linger = Deadline::after(std::chrono::seconds(2));
+  while (server->num_clients() > 1 && !linger.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// After a signal during the rendezvous: tell the other launchers why.
 void announce_interruption(Store& store, TcpStoreServer* server, const std::string& who, const Interrupted& e,
                            const std::string& key = kInterruptedKey) {
   if (key.empty()) return;  // nobody waits for this launcher
   publish_interruption(store, fmt::format("{} was interrupted: {}", who, e.what()), key);
-  if (!server) return;
-  const Deadline linger = Deadline::after(std::chrono::seconds(2));
-  while (server->num_clients() > 1 && !linger.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  keep_store_for_readers(server);
 }
 
 // The store, then attempts until one succeeds or restarts run out.
@@ -417,6 +436,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       }
     } catch (const Interrupted& e) {
       announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
+      throw;
+    } catch (const PeerError&) {
+      keep_store_for_readers(server.get());  // another launcher published why the nodes stop
       throw;
     }
     if (elastic || round.world_size != last_world)
