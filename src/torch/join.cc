@@ -73,6 +73,26 @@ int Join::all_reduce_count(int mine) const {
   return static_cast<int>(value + 0.5f);
 }
 
+// A joined rank's counting all-reduce. Timing out here means the ranks
+// still training are waiting elsewhere: most likely in a collective that
+// no joinable of this Join shadows.
+int Join::count_while_joined() const {
+  const auto hint = [&] {
+    return fmt::format("Join: rank {} ran out of inputs and waited for the ranks still training, which did not come "
+                       "back to the Join's all-reduce: they are probably in a collective that no joinable of this "
+                       "Join shadows, e.g. a ZeroRedundancyOptimizer's step (list it too: Join({{ddp, zero}})) or a "
+                       "collective of your own",
+                       group_->rank());
+  };
+  try {
+    return all_reduce_count(0);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("{}\n{}", e.what(), hint()), e.peer());
+  } catch (const MismatchError& e) {
+    throw MismatchError(fmt::format("{}\n{}", e.what(), hint()));
+  }
+}
+
 void Join::join() {
   if (joined_) return;
   joined_ = true;
@@ -82,7 +102,7 @@ void Join::join() {
   }
   // Pairs with the notify_join_context() all-reduce of the ranks still
   // training: the sum counts them.
-  int training = all_reduce_count(0);
+  int training = count_while_joined();
   bool is_last_joiner = true;
   while (training > 0) {
     if (options_.throw_on_early_termination) {
@@ -99,7 +119,7 @@ void Join::join() {
       hook->main_hook();
     }
     is_last_joiner = false;
-    training = all_reduce_count(0);
+    training = count_while_joined();
   }
   for (auto& hook : hooks_) hook->post_hook(is_last_joiner);
   release();

@@ -39,6 +39,11 @@ std::vector<int> partition(const std::vector<Tensor>& params, std::vector<std::i
   return owners;
 }
 
+// Said when the all-gather failed outside a Join: the likeliest cause.
+constexpr const char* kNotInTheJoin =
+    "ZeroRedundancyOptimizer::step: the shards' all-gather did not pair with the other ranks' collectives. If a "
+    "rank ran out of inputs under a Join, this optimizer must be in the Join too: Join({ddp, zero})";
+
 // Moves each state entry of `params` from `from` into `to` (a copy).
 void copy_state(::torch::optim::Optimizer& from, ::torch::optim::Optimizer& to, const std::vector<Tensor>& params) {
   for (const auto& p : params) {
@@ -220,9 +225,17 @@ void ZeroRedundancyOptimizer::step_shard_and_gather() {
       offset += parameters_[i].numel();
     }
     Tensor all = ::torch::empty({block * ranks}, packed.options());
-    group_->allgather(buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
-                      buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
-        ->wait();
+    try {
+      group_->allgather(buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
+                        buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
+          ->wait();
+    } catch (const TimeoutError& e) {
+      if (join_config().enable) throw;
+      throw TimeoutError(fmt::format("{}\n{}", e.what(), kNotInTheJoin), e.peer());
+    } catch (const MismatchError& e) {
+      if (join_config().enable) throw;
+      throw MismatchError(fmt::format("{}\n{}", e.what(), kNotInTheJoin));
+    }
     std::vector<std::int64_t> cursor(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) cursor[static_cast<std::size_t>(r)] = r * block;
     for (const auto i : indices) {

@@ -180,6 +180,49 @@ void expect_reference(const Case& c) {
   }
 }
 
+// Without the optimizer in the Join the ranks cannot finish: the joined
+// rank's all-reduce meets the others' all-gather. They fail at once (a
+// MismatchError, where the backend compares collectives; a TimeoutError
+// after the collective timeout elsewhere), and the errors say to list the
+// optimizer.
+class LeftOut : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LeftOut, OfTheJoinTheRanksFailSayingToListIt) {
+  const Batches batches = make_batches({1, 3});
+  const int port = testing::free_port();
+  testing::ProcessRanks ranks(
+      2,
+      [&](int rank) {
+        return testing::EnvMap{{"RANK", std::to_string(rank)},  {"WORLD_SIZE", "2"},
+                               {"MASTER_ADDR", "127.0.0.1"},    {"MASTER_PORT", std::to_string(port)},
+                               {"LOCKSTEP_BACKEND", GetParam()}, {"LOCKSTEP_TIMEOUT", "3"},
+                               {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
+      },
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = init_process_group();
+        auto net = make_mlp();
+        DistributedDataParallel ddp(net, pg);
+        ZeroRedundancyOptimizer zero(net->parameters(), pg, factory("sgd"));
+        Join join({ddp});
+        for (const auto& [x, y] : batches[static_cast<std::size_t>(rank)]) {
+          zero.zero_grad();
+          ::torch::mse_loss(ddp.forward(x), y).backward();
+          zero.step();
+        }
+        join.join();
+      });
+  std::string outputs;
+  for (const auto& r : ranks.wait_all(std::chrono::seconds(60))) {
+    EXPECT_NE(r.exit_code, testing::kExitOk) << testing::describe(r);
+    EXPECT_FALSE(r.hit_deadline) << testing::describe(r);
+    outputs += r.output;
+  }
+  EXPECT_NE(outputs.find("Join({ddp, zero})"), std::string::npos) << outputs;
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroJoin, LeftOut, ::testing::Values("shm", "tcp"));
+
 class UnevenBatches : public ::testing::TestWithParam<std::tuple<std::vector<int>, std::string>> {};
 
 TEST_P(UnevenBatches, EveryRankEndsWithTheReferenceParameters) {

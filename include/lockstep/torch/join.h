@@ -145,6 +145,7 @@ class Join {
 
  private:
   int all_reduce_count(int mine) const;
+  int count_while_joined() const;
   void release();
 
   std::vector<std::reference_wrapper<Joinable>> joinables_;
