@@ -285,6 +285,7 @@ def validate_random(a):
                 runs.setdefault((model, batch, k), []).append(
                     (float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
     profile = {key: sorted(v)[len(v) // 2][1] for key, v in runs.items()}
+    profiled_step = {key: sorted(v)[len(v) // 2][0] for key, v in runs.items()}
 
     # 3. Every prediction, written down before the first measurement.
     predicted = {}
@@ -303,37 +304,53 @@ def validate_random(a):
         json.dump({"time": stamp, "seed": a.seed, "configs": [dict(c, predicted=predicted[i]) for i, c in
                                                                enumerate(configs)]}, f, indent=1)
 
-    # 4. Measurements, interleaved.
+    # 4. Measurements, interleaved. Right before each, its control: the
+    # N-rank no_sync run its compute profile came from. On a shared machine
+    # the control's drift from its profiled step (other jobs starting or
+    # stopping) is a measurement of how much of a miss is the machine's.
     measured = {i: [] for i in range(len(configs))}
+    control = {i: [] for i in range(len(configs))}
     for _ in range(a.repeats):
         for i, c in enumerate(configs):
-            program = throughput_program(a, c["model"], c["cap"]) + ["--batch", str(c["batch"]), "--hook", c["hook"]]
+            batch = ["--batch", str(c["batch"])]
+            text = place.run_ranks(n, throughput_program(a, c["model"], 25, no_sync=True) + batch)
+            control[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
+            program = throughput_program(a, c["model"], c["cap"]) + batch + ["--hook", c["hook"]]
             text = place.run_ranks(n, program + (["--bucket-view"] if c["view"] else []))
             measured[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
-    errors = {}
+    errors, corrected = {}, {}
     print(f"seed {a.seed}, {len(configs)} configurations, {n} ranks over shm, {a.steps} steps x {a.repeats} runs; "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
     print()
-    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | measured (ms) | runs (ms) | error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | measured (ms) | runs (ms) | "
+          "control: profiled, measured (ms) | drift | error | error at the control's speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, c in enumerate(configs):
         step = statistics.median(measured[i])
         p = predicted[i]
+        # Each run against its own control (the machine's speed at that
+        # moment), the median over the runs.
+        profiled = profiled_step[(c["model"], c["batch"], n)]
+        drift = statistics.median(ctl / profiled for ctl in control[i])
         errors[i] = (p["step_ms"] - step) / step
+        corrected[i] = statistics.median((p["step_ms"] * ctl / profiled - m) / m for ctl, m in zip(control[i], measured[i]))
         print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | "
               f"{p['buckets']} | {p['step_ms']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
-              f"{100 * errors[i]:+.1f}% |")
+              f"{profiled:.0f}, {', '.join(f'{m:.0f}' for m in control[i])} | {drift:.2f} | {100 * errors[i]:+.1f}% | "
+              f"{100 * corrected[i]:+.1f}% |")
     print()
-    e = [abs(x) for x in errors.values()]
-    print(f"mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% over {len(e)} "
-          f"configurations (mean signed {100 * statistics.mean(errors.values()):+.1f}%).")
+    for label, table in (("as predicted", errors), ("at the control's speed", corrected)):
+        e = [abs(x) for x in table.values()]
+        print(f"{label}: mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% over {len(e)} "
+              f"configurations (mean signed {100 * statistics.mean(table.values()):+.1f}%).")
     print()
-    print("Per option (signed: + predicted slower than measured): value: mean signed error, mean |error|, count")
+    print("Per option, at the control's speed (signed: + predicted slower than measured): value: mean signed error, "
+          "mean |error|, count")
     for key in ("model", "batch", "cap", "hook", "view"):
         values = sorted({c[key] for c in configs}, key=str)
         parts = []
         for v in values:
-            es = [errors[i] for i, c in enumerate(configs) if c[key] == v]
+            es = [corrected[i] for i, c in enumerate(configs) if c[key] == v]
             parts.append(f"{v}: {100 * statistics.mean(es):+.1f}%, {100 * statistics.mean(abs(x) for x in es):.1f}%, "
                          f"{len(es)}")
         print(f"- {key}: " + "; ".join(parts))
