@@ -4,6 +4,7 @@
 #include "common/half.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define LOCKSTEP_F16C 1
 #endif
@@ -40,7 +41,12 @@ __attribute__((target("avx,f16c"))) void narrow_f16c(const float* src, std::uint
 }  // namespace
 
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // "avx" covers the OS saving the YMM registers; F16C is read from CPUID
+  // itself (not every compiler knows the feature name "f16c").
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return yes;
 }
 
