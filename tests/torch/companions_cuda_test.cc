@@ -154,10 +154,10 @@ TEST_P(SyncBatchNormOnCuda, TrainsAsOnTheCpuAndAsBatchNormOverTheGlobalBatch) {
   const int n = GetParam();
   const Batches batches = make_batches({2, 6, 6}, 3);
   const TempDir dir;
-  const std::string result = dir.path + "/sync_batchnorm.pt";
+  const std::string result = dir.path() + "/sync_batchnorm.pt";
   std::string why;
   const bool ran = testing::run_on_gpu(
-      n, "shm", dir.path,
+      n, "shm", dir.path(),
       [&](int rank, ProcessGroup& pg) {
         auto state = train_sync_batchnorm(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
         if (rank == 0) ::torch::save(state, result);
@@ -241,10 +241,10 @@ TEST_P(ZeroOnCuda, ShardedAdamEqualsTheCpuAndTheUnshardedAdam) {
   const int n = GetParam();
   const Batches batches = make_batches({6}, 3);
   const TempDir dir;
-  const std::string result = dir.path + "/zero.pt";
+  const std::string result = dir.path() + "/zero.pt";
   std::string why;
   const bool ran = testing::run_on_gpu(
-      n, "shm", dir.path,
+      n, "shm", dir.path(),
       [&](int rank, ProcessGroup& pg) {
         auto state = train_zero(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches);
         if (rank == 0) ::torch::save(state, result);
@@ -324,10 +324,10 @@ TEST_P(PowerSgdOnCuda, TrainsAsTheSameHookOnTheCpu) {
   const auto [n, batched] = GetParam();
   const Batches batches = powersgd_batches();
   const TempDir dir;
-  const std::string result = dir.path + "/powersgd.pt";
+  const std::string result = dir.path() + "/powersgd.pt";
   std::string why;
   const bool ran = testing::run_on_gpu(
-      n, "shm", dir.path,
+      n, "shm", dir.path(),
       [&](int rank, ProcessGroup& pg) {
         auto state = train_powersgd(rank, pg, ::torch::Device(::torch::kCUDA, 0), batches, batched);
         if (rank == 0) ::torch::save(state, result);

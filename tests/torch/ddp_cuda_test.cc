@@ -248,13 +248,13 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
   // The GPU ranks first: the parent forks them before it starts any thread.
   const TempDir dir;
   std::string why;
-  if (!train_on_gpu(n, backend, dir.path, &why)) GTEST_SKIP() << why;
+  if (!train_on_gpu(n, backend, dir.path(), &why)) GTEST_SKIP() << why;
   if (HasFailure()) return;  // a rank failed: its output is above
   at::set_num_threads(1);
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     std::vector<::torch::Tensor> on_gpu;
-    ::torch::load(on_gpu, dir.path + "/" + c.name + ".pt");
+    ::torch::load(on_gpu, dir.path() + "/" + c.name + ".pt");
     const auto want = reference(n, c);
     const auto on_cpu = train_on_cpu(n, backend, c);
     ASSERT_GE(on_gpu.size(), want.size());
@@ -269,10 +269,10 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
 TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
   if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
   const TempDir dir;
-  const std::string result = dir.path + "/join.pt";
+  const std::string result = dir.path() + "/join.pt";
   std::string why;
   const bool ran = testing::run_on_gpu(
-      2, "shm", dir.path,
+      2, "shm", dir.path(),
       [&](int rank, ProcessGroup& pg) {
         auto [model, batches] = rank_inputs(rank, Case{});
         auto state = train_join_rank(rank, pg, ::torch::Device(::torch::kCUDA, 0), model, batches);

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "harness/process_ranks.h"
@@ -15,16 +14,6 @@ namespace lockstep::testing {
 void exact_fp32() {
   at::globalContext().setAllowTF32CuDNN(false);
   at::globalContext().setAllowTF32CuBLAS(false);
-}
-
-TempDir::TempDir() {
-  char name[] = "/tmp/lockstep-gpu-ranks-XXXXXX";
-  path = ::mkdtemp(name);
-}
-
-TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path, ignored);
 }
 
 bool run_on_gpu(int n, const std::string& backend, const std::string& dir,

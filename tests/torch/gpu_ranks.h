@@ -1,5 +1,5 @@
 // What the libtorch tests on CUDA share: skipping without a GPU, exact fp32
-// on the device, a scratch directory, and rank processes that each train on
+// on the device, and rank processes that each train on
 // cuda:0. The ranks are processes, not threads: libtorch runs every backward
 // on a device of a process on one thread, which thread ranks would share;
 // and the parent never touches CUDA before forking them (a forked child
@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 
+#include "harness/launcher.h"  // TempDir
 #include "lockstep/process_group.h"
 
 #define SKIP_WITHOUT_CUDA()                                                                                   \
@@ -26,15 +27,6 @@ namespace lockstep::testing {
 // Exact fp32 convolutions and matrix products, so that the GPU differs
 // from the CPU only in the order of its sums.
 void exact_fp32();
-
-// A directory for the ranks' results, removed with everything in it.
-struct TempDir {
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path;
-};
 
 // Runs body(rank, group) in `n` rank processes over `backend` that each use
 // cuda:0, with TF32 off and one intra-op thread; a rank that fails, or does
