@@ -12,6 +12,9 @@
 //   leave-early  rank 1 leaves after one all-reduce (its process ends
 //                150 ms after its group); the others issue a second and
 //                print the error they get to stderr (exit 2)
+//   pause S W    all-reduce, sleep outside any collective (S seconds in a
+//                world of W ranks, half a second in any other), all-reduce
+//                again, print "rank R of W sum S"
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
@@ -131,6 +134,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "leave-early") return leave_early(rank);
+  if (mode == "pause") {
+    auto pg = lockstep::init_process_group();
+    int value = 1;
+    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    const bool long_pause = argc > 3 && pg->size() == std::atoi(argv[3]);
+    std::printf("rank %d of %d pausing outside any collective\n", pg->rank(), pg->size());
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(long_pause ? std::atoi(argv[2]) * 1000 : 500));
+    value = pg->rank() + 1;
+    pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    std::printf("rank %d of %d sum %d\n", pg->rank(), pg->size(), value);
+    return 0;
+  }
   if (mode == "restart" && rank == 1 && attempt == 0) return 5;
   auto pg = lockstep::init_process_group();
   int value = pg->rank() + 1;

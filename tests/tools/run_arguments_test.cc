@@ -66,6 +66,19 @@ TEST(RunArguments, RendezvousConfTakesTorchrunsKeys) {
   EXPECT_THROW(parse_rdzv_conf("join_timeout=-1"), ConfigError);
 }
 
+TEST(RunArguments, RendezvousConfTakesTorchrunsKeepAliveKeys) {
+  const RendezvousConf c = parse_rdzv_conf("keep_alive_interval=0.5,keep_alive_max_attempt=4,join_timeout=9");
+  EXPECT_EQ(c.keep_alive_interval, 0.5);
+  EXPECT_EQ(c.keep_alive_max_attempt, 4);
+  EXPECT_EQ(c.join_timeout, 9);
+  const RendezvousConf none = parse_rdzv_conf("join_timeout=9");
+  EXPECT_LT(none.keep_alive_interval, 0);  // torchrun's defaults then apply
+  EXPECT_LT(none.keep_alive_max_attempt, 0);
+  for (const char* bad : {"keep_alive_interval=0", "keep_alive_interval=-1", "keep_alive_interval=x",
+                          "keep_alive_max_attempt=0", "keep_alive_max_attempt=1.5", "keep_alive_max_attempt="})
+    EXPECT_THROW(parse_rdzv_conf(bad), ConfigError) << bad;
+}
+
 TEST(RunArguments, TeeAndRedirectsValuesApplyToAllOrPerLocalRank) {
   EXPECT_EQ(stream_mask("3", 5, "--tee"), kBothStreams);
   EXPECT_EQ(stream_mask("", 0, "--tee"), kNoStream);

@@ -1,6 +1,7 @@
 // ElasticRendezvous; see elastic_rendezvous.h for the protocol.
 #include "run/elastic_rendezvous.h"
 
+#include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
@@ -22,6 +23,19 @@ std::string closed_key(int r) { return fmt::format("rdzv/{}/closed", r); }
 std::string waiting_key(int r) { return fmt::format("rdzv/{}/waiting", r); }
 std::string node_key(int r, int n) { return fmt::format("rdzv/{}/node/{}", r, n); }
 std::string interrupted_key(int r) { return fmt::format("rdzv/{}/interrupted", r); }
+std::string beat_key(int r, int n) { return fmt::format("rdzv/{}/beat/{}", r, n); }
+std::string lost_key(int r) { return fmt::format("rdzv/{}/lost", r); }
+std::string done_key(int r, int n) { return fmt::format("rdzv/{}/done/{}", r, n); }
+
+// How many of the next nodes in rank order each launcher watches: one
+// would do (the live node before a silent one sees it); two keep a round
+// watched when a node and its watcher stop together.
+constexpr int kWatched = 2;
+std::vector<int> watched_by(int node_rank, int nnodes) {
+  std::vector<int> nodes;
+  for (int k = 1; k <= std::min(kWatched, nnodes - 1); ++k) nodes.push_back((node_rank + k) % nnodes);
+  return nodes;
+}
 
 int to_int(const std::string& text) { return static_cast<int>(parse_int(text).value_or(0)); }
 
@@ -32,7 +46,8 @@ double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 ElasticRendezvous::ElasticRendezvous(Store& store, ElasticOptions options, int nproc, std::string node_name,
                                      int signal_fd)
     : store_(store), options_(std::move(options)), nproc_(nproc), node_name_(std::move(node_name)),
-      signal_fd_(signal_fd) {}
+      signal_fd_(signal_fd), heartbeat_(store.clone(), options_.keep_alive.interval),
+      silence_(options_.keep_alive.limit()) {}
 
 int ElasticRendezvous::current_round() { return to_int(store_.compare_set(kRoundKey, "", "0")); }
 
@@ -48,6 +63,7 @@ std::optional<Round> ElasticRendezvous::next_round() {
       case Joined::member:
         return round;
       case Joined::late:
+        heartbeat_.beat_on("");  // nobody watches a node outside the round
         std::fprintf(stderr, "lockstep run: the job is running without this node; waiting to join its next round\n");
         store_.add(waiting_key(r), 1);
         if (!wait_for_next_round(r, deadline)) return std::nullopt;
@@ -61,6 +77,7 @@ std::optional<Round> ElasticRendezvous::next_round() {
 // Steps 1 and 2 of the protocol for round `r`.
 ElasticRendezvous::Joined ElasticRendezvous::join(int r, Deadline deadline, Round& out) {
   const int me = static_cast<int>(store_.add(joined_key(r), 1) - 1);
+  heartbeat_.beat_on(beat_key(r, me));
   store_.set(node_key(r, me), fmt::format("{} {}", nproc_, node_name_));
   std::optional<Clock::time_point> enough_since;
   const std::string waiting_for = fmt::format("the nodes of rendezvous '{}' to join", options_.id);
@@ -75,6 +92,12 @@ ElasticRendezvous::Joined ElasticRendezvous::join(int r, Deadline deadline, Roun
     }
     if (current_round() != r) return Joined::moved_on;
     const std::int64_t joined = store_.add(joined_key(r), 0);
+    // A node that joined and went silent would hold the round up (or join
+    // it and never start its ranks): form the next one without it.
+    if (auto silent = silent_node(r, watched_by(me, static_cast<int>(joined)))) {
+      std::fprintf(stderr, "lockstep run: %s; forming round %d without it\n", declare_lost(r, *silent).c_str(), r + 1);
+      return Joined::moved_on;
+    }
     if (joined >= options_.max_nodes) {
       store_.compare_set(closed_key(r), "", std::to_string(options_.max_nodes));
       continue;
@@ -155,5 +178,86 @@ void ElasticRendezvous::open_next_round(const Round& round) {
 }
 
 void ElasticRendezvous::mark_finished() { store_.set(kFinishedKey, "1"); }
+
+std::optional<std::string> ElasticRendezvous::lost_node(const Round& round) {
+  const std::string key = lost_key(round.number);
+  if (!store_.check({key})) return std::nullopt;
+  return store_.get(key);
+}
+
+std::optional<std::string> ElasticRendezvous::watch(const Round& round) {
+  const int r = round.number;
+  const int open = current_round();
+  if (open != r) {
+    const std::string why = lost_node(round).value_or(fmt::format("another launcher opened round {}", open));
+    return fmt::format("round {} of rendezvous '{}' is over: {}{}", r, options_.id, why, pause_note());
+  }
+  if (auto silent = silent_node(r, watched_by(round.node_rank, round.nnodes)))
+    return declare_lost(r, *silent) + "; re-forming the group without it";
+  return std::nullopt;
+}
+
+void ElasticRendezvous::mark_done(const Round& round) { store_.set(done_key(round.number, round.node_rank), "1"); }
+
+std::optional<std::string> ElasticRendezvous::silent_before_done(const Round& round) {
+  std::vector<int> nodes;
+  for (int n = 0; n < round.nnodes; ++n)
+    if (n != round.node_rank && !store_.check({done_key(round.number, n)})) nodes.push_back(n);
+  const auto silent = silent_node(round.number, nodes);
+  if (!silent) return std::nullopt;
+  return fmt::format("node {} (host {}) stopped beating before it said that its ranks finished: its heartbeat did not "
+                     "change for {:.1f} s; it was killed, stopped or cut off",
+                     silent->node, host_of(round.number, silent->node), seconds(silent->for_how_long));
+}
+
+void ElasticRendezvous::note_poll(const Round& round) {
+  const auto now = Clock::now();
+  if (polled_round_ != round.number) last_poll_.reset();  // between rounds nobody polls
+  polled_round_ = round.number;
+  paused_ = last_poll_ && now - *last_poll_ > options_.keep_alive.limit()
+                ? std::chrono::duration_cast<Duration>(now - *last_poll_)
+                : Duration{};
+  last_poll_ = now;
+}
+
+std::string ElasticRendezvous::pause_note() const {
+  if (paused_ == Duration{}) return "";
+  return fmt::format(" (this launcher itself was stopped for {:.1f} s, SIGSTOP or a suspended host, longer than the "
+                     "keep-alive limit of {:.1f} s: the other nodes went on without it)",
+                     seconds(paused_), seconds(options_.keep_alive.limit()));
+}
+
+std::optional<Silence> ElasticRendezvous::silent_node(int r, const std::vector<int>& nodes) {
+  const auto now = Clock::now();
+  if (watched_round_ != r) {
+    silence_.reset();
+    last_look_.reset();
+    watched_round_ = r;
+  }
+  if (last_look_ && now - *last_look_ < options_.keep_alive.interval / 2) return std::nullopt;
+  last_look_ = now;
+  std::map<int, std::int64_t> counters;
+  for (int node : nodes) counters[node] = store_.add(beat_key(r, node), 0);
+  return silence_.look(counters, Clock::now());
+}
+
+std::string ElasticRendezvous::declare_lost(int r, const Silence& s) {
+  const std::string what = fmt::format(
+      "node {} (host {}) stopped beating: its heartbeat did not change for {:.1f} s (keep_alive_interval {:g} s x "
+      "keep_alive_max_attempt {}); it was killed, stopped or cut off",
+      s.node, host_of(r, s.node), seconds(s.for_how_long), seconds(options_.keep_alive.interval),
+      options_.keep_alive.max_attempts);
+  const std::string said = store_.compare_set(lost_key(r), "", what);  // the first launcher to notice
+  store_.compare_set(kRoundKey, std::to_string(r), std::to_string(r + 1));
+  return said;
+}
+
+std::string ElasticRendezvous::host_of(int r, int node) {
+  const std::string key = node_key(r, node);
+  if (!store_.check({key})) return "?";
+  const std::string value = store_.get(key);  // "<nproc> <host>"
+  const std::size_t space = value.find(' ');
+  return space == std::string::npos ? value : value.substr(space + 1);
+}
 
 }  // namespace lockstep::cli

@@ -19,6 +19,18 @@
 //      "<r>/interrupted", and the others stop (a round short of a node
 //      would wait for it until the join timeout). One interrupted while
 //      waiting to join a running job just leaves.
+//   6. Heartbeats (heartbeat.h): from joining round r until it is over, a
+//      launcher adds 1 to "<r>/beat/<its rank>" every keep_alive_interval.
+//      Each watches the next two nodes of the round in rank order (every
+//      node is watched, at O(nodes) load on the store), reading their
+//      counters every half interval, while the round forms and while it
+//      runs. A counter unchanged on the watcher's clock for
+//      keep_alive_interval x keep_alive_max_attempt means that launcher is
+//      gone (killed, frozen, cut off): the watcher writes who and for how
+//      long under "<r>/lost" (the first word stays) and opens round r+1;
+//      everyone else sees the round move on, reads why, stops its ranks and
+//      joins r+1, without the silent node. A node that comes back (SIGCONT)
+//      finds its round over the same way and joins again as a new node.
 // Fewer than MIN by the join timeout: ConfigError naming who came. Not
 // thread-safe (one per launcher).
 #pragma once
@@ -29,6 +41,7 @@
 
 #include "common/clock.h"
 #include "lockstep/store.h"
+#include "run/heartbeat.h"
 
 namespace lockstep::cli {
 
@@ -39,6 +52,7 @@ struct ElasticOptions {
   Duration last_call = std::chrono::seconds(3);
   std::string id;        // --rdzv-id, for messages
   std::string endpoint;  // the store's address, for messages
+  KeepAlive keep_alive;
 };
 
 struct Round {
@@ -67,6 +81,27 @@ class ElasticRendezvous {
   // Tells launchers still waiting to join that the job is over.
   void mark_finished();
 
+  // The supervisor's periodic look at the running round: nullopt while it
+  // goes on; otherwise why it is over for this node: a watched node stopped
+  // beating (this launcher then opens the next round without it), or the
+  // rendezvous moved on to another round (another launcher saw a node stop
+  // beating, or a node waits to join). Throws the store's Error.
+  std::optional<std::string> watch(const Round& round);
+  // Notes, without a request to the store, that this launcher is polling
+  // `round` now; call it before each poll's requests. If it did not poll
+  // for longer than the keep-alive limit (it was stopped), pause_note()
+  // says so until the next call.
+  void note_poll(const Round& round);
+  std::string pause_note() const;
+  // Once this node's ranks finished: says so, so that silent_before_done
+  // does not wait for it.
+  void mark_done(const Round& round);
+  // For the launcher that waits for every node to finish before its store
+  // goes: a node that stopped beating before it said it finished.
+  std::optional<std::string> silent_before_done(const Round& round);
+  // What the launcher that saw a node of `round` stop beating said, if one did.
+  std::optional<std::string> lost_node(const Round& round);
+
   // Where to publish an interruption now: the round being formed, or ""
   // when this launcher is not forming one (it waits to join, or runs).
   const std::string& interruption_key() const { return interruption_key_; }
@@ -81,6 +116,13 @@ class ElasticRendezvous {
   // Waits until round `round` is no longer the open one; false if the job finished.
   bool wait_for_next_round(int round, Deadline deadline);
   [[noreturn]] void too_few(int round, std::int64_t joined);
+  // Step 6: a look at the beats of `nodes` of round `round`, at most every
+  // half interval; the silent one.
+  std::optional<Silence> silent_node(int round, const std::vector<int>& nodes);
+  // Says that node `s.node` of `round` stopped beating and opens the next
+  // round; returns what the first launcher to notice said.
+  std::string declare_lost(int round, const Silence& s);
+  std::string host_of(int round, int node);
 
   Store& store_;
   ElasticOptions options_;
@@ -88,6 +130,13 @@ class ElasticRendezvous {
   std::string node_name_;
   int signal_fd_;
   std::string interruption_key_;
+  Heartbeat heartbeat_;
+  SilenceWatch silence_;
+  int watched_round_ = -1;  // the round silence_ watches
+  std::optional<Clock::time_point> last_look_;
+  int polled_round_ = -1;
+  std::optional<Clock::time_point> last_poll_;
+  Duration paused_{};
 };
 
 }  // namespace lockstep::cli

@@ -103,9 +103,15 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
       conf.join_timeout = parse_seconds(value, "--rdzv-conf join_timeout");
     } else if (key == "last_call_timeout") {
       conf.last_call_timeout = parse_seconds(value, "--rdzv-conf last_call_timeout");
+    } else if (key == "keep_alive_interval") {
+      conf.keep_alive_interval = parse_seconds(value, "--rdzv-conf keep_alive_interval");
+      if (conf.keep_alive_interval < 0.01)
+        throw ConfigError(fmt::format("--rdzv-conf keep_alive_interval: '{}' is below 0.01 s", value));
+    } else if (key == "keep_alive_max_attempt") {
+      conf.keep_alive_max_attempt = parse_count(value, "--rdzv-conf keep_alive_max_attempt", 1, 1000);
     } else {
-      throw ConfigError(fmt::format("--rdzv-conf: unknown key '{}'; lockstep knows join_timeout and "
-                                    "last_call_timeout (seconds)",
+      throw ConfigError(fmt::format("--rdzv-conf: unknown key '{}'; lockstep knows join_timeout, "
+                                    "last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt",
                                     key));
     }
   }

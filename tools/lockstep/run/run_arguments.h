@@ -38,10 +38,14 @@ struct Endpoint {
 Endpoint parse_endpoint(const std::string& text);
 
 struct RendezvousConf {
-  double join_timeout = -1;       // < 0: not given
-  double last_call_timeout = -1;  // < 0: not given
+  double join_timeout = -1;         // < 0: not given
+  double last_call_timeout = -1;    // < 0: not given
+  double keep_alive_interval = -1;  // seconds between heartbeats; < 0: not given
+  int keep_alive_max_attempt = -1;  // heartbeats missed before a node is gone; < 0: not given
 };
-// "join_timeout=600,last_call_timeout=5" (torchrun's --rdzv-conf keys).
+// "join_timeout=600,last_call_timeout=5,keep_alive_interval=5,
+// keep_alive_max_attempt=3" (torchrun's --rdzv-conf keys); the interval is
+// at least 0.01 s, the attempts 1 to 1000.
 RendezvousConf parse_rdzv_conf(const std::string& text);
 
 // torchrun's --tee/--redirects value: 0 none, 1 stdout, 2 stderr, 3 both,

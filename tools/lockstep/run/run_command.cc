@@ -189,11 +189,16 @@ std::string failure_line(const RankFailure& f, int node_rank) {
 }
 
 // The store's host waits for every node to finish before exiting.
-void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd) {
+void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd,
+                    const std::function<std::optional<std::string>()>& gone = nullptr) {
   const std::string done = fmt::format("launcher/{}/done", round);
   const std::string failed = fmt::format("launcher/{}/failed", round);
   while (store.add(done, 0) < nnodes && !store.check({failed})) {
     throw_if_interrupted(signal_fd, "the other nodes to finish");
+    if (auto why = gone ? gone() : std::nullopt) {
+      std::fprintf(stderr, "lockstep run: not waiting for the other nodes to finish: %s\n", why->c_str());
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -416,6 +421,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     eo.last_call = plan.last_call;
     eo.id = job.run_id;
     eo.endpoint = format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
+    const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);  // checked by plan_job
+    if (conf.keep_alive_interval > 0)
+      eo.keep_alive.interval = Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000));
+    if (conf.keep_alive_max_attempt > 0) eo.keep_alive.max_attempts = conf.keep_alive_max_attempt;
     elastic = std::make_unique<ElasticRendezvous>(store, eo, nproc, host_name(), signal_fd);
   }
 
@@ -462,19 +471,27 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     const std::string failed_key = fmt::format("launcher/{}/failed", round.number);
     bool regroup = false;     // a node waits to join: stop, and re-form the group
     bool store_lost = false;  // the store's host is gone: nothing to re-form with
+    bool round_over = false;  // a node stopped beating, or the rendezvous moved on: re-form
     if (!single) {
       sup.remote_failure = [&]() -> std::optional<std::string> {
+        if (elastic) elastic->note_poll(round);
         try {
           if (store.check({failed_key})) return "another node reported: " + store.get(failed_key);
           if (elastic && round.nnodes < plan.nodes.max && elastic->nodes_waiting(round) > 0) {
             regroup = true;
             return "a new node is waiting to join; re-forming the group";
           }
+          if (elastic) {
+            if (auto over = elastic->watch(round)) {
+              round_over = true;
+              return over;
+            }
+          }
         } catch (const Error& e) {
           store_lost = true;
           return fmt::format("the store at {}:{} is gone ({}); the node that hosted it has left, and the job cannot "
-                             "go on without it",
-                             job.store_addr, job.store_port, e.what());
+                             "go on without it{}",
+                             job.store_addr, job.store_port, e.what(), elastic ? elastic->pause_note() : "");
         }
         return std::nullopt;
       };
@@ -488,8 +505,12 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       if (!single) {
         // "done" last: once every node has said it, the store's host leaves.
         if (elastic) elastic->mark_finished();
+        if (elastic) elastic->mark_done(round);
         store.add(fmt::format("launcher/{}/done", round.number), 1);
-        if (server) wait_for_nodes(store, round.nnodes, round.number, signal_fd);
+        if (server && elastic)
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
+        else if (server)
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd);
       }
       return 0;
     }
@@ -505,6 +526,26 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       } catch (const Error&) {
         // The store is gone: handled as a failure below.
       }
+    }
+    // So does a node that stopped beating: our ranks may fail first (they
+    // were in a collective with ranks another launcher stopped for it).
+    if (elastic && !regroup && !store_lost && !round_over) {
+      try {
+        if (auto lost = elastic->lost_node(round)) {
+          const RankFailure& f = *result.first_failure;
+          print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+          std::fprintf(stderr, "lockstep run: meanwhile %s; re-forming the group without it\n", lost->c_str());
+          continue;
+        }
+      } catch (const Error&) {
+        // The store is gone: handled as a failure below.
+      }
+    }
+    if (round_over && !regroup && !store_lost) {
+      // Not a failure of the ranks: no restart is counted (as a node joining).
+      std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", ranks.size(),
+                   result.first_failure->reported_by.c_str());
+      continue;  // joins the next round, or learns that the job is over
     }
     if (regroup) {
       std::fprintf(stderr, "lockstep run: a new node is waiting to join; stopped this node's %zu rank(s) to re-form the group\n",
