@@ -197,6 +197,8 @@ def backends_in_build(build):
 
 
 def main():
+    # The store listens beyond loopback: every node needs the job's secret.
+    os.environ.setdefault("LOCKSTEP_STORE_TOKEN", os.urandom(16).hex())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
     parser.add_argument("--quick", action="store_true", help="1 Gbit/s only, sizes to 64 MiB, fewer iterations")

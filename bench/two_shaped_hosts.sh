@@ -7,6 +7,8 @@
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)"; exit 77; }
 
 holders=()
+# The store listens beyond loopback: every node needs the job's secret.
+export LOCKSTEP_STORE_TOKEN=${LOCKSTEP_STORE_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 cleanup() {
   for h in "${holders[@]}"; do kill -9 "$h" 2> /dev/null; done
   wait 2> /dev/null

@@ -3,6 +3,7 @@
 // and reports the bandwidth it saw. Run it with:
 //   build/lockstep run --nproc-per-node 2 -- build/examples/allreduce_demo
 #include <lockstep/error.h>
+#include <lockstep/error_file.h>
 #include <lockstep/process_group.h>
 
 #include <chrono>
@@ -44,6 +45,7 @@ int main() {
   } catch (const lockstep::Error& e) {
     // A bad launcher environment, a dead peer, a timeout: the message says
     // what happened and what to do, so print it rather than abort.
+    lockstep::record_error(e);  // TORCHELASTIC_ERROR_FILE, for the launcher's report
     std::fprintf(stderr, "allreduce_demo: %s\n", e.what());
     return 2;
   }

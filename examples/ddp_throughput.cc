@@ -23,6 +23,7 @@
 // would understate the run-to-run one, and a drift of the machine over a
 // minute would land on one configuration instead of all.
 #include <lockstep/error.h>
+#include <lockstep/error_file.h>
 #include <lockstep/affinity.h>
 #include <lockstep/powersgd.h>
 #include <lockstep/process_group.h>
@@ -207,9 +208,11 @@ int main(int argc, char** argv) {
     return run<ConvNetImpl>(o, pg);
   } catch (const lockstep::Error& e) {
     // The message says what went wrong and what to do; no abort() and core.
+    lockstep::record_error(e);  // TORCHELASTIC_ERROR_FILE, for the launcher's report
     std::fprintf(stderr, "ddp_throughput: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
+    lockstep::record_error(e);  // TORCHELASTIC_ERROR_FILE, for the launcher's report
     std::fprintf(stderr, "ddp_throughput: %s\n", e.what());
     return 1;
   }

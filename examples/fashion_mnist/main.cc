@@ -22,6 +22,7 @@
 // runs, and a loss that becomes NaN or infinite stops the run (exit 1) with
 // a sentence naming the step, the epoch and the rank.
 #include <lockstep/error.h>
+#include <lockstep/error_file.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
 #include <lockstep/torch/ddp.h>
@@ -394,9 +395,11 @@ int main(int argc, char** argv) {
   } catch (const lockstep::Error& e) {
     // lockstep's errors (a bad launcher environment, an unreadable
     // checkpoint, a dead peer) say what to do: exit 2, as `lockstep` does.
+    lockstep::record_error(e);  // TORCHELASTIC_ERROR_FILE, for the launcher's report
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
+    lockstep::record_error(e);  // TORCHELASTIC_ERROR_FILE, for the launcher's report
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;
   }

@@ -62,13 +62,17 @@ struct Config {
   // Rendezvous (MASTER_ADDR, MASTER_PORT, LOCKSTEP_STORE_*).
   std::string master_addr;  // empty: none
   std::optional<int> master_port;
-  bool store_hosted = false;  // a launcher already runs the store server
+  // LOCKSTEP_STORE_ADDR/PORT: a launcher already runs the store server
+  // there, so rank 0 must not host one (and MASTER_* are the program's).
+  bool store_hosted = false;
+  std::string store_addr;
+  std::optional<int> store_port;
   std::string store_token;
   // LOCKSTEP_RUN_ID, else TORCHELASTIC_RUN_ID, else "job"; and the restart
   // (LOCKSTEP_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT, else 0).
   std::string run_name = "job";
   int restart_count = 0;
-  std::string torchelastic_run_id;  // seeds the derived store token
+  std::string torchelastic_run_id;  // TORCHELASTIC_RUN_ID
 
   // Group.
   std::string backend = "auto";

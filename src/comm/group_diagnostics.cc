@@ -165,8 +165,33 @@ std::string GroupDiagnostics::collect_verdict(std::uint64_t seq, const std::stri
   return store_->compare_set(kVerdict, "", mine);  // the first verdict stored is everyone's
 }
 
+std::optional<std::string> GroupDiagnostics::planned_stop() const {
+  if (!settings_.launcher_store) return std::nullopt;
+  try {
+    if (!settings_.launcher_store->check({settings_.launcher_stop_key})) return std::nullopt;
+    return settings_.launcher_store->get(settings_.launcher_stop_key);
+  } catch (const std::exception&) {
+    return std::nullopt;  // the launcher's store is gone: nothing was planned that it could say
+  }
+}
+
 std::exception_ptr GroupDiagnostics::on_failure(std::exception_ptr error, std::uint64_t seq, const OpInfo& info) {
   std::string text = what_of(error);
+  if (is_peer_error(error)) {
+    if (auto reason = planned_stop()) {
+      log_.info("the launcher stops the ranks on purpose ({}); {}", *reason, text);
+      int peer = -1;
+      try {
+        std::rethrow_exception(error);
+      } catch (const PeerError& e) {
+        peer = e.peer();
+      } catch (...) {
+      }
+      return std::make_exception_ptr(PeerError(
+          fmt::format("stopped by the launcher on purpose ({}), not a failure: a peer left first ({})", *reason, text),
+          peer));
+    }
+  }
   try {
     bool timeout = false;
     try {

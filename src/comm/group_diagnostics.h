@@ -37,6 +37,7 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -59,6 +60,11 @@ struct DiagnosticsSettings {
   // its watchdog ask every rank where it is and warn, naming the ranks that
   // have not reached it, well before the timeout fails the group. 0: off.
   Duration stall_after{0};
+  // Under `lockstep run`: its store, and the key its launcher sets before it
+  // stops the ranks on purpose (common/launcher_keys.h). A peer lost once it is
+  // set is that planned stop, reported as such: no failure, no dump.
+  std::shared_ptr<Store> launcher_store;
+  std::string launcher_stop_key;
 };
 
 class GroupDiagnostics {
@@ -103,6 +109,8 @@ class GroupDiagnostics {
   void inspect_stall();
   std::string progress() const;
   std::string collect_verdict(std::uint64_t seq, const std::string& what);
+  // The launcher's reason, when it has said it is stopping the ranks on purpose.
+  std::optional<std::string> planned_stop() const;
 
   std::shared_ptr<Store> store_;  // a clone of the group's store
   int rank_;

@@ -13,10 +13,11 @@
 #include "comm/mpi/bootstrap.h"
 #include "comm/mpi/job_end.h"
 #include "comm/rendezvous.h"
+#include "common/env_vars.h"
 #include "common/host.h"
+#include "common/launcher_keys.h"
 #include "common/socket.h"
 #include "lockstep/error.h"
-#include "store/store_token.h"
 
 namespace lockstep {
 namespace {
@@ -208,12 +209,13 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else {
     // A store that other hosts can reach (MASTER_ADDR not loopback, rank 0
-    // hosting it, as under torchrun) is guarded by a token even when nobody
-    // gave one: every rank derives the same one from what they all share.
-    if (store_options.token.empty() && !is_loopback_host(launch.master_addr))
-      store_options.token = shared_store_token(
-          std::nullopt, fmt::format("rank0/{}:{}/{}/{}", launch.master_addr, launch.master_port, launch.world_size,
-                                    config.torchelastic_run_id));
+    // hosting it) needs a secret every rank shares: what they all share
+    // otherwise (the address, the port, the job's size) anyone can read.
+    if (store_options.token.empty() && !is_loopback_host(launch.master_addr) && !launch.store_hosted)
+      throw ConfigError(fmt::format(
+          "rank {}: rank 0 would host the rendezvous store at {}, which other hosts can reach, and nothing would "
+          "protect it: set LOCKSTEP_STORE_TOKEN to one secret for every rank (or start the ranks with `lockstep run`)",
+          launch.rank, format_endpoint(launch.master_addr, static_cast<std::uint16_t>(launch.master_port))));
     std::unique_ptr<TcpStoreServer> server;
     // A loopback MASTER_ADDR means every rank is on this host: listen there
     // only, so the store (often without a token) is not reachable from the network.
@@ -225,14 +227,24 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
       client = std::make_shared<TcpStore>(launch.master_addr, static_cast<std::uint16_t>(launch.master_port),
                                           store_options);
     } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("rank {}: cannot reach the rendezvous store at MASTER_ADDR={} MASTER_PORT={}: {}. "
-                                    "Is rank 0 (or the launcher) running, and are MASTER_ADDR/MASTER_PORT right? "
+      const char* addr_var = launch.store_hosted ? env::kStoreAddr : env::kMasterAddr;
+      const char* port_var = launch.store_hosted ? env::kStorePort : env::kMasterPort;
+      throw ConfigError(fmt::format("rank {}: cannot reach the rendezvous store at {}={} {}={}: {}. "
+                                    "Is rank 0 (or the launcher) running, and are {}/{} right? "
                                     "LOCKSTEP_CONNECT_TIMEOUT sets how long to keep trying",
-                                    launch.rank, launch.master_addr, launch.master_port, e.what()));
+                                    launch.rank, addr_var, launch.master_addr, port_var, launch.master_port, e.what(),
+                                    addr_var, port_var));
     }
     spec.root_store = client;
     if (server)
       spec.keepalive = std::make_shared<StoreHost>(std::move(server), client, spec.finished_key, launch.world_size);
+  }
+  if (launch.store_hosted) {
+    // The launcher says there when it stops the ranks on purpose (a node
+    // joins the job), so that a rank that sees a peer go first does not
+    // report it as a failure.
+    spec.diagnostics.launcher_store = spec.root_store->clone();
+    spec.diagnostics.launcher_stop_key = launcher_stop_key(config.restart_count);
   }
   spec.config = std::move(config);
   return make_group(std::move(spec));

@@ -57,8 +57,15 @@ LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
     info.source = p.source;
   }
 
-  info.master_addr = !options.master_addr.empty() ? options.master_addr : config.master_addr;
-  info.master_port = options.master_port >= 0 ? options.master_port : config.master_port.value_or(-1);
+  // The store: a launcher's (LOCKSTEP_STORE_*) unless the program names one;
+  // else MASTER_ADDR/PORT, where rank 0 hosts it.
+  const bool launcher_store = config.store_hosted && options.master_addr.empty() && options.master_port < 0;
+  info.master_addr = !options.master_addr.empty() ? options.master_addr
+                     : launcher_store              ? config.store_addr
+                                                   : config.master_addr;
+  info.master_port = options.master_port >= 0 ? options.master_port
+                     : launcher_store          ? config.store_port.value_or(-1)
+                                               : config.master_port.value_or(-1);
   if (info.master_port > 65535 || (info.master_port <= 0 && info.master_port != -1))
     throw ConfigError(fmt::format("MASTER_PORT={} is not a TCP port; use a free port in 1..65535", info.master_port));
 
@@ -76,7 +83,7 @@ LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
                                     info.master_addr));
   }
 
-  info.store_hosted = config.store_hosted;
+  info.store_hosted = launcher_store;
   info.token = config.store_token;
   info.run_id = fmt::format("{}/{}", config.run_name, config.restart_count);
   check_timeout("GroupOptions::timeout", options.timeout);

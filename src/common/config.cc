@@ -157,7 +157,12 @@ void read_rendezvous(const VariableReader& vars, Config& c) {
   c.started_by_mpirun = vars.string(env::kOmpiSize).has_value();
   c.master_addr = vars.string(env::kMasterAddr).value_or("");
   if (auto port = vars.integer(env::kMasterPort, 1, kMaxPort)) c.master_port = static_cast<int>(*port);
-  c.store_hosted = vars.flag(env::kStoreHosted).value_or(false);
+  c.store_addr = vars.string(env::kStoreAddr).value_or("");
+  if (auto port = vars.integer(env::kStorePort, 1, kMaxPort)) c.store_port = static_cast<int>(*port);
+  if (c.store_addr.empty() != !c.store_port)
+    throw ConfigError(fmt::format("{} and {} go together (a launcher's store); set both or neither", env::kStoreAddr,
+                                  env::kStorePort));
+  c.store_hosted = !c.store_addr.empty();
   c.store_token = vars.string(env::kStoreToken).value_or("");
   c.torchelastic_run_id = vars.string(env::kTorchelasticRunId).value_or("");
   c.run_name = vars.string(env::kRunId).value_or(c.torchelastic_run_id.empty() ? "job" : c.torchelastic_run_id);

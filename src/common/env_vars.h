@@ -22,6 +22,7 @@ inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
 inline constexpr char kRoleName[] = "ROLE_NAME";
 inline constexpr char kTorchelasticMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
 inline constexpr char kTorchelasticUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kTorchelasticErrorFile[] = "TORCHELASTIC_ERROR_FILE";  // lockstep::record_error() writes it
 
 // Set by Open MPI's mpirun.
 inline constexpr char kOmpiRank[] = "OMPI_COMM_WORLD_RANK";
@@ -43,7 +44,11 @@ inline constexpr char kBackend[] = "LOCKSTEP_BACKEND";
 inline constexpr char kTimeout[] = "LOCKSTEP_TIMEOUT";
 inline constexpr char kConnectTimeout[] = "LOCKSTEP_CONNECT_TIMEOUT";
 inline constexpr char kStoreToken[] = "LOCKSTEP_STORE_TOKEN";
-inline constexpr char kStoreHosted[] = "LOCKSTEP_STORE_HOSTED";
+// Set by `lockstep run`: where its launcher hosts lockstep's store. MASTER_ADDR
+// and MASTER_PORT are then left to the program (a torch.distributed rank 0
+// listens there), as under torchrun.
+inline constexpr char kStoreAddr[] = "LOCKSTEP_STORE_ADDR";
+inline constexpr char kStorePort[] = "LOCKSTEP_STORE_PORT";
 inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
 inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
 inline constexpr char kHostId[] = "LOCKSTEP_HOST_ID";

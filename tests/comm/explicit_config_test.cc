@@ -53,7 +53,7 @@ ScopedVariables hostile_environment() {
                           {env::kOmpiSize, "garbage"},      {env::kSlurmProcId, "garbage"},
                           {env::kSlurmNtasks, "garbage"},   {env::kLogLevel, "garbage"},
                           {env::kBackend, "garbage"},       {env::kTimeout, "garbage"},
-                          {env::kConnectTimeout, "garbage"}, {env::kStoreHosted, "garbage"},
+                          {env::kConnectTimeout, "garbage"}, {env::kStorePort, "garbage"},
                           {env::kRestartCount, "garbage"},  {env::kSocketAddr, "256.256.256.256"},
                           {env::kTcpSmallBytes, "garbage"}, {env::kShmOneShotBytes, "garbage"},
                           {env::kShmChunkBytes, "garbage"}, {env::kShmSpinMicros, "garbage"},

@@ -4,9 +4,6 @@
 // mid-collective, and every start-up mistake a user can make.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 
 #include <signal.h>
@@ -16,9 +13,12 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "block_cases.h"
 #include "collective_cases.h"
 #include "common/socket.h"
+#include "store/store_token.h"
 #include "harness/process_ranks.h"
 #include "lockstep/process_group.h"
 
@@ -91,26 +91,13 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ForkedSweep,
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
 
-// An address of this host other hosts could reach (not loopback), or "".
-std::string reachable_address() {
-  ifaddrs* all = nullptr;
-  if (::getifaddrs(&all) != 0) return "";
-  std::string found;
-  for (ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
-    found = text;
-  }
-  ::freeifaddrs(all);
-  return found;
-}
 
 // Rank 0 hosting the store (a torchrun-style environment) on an address
-// other hosts can reach: the ranks agree on a token derived from what they
-// share, and a client without it is refused.
-TEST(ForkedRanks, AStoreReachableFromOtherHostsRequiresAToken) {
-  const std::string address = reachable_address();
+// other hosts can reach needs LOCKSTEP_STORE_TOKEN: without it every rank
+// refuses to start, saying so, rather than guard the store with a token
+// derived from what every command line shows.
+TEST(ForkedRanks, AStoreReachableFromOtherHostsWithoutATokenIsRefused) {
+  const std::string address = testing::reachable_address();
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
   const int port = testing::free_port();
   ProcessRanks ranks(
@@ -120,17 +107,48 @@ TEST(ForkedRanks, AStoreReachableFromOtherHostsRequiresAToken) {
         env["MASTER_ADDR"] = address;
         return env;
       },
+      [&](int) {
+        try {
+          init_process_group();
+        } catch (const ConfigError& e) {
+          if (std::string(e.what()).find("set LOCKSTEP_STORE_TOKEN") != std::string::npos) return;
+          throw;
+        }
+        throw std::runtime_error("the ranks started with a reachable store and no token");
+      });
+  expect_all_ok(ranks.wait_all(60s));
+}
+
+// With the token, a client without it, or with the token lockstep used to
+// derive from the address, port, world size and run id, is refused.
+TEST(ForkedRanks, AStoreReachableFromOtherHostsRefusesEveryoneWithoutTheToken) {
+  const std::string address = testing::reachable_address();
+  if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  const int port = testing::free_port();
+  ProcessRanks ranks(
+      2,
+      [&](int r) {
+        auto env = launcher_env(r, 2, port);
+        env["MASTER_ADDR"] = address;
+        env["LOCKSTEP_STORE_TOKEN"] = "a-secret-only-the-ranks-know";
+        return env;
+      },
       [&](int rank) {
         auto pg = init_process_group();
         if (rank == 0) {
-          TcpStoreOptions stranger;
-          stranger.connect_timeout = std::chrono::seconds(5);
-          try {
-            TcpStore store(address, static_cast<std::uint16_t>(port), stranger);
-            store.get("anything");
-            throw std::runtime_error("a client without the token was served");
-          } catch (const ConfigError& e) {
-            if (std::string(e.what()).find("store token") == std::string::npos) throw;
+          const std::string guessed =
+              shared_store_token(std::nullopt, fmt::format("rank0/{}:{}/2/", address, port));
+          for (const std::string& token : {std::string(), guessed}) {
+            TcpStoreOptions stranger;
+            stranger.token = token;
+            stranger.connect_timeout = std::chrono::seconds(5);
+            try {
+              TcpStore store(address, static_cast<std::uint16_t>(port), stranger);
+              store.get("anything");
+              throw std::runtime_error("a client with token '" + token + "' was served");
+            } catch (const ConfigError& e) {
+              if (std::string(e.what()).find("store token") == std::string::npos) throw;
+            }
           }
         }
         pg->barrier()->wait();

@@ -47,7 +47,8 @@ TEST(Config, EveryVariableReachesItsField) {
                           {env::kConnectTimeout, "7"},
                           {env::kLogLevel, "DEBUG"},
                           {env::kStoreToken, "secret"},
-                          {env::kStoreHosted, "yes"},
+                          {env::kStoreAddr, "10.0.0.1"},
+                          {env::kStorePort, "29400"},
                           {env::kRunId, "exp1"},
                           {env::kRestartCount, "3"},
                           {env::kSocketAddr, "10.0.0.7"},
@@ -76,6 +77,8 @@ TEST(Config, EveryVariableReachesItsField) {
   EXPECT_EQ(c.log_level, LogLevel::debug);
   EXPECT_EQ(c.store_token, "secret");
   EXPECT_TRUE(c.store_hosted);
+  EXPECT_EQ(c.store_addr, "10.0.0.1");
+  EXPECT_EQ(c.store_port, 29400);
   EXPECT_EQ(c.run_name, "exp1");
   EXPECT_EQ(c.restart_count, 3);
   EXPECT_EQ(c.host_id, "pretend-a");
@@ -133,6 +136,21 @@ TEST(Config, LauncherOrderIsTorchrunThenOpenMpiThenSlurm) {
   EXPECT_EQ(to_string(LaunchSource::open_mpi), "Open MPI");
 }
 
+// A launcher's store is one address and one port; half of it is a mistake,
+// not a reason to fall back to MASTER_ADDR (the program's own, under
+// `lockstep run`).
+TEST(Config, TheLaunchersStoreNeedsBothAddressAndPort) {
+  for (const auto& half : {std::pair{env::kStoreAddr, "10.0.0.1"}, std::pair{env::kStorePort, "29400"}}) {
+    try {
+      parse({{half.first, half.second}});
+      ADD_FAILURE() << half.first << " alone was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("LOCKSTEP_STORE_ADDR and LOCKSTEP_STORE_PORT go together"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 struct BadValue {
   const char* name;
   const char* value;
@@ -149,7 +167,7 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
       {env::kConnectTimeout, "0", "from 0.001 to 604800"},
       {env::kWatchdogSettle, "-1", "from 0.001 to 604800"},
       {env::kStallWarning, "inf", "from 0.001 to 604800"},
-      {env::kStoreHosted, "maybe", "use 1 or 0"},
+      {env::kStorePort, "70000", "from 1 to 65535"},
       {env::kMpiAbortOnFailure, "2", "use 1 or 0"},
       {env::kRestartCount, "-1", "from 0 to 2147483647"},
       {env::kTorchelasticRestartCount, "x", "from 0 to 2147483647"},

@@ -38,6 +38,13 @@ Launcher::Launcher(const std::string& cli, std::vector<std::string> args, EnvMap
                throw std::runtime_error("cannot execute " + cli);
              }) {}
 
+std::string Launcher::output_so_far() const {
+  std::ifstream log(ranks_.dir() + "/rank0.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  return text.str();
+}
+
 RankResult Launcher::wait(Duration timeout) { return ranks_.wait_all(timeout)[0]; }
 
 RankResult run_program(const std::string& program, std::vector<std::string> args, EnvMap env, Duration timeout) {

@@ -31,6 +31,8 @@ class Launcher {
   pid_t pid() const { return ranks_.pid(0); }
   void signal(int sig) { ranks_.signal(0, sig); }
   RankResult wait(Duration timeout);
+  // What it has printed so far (it may still run).
+  std::string output_so_far() const;
 
  private:
   ProcessRanks ranks_;

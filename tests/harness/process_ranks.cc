@@ -1,7 +1,10 @@
 // ProcessRanks; see process_ranks.h.
 #include "harness/process_ranks.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -157,6 +160,20 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
 // (32768-60999), where the kernel does not hand them out to other sockets
 // between this check and the test's own bind; a port some other test took
 // meanwhile is the only race left, one in thousands.
+std::string reachable_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
 int free_port() {
   static thread_local std::mt19937 random(std::random_device{}());
   std::uniform_int_distribution<int> pick(20000, 32000);

@@ -72,6 +72,10 @@ class ProcessRanks {
 // A TCP port that was free a moment ago.
 int free_port();
 
+// An IPv4 address of this host other hosts could reach (not loopback), or
+// "" when it has none.
+std::string reachable_address();
+
 // Waits until `path` exists; false on timeout.
 bool wait_for_file(const std::string& path, Duration timeout);
 

@@ -87,7 +87,7 @@ if [ -n "$mpirun" ]; then
   # variable means nothing.
   cluster_mpirun 0 --timeout 100 --host "$(cluster_ip 0):2,$(cluster_ip 1):2" -np 4 -x LOCKSTEP_BACKEND=mpi \
     -x ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-    -x MASTER_ADDR="$(cluster_ip 0)" -x MASTER_PORT=$cluster_port -x LOCKSTEP_CONNECT_TIMEOUT "$sweep" \
+    -x LOCKSTEP_STORE_TOKEN -x MASTER_ADDR="$(cluster_ip 0)" -x MASTER_PORT=$cluster_port -x LOCKSTEP_CONNECT_TIMEOUT "$sweep" \
     > "$work/sweep-mpi.log" 2>&1 || { cat "$work/sweep-mpi.log"; fail "the mpi sweep failed"; }
   cluster_port=$((cluster_port + 1))
   grep "cluster sweep" "$work/sweep-mpi.log"

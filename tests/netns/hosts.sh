@@ -4,6 +4,8 @@
 # defines skip() and sets $work (a temporary directory) first; cleanup()
 # kills every host's processes and removes $work, on exit.
 holders=()
+# The store listens beyond loopback: every node needs the job's secret.
+export LOCKSTEP_STORE_TOKEN=${LOCKSTEP_STORE_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 
 cleanup() {
   # Quietly: bash reports each holder it reaps as "Killed".

@@ -19,6 +19,7 @@
 #include "harness/launcher.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
+#include "store/store_token.h"
 
 namespace lockstep {
 namespace {
@@ -227,18 +228,28 @@ TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   expect_all_gone(pids);
 }
 
-TEST(Launcher, WritesEachRanksOutputToTheLogDirectory) {
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// torchrun's layout: DIR/<run id>/attempt_<k>/<local rank>/{stdout,stderr}.log,
+// one directory per attempt (a restart does not append to the last one's).
+TEST(Launcher, WritesEachRanksStreamsToTheLogDirectoryInTorchrunsLayout) {
   TempDir dir;
-  auto args = std::vector<std::string>{"--nproc-per-node", "2", "--log-dir", dir.path() + "/logs"};
-  auto p = program("ok");
-  args.insert(args.end(), p.begin(), p.end());
-  Launcher launcher(args);
-  EXPECT_EQ(launcher.wait().exit_code, 0);
-  for (int r = 0; r < 2; ++r) {
-    std::ifstream log(dir.path() + "/logs/rank" + std::to_string(r) + ".log");
-    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(contains(text, "rank " + std::to_string(r) + " of 2 sum 3")) << text;
-  }
+  const std::string logs = dir.path() + "/logs";
+  Launcher launcher({"--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "job9", "--log-dir", logs, "--",
+                     "/bin/sh", "-c",
+                     "echo out $RANK $TORCHELASTIC_RESTART_COUNT; echo err $RANK >&2; "
+                     "[ $TORCHELASTIC_RESTART_COUNT = 1 ] || [ $RANK = 0 ] || exit 3"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  for (int attempt = 0; attempt < 2; ++attempt)
+    for (int local = 0; local < 2; ++local) {
+      const std::string rank_dir = fmt::format("{}/job9/attempt_{}/{}", logs, attempt, local);
+      EXPECT_EQ(read_text(rank_dir + "/stdout.log"), fmt::format("out {} {}\n", local, attempt)) << rank_dir;
+      EXPECT_EQ(read_text(rank_dir + "/stderr.log"), fmt::format("err {}\n", local)) << rank_dir;
+    }
 }
 
 TEST(Launcher, BadArgumentsAreClearErrors) {
@@ -369,16 +380,14 @@ TEST(Launcher, SetsTheTorchrunVariablesAsTorchrunDoes) {
 
 TEST(Launcher, TeeAndRedirectsSendStreamsToTheLogDirectory) {
   TempDir dir;
-  Launcher launcher({"--nproc-per-node", "1", "--log-dir", dir.path(), "--redirects", "1", "--tee", "2", "--",
+  Launcher launcher({"--nproc-per-node", "1", "--run-id", "tee", "--log-dir", dir.path(), "--redirects", "1", "--tee", "2", "--",
                      "/bin/sh", "-c", "echo to-stdout; echo to-stderr >&2"});
   const auto r = launcher.wait(30s);
   EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
   EXPECT_FALSE(contains(r.output, "to-stdout")) << "redirected stdout reached the console: " << r.output;
   EXPECT_TRUE(contains(r.output, "[0] to-stderr")) << r.output;
-  std::ifstream log(dir.path() + "/rank0.log");
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_TRUE(contains(text, "to-stdout\n")) << text;
-  EXPECT_TRUE(contains(text, "to-stderr\n")) << text;
+  EXPECT_EQ(read_text(dir.path() + "/tee/attempt_0/0/stdout.log"), "to-stdout\n");
+  EXPECT_EQ(read_text(dir.path() + "/tee/attempt_0/0/stderr.log"), "to-stderr\n");
   const auto bad = Launcher({"--nproc-per-node", "1", "--tee", "3", "--", "true"}).wait(30s);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_TRUE(contains(bad.output, "add --log-dir")) << bad.output;
@@ -416,6 +425,45 @@ TEST(Launcher, TheStoreOfSeveralNodesRefusesAClientWithoutTheToken) {
   EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
   EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
   EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
+}
+
+// A store other hosts can reach is never guarded by a token anyone can
+// compute: without LOCKSTEP_STORE_TOKEN the launcher refuses to start; with
+// it, a client holding the token lockstep used to derive from --rdzv-id
+// (what every command line shows) is refused.
+TEST(Launcher, AStoreOtherHostsCanReachNeedsTheUsersSecret) {
+  const std::string address = testing::reachable_address();
+  if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  const int port = testing::free_port();
+  const auto node = [&](int rank) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr", address,
+                                    "--master-port", std::to_string(port), "--rdzv-id", "job-a", "--rdzv-timeout",
+                                    "20", "--", RANK_PROGRAM, "ok"};
+  };
+  const auto unprotected = Launcher(node(0), {{"LOCKSTEP_STORE_TOKEN", ""}}).wait(30s);
+  EXPECT_EQ(unprotected.exit_code, 2) << testing::describe(unprotected);
+  EXPECT_TRUE(contains(unprotected.output, "reachable from other hosts and nothing would protect it: set "
+                                           "LOCKSTEP_STORE_TOKEN"))
+      << unprotected.output;
+  const EnvMap secret{{"LOCKSTEP_STORE_TOKEN", "only-the-nodes-know"}};
+  Launcher first(node(0), secret);
+  for (const std::string& token : {std::string(), shared_store_token(std::nullopt, "id/job-a")}) {
+    TcpStoreOptions guesser;
+    guesser.token = token;
+    guesser.connect_timeout = 10s;
+    try {
+      TcpStore client(address, static_cast<std::uint16_t>(port), guesser);
+      client.get("launcher/run_id");
+      ADD_FAILURE() << "a client with token '" << token << "' was served";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "wrong store token")) << e.what();
+    }
+  }
+  Launcher second(node(1), secret);
+  const auto a = first.wait(30s), b = second.wait(30s);
+  EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
+  EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
+  EXPECT_TRUE(contains(a.output, "(protected by LOCKSTEP_STORE_TOKEN)")) << a.output;
 }
 
 // A launcher interrupted while the nodes gather used to leave the others
@@ -517,7 +565,9 @@ TEST(Launcher, AnElasticJobRanksItsNodesAndRestartsAfterAFailure) {
     EXPECT_TRUE(contains(all, fmt::format("rank {} attempt 1 starting", rank))) << all;
     EXPECT_TRUE(contains(all, fmt::format("rank {} of 3 sum 6", rank))) << all;
   }
-  EXPECT_TRUE(contains(all, fmt::format("(world size 3), store 127.0.0.1:{}, run el-{}, round 1", port, ::getpid())))
+  EXPECT_TRUE(contains(all, fmt::format("(world size 3), store 127.0.0.1:{} (loopback only, token derived from the "
+                                        "job), run el-{}, round 1",
+                                        port, ::getpid())))
       << all;
 }
 
@@ -535,6 +585,39 @@ TEST(Launcher, AnElasticJobGrowsWhenANodeArrives) {
   EXPECT_TRUE(contains(all, "(world size 2)")) << all;
   EXPECT_TRUE(contains(all, "a new node is waiting to join; stopped this node's 1 rank(s)")) << all;
   EXPECT_TRUE(contains(all, "on node 2 of 3 (world size 3)")) << all;
+}
+
+// A re-form for a node that joins is planned: ranks that see a peer go
+// while in a collective say the launcher stopped them on purpose, and no
+// rank reports a lost peer or writes a flight-recorder dump.
+TEST(Launcher, ARankStoppedForARegroupSaysItWasPlanned) {
+  TempDir flight;
+  const std::string port = std::to_string(testing::free_port());
+  const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}, {"LOCKSTEP_FLIGHT_DIR", flight.path()}};
+  std::vector<std::unique_ptr<Launcher>> nodes;
+  for (int n = 0; n < 2; ++n) nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "allreduce-loop"), env));
+  std::this_thread::sleep_for(3s);  // the job runs with two nodes, all-reducing
+  nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "allreduce-loop"), env));
+  // Until every node runs the re-formed group: what the stopped ranks said
+  // is in by then (a launcher starts the next round once they are reaped).
+  const auto regrouped = [&] {
+    for (auto& node : nodes)
+      if (!contains(node->output_so_far(), "(world size 3)")) return false;
+    return true;
+  };
+  const Deadline deadline = Deadline::after(40s);
+  while (!regrouped() && !deadline.expired()) std::this_thread::sleep_for(200ms);
+  std::string all;
+  for (auto& node : nodes) all += node->output_so_far();
+  const bool no_dumps = std::filesystem::is_empty(flight.path());
+  for (auto& node : nodes) node->signal(SIGKILL);  // the launcher's ranks die with it (parent-death signal)
+  for (auto& node : nodes) node->wait(30s);
+  EXPECT_TRUE(contains(all, "a new node is waiting to join; stopped this node's 1 rank(s)")) << all;
+  EXPECT_TRUE(contains(all, "stopped by the launcher on purpose (a node joins the job; re-forming the group), not a "
+                            "failure"))
+      << all;
+  EXPECT_FALSE(contains(all, "flight recorder")) << all;
+  EXPECT_TRUE(no_dumps) << "a planned stop wrote flight-recorder dumps";
 }
 
 // The store lives in one launcher (the first at the endpoint); losing it
@@ -579,6 +662,120 @@ TEST(Examples, AConfigErrorIsPrintedAndExitsTwo) {
   EXPECT_EQ(r.signal, 0) << testing::describe(r);
   EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
   EXPECT_TRUE(contains(r.output, "allreduce_demo: MASTER_ADDR is not set")) << r.output;
+}
+
+// The error a rank records in TORCHELASTIC_ERROR_FILE (lockstep::record_error,
+// or PyTorch's @record) is quoted in the launcher's report, as torchrun does.
+TEST(Launcher, ARanksErrorFileIsQuotedInTheReport) {
+  Launcher launcher({"--nproc-per-node", "2", "--grace-period", "1", "--", RANK_PROGRAM, "record-error"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 4) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "rank 1 recorded its error (")) << r.output;
+  EXPECT_TRUE(contains(r.output, "/attempt_0/1/error.json): lockstep.ConfigError: rank 1 gave up on purpose"))
+      << r.output;
+}
+
+// torchrun's entry points: a .py file runs with python3 -u, -m runs a
+// module, --run-path a file through runpy, --no-python the program as it is.
+TEST(Launcher, PythonProgramsStartAsUnderTorchrun) {
+  const std::string dir = PYTHON_PROGRAMS;
+  const auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--nproc-per-node", "2"});
+    return Launcher(args, {{"PYTHONPATH", dir}}).wait(60s);
+  };
+  auto r = run({dir + "/show_argv.py", "--lr", "1"});
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[1] rank 1 ran show_argv.py as __main__ with ['--lr', '1']")) << r.output;
+  r = run({"-m", "show_argv", "x"});
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[0] rank 0 ran show_argv.py as __main__ with ['x']")) << r.output;
+  r = run({"--run-path", dir + "/show_argv.py", "y", "z"});
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[1] rank 1 ran show_argv.py as __main__ with ['y', 'z']")) << r.output;
+  r = run({"--no-python", dir + "/shell_named_py.py", "w"});
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[1] rank 1 ran as a shell script with w")) << r.output;
+  r = run({dir + "/shell_named_py.py"});  // a .py file goes to Python, which cannot read a shell script
+  EXPECT_NE(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "SyntaxError")) << r.output;
+  r = run({"-m", "--no-python", "show_argv"});
+  EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "drop one")) << r.output;
+}
+
+// A torch.distributed program (gloo, env://) runs unchanged: MASTER_ADDR
+// and MASTER_PORT are its own, as under torchrun's c10d rendezvous (its
+// rank 0 listens there; the launcher's store is elsewhere), with PyTorch
+// 1.13 (Debian's python3) and 2.x (the project's virtual environment).
+TEST(Launcher, ATorchDistributedProgramRunsUnchanged) {
+  const std::string program = std::string(PYTHON_PROGRAMS) + "/gloo_allreduce.py";
+  int pythons = 0;
+  for (const std::string python : {std::string("/usr/bin/python3"), std::string(TORCH2_PYTHON)}) {
+    if (testing::run_program(python, {"-c", "import torch.distributed"}, {}, 60s).exit_code != 0) continue;
+    ++pythons;
+    // `python3` in PATH is what runs a .py file: the interpreter's own directory first.
+    const EnvMap env{{"PATH", std::filesystem::path(python).parent_path().string() + ":/usr/bin:/bin"}};
+    auto r = Launcher({"--nproc-per-node", "3", "--grace-period", "2", program}, env).wait(120s);
+    EXPECT_EQ(r.exit_code, 0) << python << ": " << testing::describe(r);
+    for (int rank = 0; rank < 3; ++rank)
+      EXPECT_TRUE(contains(r.output, fmt::format("rank {} of 3: sum 6 (MASTER_ADDR=127.0.0.1", rank))) << r.output;
+    EXPECT_TRUE(contains(r.output, "USE_AGENT_STORE=False")) << r.output;
+    // PyTorch's @record writes the error file; the report quotes it.
+    r = Launcher({"--nproc-per-node", "2", "--grace-period", "2", program, "--fail-rank", "1"}, env).wait(120s);
+    EXPECT_NE(r.exit_code, 0) << python << ": " << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "rank 1 recorded its error (")) << r.output;
+    EXPECT_TRUE(contains(r.output, "RuntimeError: rank 1 failing on purpose")) << r.output;
+  }
+  if (pythons == 0) GTEST_SKIP() << "no Python with torch here (python3-torch, or make torch2)";
+}
+
+// torchrun's console and log filters: --local-ranks-filter shows only some
+// local ranks on the console (their files keep everything), and
+// --duplicate-stdout-filters copies matching lines of every rank to the
+// attempt's filtered_stdout.log.
+TEST(Launcher, ConsoleAndDuplicateFiltersAsTorchrunHasThem) {
+  TempDir dir;
+  Launcher launcher({"--nproc-per-node", "3", "--run-id", "f", "--log-dir", dir.path(), "--local-ranks-filter", "0,2",
+                     "--duplicate-stdout-filters", "loss,,acc", "--duplicate-stderr-filters", "warn", "--", "/bin/sh",
+                     "-c", "echo step $RANK; echo loss,acc $RANK; echo warn $RANK >&2"});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "[0] step 0") && contains(r.output, "[2] step 2")) << r.output;
+  EXPECT_FALSE(contains(r.output, "[1] ")) << r.output;
+  EXPECT_EQ(read_text(dir.path() + "/f/attempt_0/1/stdout.log"), "step 1\nloss,acc 1\n");
+  const std::string out = read_text(dir.path() + "/f/attempt_0/filtered_stdout.log");
+  const std::string err = read_text(dir.path() + "/f/attempt_0/filtered_stderr.log");
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(out, fmt::format("[{0}] loss,acc {0}\n", rank))) << out;
+    EXPECT_TRUE(contains(err, fmt::format("[{0}] warn {0}\n", rank))) << err;
+  }
+  EXPECT_FALSE(contains(out, "step")) << out;
+}
+
+// --signals-to-handle: a signal named there stops the ranks (forwarded to
+// them), as SIGTERM does by default; the options torchrun has that do not
+// carry over are refused with their reason.
+TEST(Launcher, SignalsToHandleAndRefusedTorchrunOptions) {
+  TempDir dir;
+  Launcher launcher({"--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGUSR1", "--", RANK_PROGRAM, "sleep"},
+                    {{"PID_DIR", dir.path()}});
+  const auto pids = rank_pids(dir.path(), 2);
+  launcher.signal(SIGUSR1);
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 128 + SIGUSR1) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "received SIGUSR1, stopping all ranks")) << r.output;
+  expect_all_gone(pids);
+  for (const auto& [option, reason] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--virtual-local-rank"}, "lockstep's ranks place themselves by it"},
+           {{"--numa-binding", "node"}, "does not read the GPUs' NUMA placement"},
+           {{"--logs-specs", "x"}, "Python plug-in"},
+           {{"--signals-to-handle", "SIGKILL"}, "cannot be handled"}}) {
+    std::vector<std::string> args = option;
+    args.insert(args.end(), {"--", "true"});
+    const auto refused = Launcher(args).wait(20s);
+    EXPECT_EQ(refused.exit_code, 2) << testing::describe(refused);
+    EXPECT_TRUE(contains(refused.output, reason)) << refused.output;
+  }
 }
 
 }  // namespace

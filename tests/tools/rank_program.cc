@@ -17,6 +17,7 @@
 //                again, print "rank R of W sum S"
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
 #include <lockstep/error.h>
+#include <lockstep/error_file.h>
 #include <lockstep/process_group.h>
 
 #include "common/os.h"
@@ -121,6 +122,12 @@ int main(int argc, char** argv) {
   }
   if (mode == "fail") wait_forever();
   if (mode == "always-fail" && rank == 1) return 4;
+  if (mode == "record-error" && rank == 1) {
+    // What an example's main does with the error that ends it.
+    lockstep::record_error(lockstep::ConfigError("rank 1 gave up on purpose"));
+    return 4;
+  }
+  if (mode == "record-error") wait_forever();
   if (mode == "die-in-shm-setup" || mode == "die-in-shared-alloc") {
     DiesOpeningRank0Segment dies(mode == "die-in-shm-setup" ? "r0" : "a0r0");
     lockstep::GroupOptions options;
@@ -134,6 +141,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "leave-early") return leave_early(rank);
+  if (mode == "allreduce-loop") {
+    // Collectives until the launcher stops the rank. Rank 0 ignores SIGTERM
+    // (as a program finishing its step would) and is killed at the end of
+    // the grace period, so it is still in a collective when its peers go.
+    if (rank == 0) signal(SIGTERM, SIG_IGN);
+    try {
+      auto pg = lockstep::init_process_group();
+      for (int value = 1;; value = 1) pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
+    } catch (const lockstep::Error& e) {
+      std::fprintf(stderr, "rank_program: %s\n", e.what());
+      return 2;
+    }
+  }
   if (mode == "pause") {
     auto pg = lockstep::init_process_group();
     int value = 1;

@@ -3,6 +3,8 @@
 // token several nodes derive without talking.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include "lockstep/error.h"
 #include "run/run_arguments.h"
 #include "store/store_token.h"
@@ -95,6 +97,38 @@ TEST(StoreToken, EveryNodeDerivesTheSameTokenAndAUserTokenWins) {
   EXPECT_NE(a, shared_store_token(std::nullopt, "id/job-b"));
   EXPECT_EQ(shared_store_token(std::string("s3cret"), "id/job-a"), "s3cret");
   EXPECT_EQ(shared_store_token(std::string(""), "id/job-a"), a);
+}
+
+// torchrun's entry points: a .py file and -m and --run-path go to Python
+// (unbuffered), --no-python and any other program run as they are.
+TEST(RunArguments, EntryPointsBuildTheCommandTorchrunWould) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(rank_command({"train.py", "--lr", "1"}, {}), (V{"python3", "-u", "train.py", "--lr", "1"}));
+  EXPECT_EQ(rank_command({"pkg.train", "x"}, {.module = true}), (V{"python3", "-u", "-m", "pkg.train", "x"}));
+  EXPECT_EQ(rank_command({"./train.py"}, {.no_python = true}), (V{"./train.py"}));
+  EXPECT_EQ(rank_command({"./train", "-np", "3"}, {}), (V{"./train", "-np", "3"}));
+  const V run_path = rank_command({"/abs/train.py", "a"}, {.run_path = true});
+  ASSERT_EQ(run_path.size(), 6u);
+  EXPECT_EQ(V(run_path.begin(), run_path.begin() + 3), (V{"python3", "-u", "-c"}));
+  EXPECT_NE(run_path[3].find("runpy.run_path(sys.argv[0], run_name='__main__')"), std::string::npos);
+  EXPECT_EQ(V(run_path.begin() + 4, run_path.end()), (V{"/abs/train.py", "a"}));
+  EXPECT_THROW(rank_command({"pkg"}, {.module = true, .no_python = true}), ConfigError);
+  EXPECT_THROW(rank_command({}, {}), ConfigError);
+}
+
+TEST(RunArguments, FiltersRanksAndSignalsAreTorchrunsLists) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(parse_filters("loss,acc"), (V{"loss", "acc"}));
+  EXPECT_EQ(parse_filters("a,,b,c"), (V{"a,b", "c"}));
+  EXPECT_TRUE(parse_filters("").empty());
+  EXPECT_EQ(parse_local_ranks("0,2"), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(parse_local_ranks("").empty());
+  EXPECT_THROW(parse_local_ranks("0,x"), ConfigError);
+  EXPECT_THROW(parse_local_ranks("-1"), ConfigError);
+  EXPECT_EQ(parse_signals("SIGTERM,INT,SIGUSR1"), (std::vector<int>{SIGTERM, SIGINT, SIGUSR1}));
+  EXPECT_THROW(parse_signals("SIGTERM,SIGNOPE"), ConfigError);
+  EXPECT_THROW(parse_signals("SIGKILL"), ConfigError);
+  EXPECT_THROW(parse_signals(""), ConfigError);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ void throw_if_interrupted(int signal_fd, const std::string& waiting_for) {
   signalfd_siginfo info{};
   while (::read(signal_fd, &info, sizeof info) == sizeof info) {
     const int sig = static_cast<int>(info.ssi_signo);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
+    if (sig != SIGCHLD)  // the others in the signalfd are the ones --signals-to-handle names
       throw Interrupted(sig, fmt::format("received SIG{} while waiting for {}; stopping", sigabbrev_np(sig),
                                          waiting_for));
   }

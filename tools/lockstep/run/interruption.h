@@ -25,7 +25,7 @@ class Interrupted : public Error {
   int signal_;
 };
 
-// Throws Interrupted if SIGINT, SIGTERM or SIGHUP is pending on
+// Throws Interrupted if a handled signal (--signals-to-handle) is pending on
 // `signal_fd` (others read from it are dropped). `waiting_for` completes
 // "received SIGINT while waiting for ...".
 void throw_if_interrupted(int signal_fd, const std::string& waiting_for);

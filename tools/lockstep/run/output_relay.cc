@@ -45,7 +45,22 @@ void OutputRelay::finish() {
   if (log_) std::fflush(log_);
 }
 
+void OutputRelay::duplicate_matching(std::FILE* file, const std::vector<std::string>* filters,
+                                     std::string rank_prefix) {
+  matching_ = file;
+  filters_ = filters;
+  rank_prefix_ = std::move(rank_prefix);
+}
+
 void OutputRelay::emit(const std::string& line) {
+  if (matching_ && filters_) {
+    for (const auto& filter : *filters_) {
+      if (line.find(filter) == std::string::npos) continue;
+      std::fprintf(matching_, "%s%s\n", rank_prefix_.c_str(), line.c_str());
+      std::fflush(matching_);
+      break;
+    }
+  }
   if (out_) {
     std::fprintf(out_, "%s%s\n", prefix_.c_str(), line.c_str());
     std::fflush(out_);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <string>
+#include <vector>
 
 namespace lockstep::cli {
 
@@ -22,6 +23,11 @@ class OutputRelay {
 
   const std::deque<std::string>& last_lines() const { return last_; }
 
+  // Also copies the lines that contain any of `filters` to `file`, prefixed
+  // "[rank] " (torchrun's --duplicate-stdout-filters; the file is shared by
+  // every rank of the attempt). Both must outlive the relay.
+  void duplicate_matching(std::FILE* file, const std::vector<std::string>* filters, std::string rank_prefix);
+
  private:
   void emit(const std::string& line);
 
@@ -31,6 +37,9 @@ class OutputRelay {
   std::size_t keep_;
   std::string partial_;
   std::deque<std::string> last_;
+  std::FILE* matching_ = nullptr;
+  const std::vector<std::string>* filters_ = nullptr;
+  std::string rank_prefix_;
 };
 
 }  // namespace lockstep::cli

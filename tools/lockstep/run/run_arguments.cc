@@ -1,6 +1,9 @@
 // The launcher's compound arguments; see run_arguments.h.
 #include "run/run_arguments.h"
 
+#include <signal.h>
+#include <string.h>
+
 #include <fmt/format.h>
 
 #include "common/env.h"
@@ -131,6 +134,96 @@ int stream_mask(const std::string& text, int local_rank, const char* option) {
     if (rank == local_rank) mask = value;
   }
   return mask;
+}
+
+std::vector<std::string> rank_command(const std::vector<std::string>& program, const EntryPoint& how) {
+  if (program.empty()) throw ConfigError("no program to run; give its name after the launcher's options");
+  if (how.module && how.no_python)
+    throw ConfigError("-m runs a Python module and --no-python runs the program without Python; drop one");
+  const std::string& name = program.front();
+  const bool is_python_file = name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0;
+  std::vector<std::string> command;
+  if (how.run_path) {
+    // As torchrun's --run-path: the interpreter runs the file through
+    // runpy.run_path, with sys.argv as the script would see it.
+    command = {"python3", "-u", "-c",
+               "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"};
+  } else if (how.module) {
+    command = {"python3", "-u", "-m"};
+  } else if (is_python_file && !how.no_python) {
+    command = {"python3", "-u"};
+  }
+  command.insert(command.end(), program.begin(), program.end());
+  return command;
+}
+
+std::vector<std::string> parse_filters(const std::string& text) {
+  std::vector<std::string> filters;
+  std::string current;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      current += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      current += ',';
+      ++i;
+    } else {
+      if (!current.empty()) filters.push_back(current);
+      current.clear();
+    }
+  }
+  if (!current.empty()) filters.push_back(current);
+  return filters;
+}
+
+std::vector<int> parse_local_ranks(const std::string& text) {
+  std::vector<int> ranks;
+  if (text.empty()) return ranks;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto n = parse_int(item);
+    if (!n || *n < 0 || *n > (1 << 16))
+      throw ConfigError(fmt::format("--local-ranks-filter '{}': '{}' is not a local rank; give them as 0,1,...", text,
+                                    item));
+    ranks.push_back(static_cast<int>(*n));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+namespace {
+
+// The number of signal NAME ("TERM"), or 0.
+int sig_number(const std::string& name) {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    const char* abbrev = sigabbrev_np(sig);
+    if (abbrev != nullptr && name == abbrev) return sig;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<int> parse_signals(const std::string& text) {
+  std::vector<int> signals;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', start);
+    std::string name = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+    const int sig = name.empty() ? 0 : sig_number(name);
+    if (sig <= 0)
+      throw ConfigError(fmt::format("--signals-to-handle '{}': '{}' is not a signal name (e.g. SIGTERM,SIGUSR1)", text,
+                                    text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD)
+      throw ConfigError(fmt::format("--signals-to-handle: SIG{} cannot be handled by the launcher", name));
+    signals.push_back(sig);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return signals;
 }
 
 }  // namespace lockstep::cli

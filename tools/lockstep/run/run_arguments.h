@@ -51,6 +51,34 @@ RendezvousConf parse_rdzv_conf(const std::string& text);
 // torchrun's --tee/--redirects value: 0 none, 1 stdout, 2 stderr, 3 both,
 // for every rank, or "local_rank:value,..." per local rank. Returns the
 // value for `local_rank` (0 where the map does not name it).
+// torchrun's --duplicate-stdout-filters: "a,b" is two filters, ",," a comma
+// inside one. Empty text: none.
+std::vector<std::string> parse_filters(const std::string& text);
+
+// torchrun's --local-ranks-filter: "0,2" (empty: every local rank). Throws
+// ConfigError for anything but non-negative numbers.
+std::vector<int> parse_local_ranks(const std::string& text);
+
+// torchrun's --signals-to-handle: "SIGTERM,SIGINT,SIGUSR1" (names with or
+// without SIG). Throws ConfigError naming an unknown signal, or one the
+// launcher cannot handle (SIGKILL, SIGSTOP, SIGCHLD).
+std::vector<int> parse_signals(const std::string& text);
+
+// How the program starts, as torchrun's -m, --no-python and --run-path say.
+struct EntryPoint {
+  bool module = false;     // -m: the program is a Python module
+  bool no_python = false;  // --no-python: execute it as it is, even a .py
+  bool run_path = false;   // --run-path: a Python file run by runpy.run_path
+};
+// The command each rank executes for `program` (the launcher's positional
+// arguments: the program and its own arguments). Python runs with `-u` (as
+// under torchrun, so output is not held in a buffer when a rank dies) from
+// `python3` in PATH, the interpreter of an activated virtual environment.
+// Where torchrun hands every program to Python, a program that is not a
+// .py file runs as itself: lockstep's programs are executables.
+// Throws ConfigError for -m with --no-python.
+std::vector<std::string> rank_command(const std::vector<std::string>& program, const EntryPoint& how);
+
 enum StreamMask : int { kNoStream = 0, kStdout = 1, kStderr = 2, kBothStreams = 3 };
 int stream_mask(const std::string& text, int local_rank, const char* option);
 

@@ -21,6 +21,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -32,6 +35,7 @@
 #include "common/env.h"
 #include "common/env_vars.h"
 #include "common/host.h"
+#include "common/launcher_keys.h"
 #include "common/socket.h"
 #include "diag/tracer.h"
 #include "lockstep/error.h"
@@ -59,10 +63,11 @@ int resolve_nproc(const std::string& text) {
 }
 
 // The signals the launcher handles, delivered through a signalfd.
-UniqueFd block_signals() {
+UniqueFd block_signals(const std::vector<int>& handled) {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  sigaddset(&set, SIGCHLD);
+  for (int sig : handled) sigaddset(&set, sig);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
   return UniqueFd(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
 }
@@ -114,6 +119,7 @@ Round rendezvous_static(Store& store, const RunOptions& o, int node_rank, int nn
 
 // Where every rank finds the store, and what identifies the job.
 struct JobIdentity {
+  std::filesystem::path run_dir;  // <log dir or a temporary one>/<run id>: attempts' logs and error files
   std::string store_addr;
   int store_port = 0;
   std::string run_id;
@@ -121,12 +127,42 @@ struct JobIdentity {
   std::string shm_tag;
 };
 
+// torchrun's layout: <run dir>/attempt_<k>/<local rank>/ holds that rank's
+// stdout.log, stderr.log and error.json; k is the round, which every node
+// of the job shares (restarts and re-forms alike).
+std::filesystem::path attempt_dir(const JobIdentity& job, const Round& round, int local) {
+  return job.run_dir / fmt::format("attempt_{}", round.number) / std::to_string(local);
+}
+
+// MASTER_ADDR and MASTER_PORT for a torch.distributed program, as torchrun's
+// c10d rendezvous gives them: node 0's address and a port free there when
+// the round starts, published in the store for the other nodes. As under
+// torchrun, another process may take the port before the program's rank 0
+// listens on it; a fresh one each round keeps that window short.
+Endpoint program_master(Store& store, const Round& round, bool single, const std::string& local_addr, int signal_fd,
+                        Deadline deadline) {
+  const std::string key = fmt::format("launcher/{}/master", round.number);
+  if (round.node_rank == 0) {
+    Endpoint master;
+    master.host = single ? "127.0.0.1" : !local_addr.empty() ? local_addr : store.advertised_address();
+    if (master.host.empty()) master.host = host_name();
+    master.port = local_port(listen_tcp(single ? "127.0.0.1" : "", 0).fd());
+    if (!single) store.set(key, format_endpoint(master.host, static_cast<std::uint16_t>(master.port)));
+    return master;
+  }
+  if (!wait_for_keys(store, {key}, deadline, signal_fd, "node 0 to choose MASTER_ADDR and MASTER_PORT"))
+    throw ConfigError(fmt::format("node 0 did not publish MASTER_ADDR/MASTER_PORT for round {} in time; is its "
+                                  "launcher still running?",
+                                  round.number));
+  return parse_endpoint(store.get(key));
+}
+
 // The environment torchrun gives a worker (plus lockstep's own), for local
 // rank `local` of `round`. `failures`: restarts after failures so far
 // (torchrun's TORCHELASTIC_RESTART_COUNT); LOCKSTEP_RESTART_COUNT is the
 // round, which every node shares and which names the ranks' store keys.
 std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& round, int nproc, int local,
-                                            const JobIdentity& job, int failures) {
+                                            const JobIdentity& job, const Endpoint& master, int failures) {
   const std::string rank = std::to_string(round.first_rank + local);
   const std::string world = std::to_string(round.world_size);
   std::map<std::string, std::string> env{
@@ -139,16 +175,21 @@ std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& ro
       {env::kRoleRank, rank},  // one role: ranks within it are the global ranks
       {env::kRoleWorldSize, world},
       {env::kRoleName, o.role},
-      {env::kMasterAddr, job.store_addr},
-      {env::kMasterPort, std::to_string(job.store_port)},
-      {env::kStoreHosted, "1"},
+      // MASTER_* are the program's, as under torchrun's c10d rendezvous: a
+      // torch.distributed rank 0 hosts its own store there. lockstep's
+      // ranks find the launcher's store by LOCKSTEP_STORE_*.
+      {env::kMasterAddr, master.host},
+      {env::kMasterPort, std::to_string(master.port)},
+      {env::kStoreAddr, job.store_addr},
+      {env::kStorePort, std::to_string(job.store_port)},
       {env::kRunId, job.run_id},
       {env::kRestartCount, std::to_string(round.number)},
       {env::kShmTag, job.shm_tag},
       {env::kTorchelasticRunId, job.run_id},
       {env::kTorchelasticRestartCount, std::to_string(failures)},
       {env::kTorchelasticMaxRestarts, std::to_string(o.max_restarts)},
-      {env::kTorchelasticUseAgentStore, "True"},
+      {env::kTorchelasticUseAgentStore, "False"},
+      {env::kTorchelasticErrorFile, (attempt_dir(job, round, local) / "error.json").string()},
   };
   if (!job.token.empty()) env[env::kStoreToken] = job.token;
   if (!o.backend.empty()) env[env::kBackend] = o.backend;
@@ -174,6 +215,9 @@ void print_failure(const RankFailure& f, int node_rank, int attempt, std::size_t
     std::fprintf(stderr, "lockstep run: rank %d failed first: %s after %.1f s (node %d, attempt %d); stopped the other %zu rank(s) on this node\n",
                  f.rank, f.status.describe().c_str(), f.seconds, node_rank, attempt, others);
   }
+  if (!f.error_file.empty())
+    std::fprintf(stderr, "lockstep run: rank %d recorded its error (%s): %s\n", f.rank, f.error_file_path.c_str(),
+                 f.error_file.c_str());
   if (!f.last_stderr.empty()) {
     std::fprintf(stderr, "lockstep run: last lines of rank %d's stderr:\n", f.rank);
     for (const auto& line : f.last_stderr) std::fprintf(stderr, "  | %s\n", line.c_str());
@@ -185,6 +229,8 @@ std::string failure_line(const RankFailure& f, int node_rank) {
     return fmt::format("rank {} on node {} failed: {}, after rank {} exited cleanly while the others still ran (the "
                        "likely cause: it left early)",
                        f.rank, node_rank, f.status.describe(), f.left_early);
+  if (!f.error_file.empty())
+    return fmt::format("rank {} on node {} failed: {}: {}", f.rank, node_rank, f.status.describe(), f.error_file);
   return fmt::format("rank {} on node {} failed: {}", f.rank, node_rank, f.status.describe());
 }
 
@@ -235,21 +281,35 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--master-port,--master_port", o.master_port, "Store port (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
   run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it");
   run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank) or c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX)");
-  run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node); also derives the store token");
+  run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node)");
   run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S");
   run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(option_checks::number_in(0.001, 604800));
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
   run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(option_checks::non_negative_count());
   run->add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "Seconds between looks at the other nodes (failures, nodes waiting to join)")->capture_default_str()->check(option_checks::number_in(0.01, 60));
   run->add_option("--role", o.role, "ROLE_NAME of the ranks")->capture_default_str();
-  run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/rank<r>.log");
-  run->add_option("--tee,-t", o.tee, "Also copy these streams to DIR/rank<r>.log: 0 none, 1 stdout, 2 stderr, 3 both, or local_rank:n,...");
-  run->add_option("--redirects,-r", o.redirects, "Send these streams to DIR/rank<r>.log only (same values as --tee)");
+  run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/<run id>/attempt_<k>/<local rank>/{stdout,stderr}.log");
+  run->add_option("--tee,-t", o.tee, "Also copy these streams to the --log-dir files: 0 none, 1 stdout, 2 stderr, 3 both, or local_rank:n,...");
+  run->add_option("--redirects,-r", o.redirects, "Send these streams to the --log-dir files only (same values as --tee)");
   run->add_flag("--no-prefix", o.no_prefix, "Do not prefix output lines with [rank]");
   run->add_flag("--unprefixed-rank0", o.unprefixed_rank0, "Show rank 0's output without a prefix");
   run->add_option("--grace-period", o.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")->capture_default_str()->check(option_checks::number_in(0, 3600));
   run->add_option("--backend", o.backend, "Sets LOCKSTEP_BACKEND for the ranks: auto, tcp, shm, hier, mpi, nccl");
-  run->add_option("program", o.program, "The program and its arguments")->required()->expected(-1);
+  run->add_flag("-m,--module", o.module, "Run the program as a Python module (python3 -m), as torchrun -m");
+  run->add_flag("--no-python,--no_python", o.no_python, "Execute the program as it is, even a .py file (without -m)");
+  run->add_flag("--run-path,--run_path", o.run_path, "Run the Python file through runpy.run_path, as torchrun --run-path");
+  run->add_option("--start-method,--start_method", o.start_method, "Accepted for torchrun's sake (spawn, fork, forkserver): every rank is a fresh process")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  run->add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter, "Show only these local ranks' output on the console (0,1,...); the log files keep every rank's");
+  run->add_option("--duplicate-stdout-filters,--duplicate_stdout_filters", o.duplicate_stdout_filters, "Also copy stdout lines containing any of these (a,b; ,, for a comma) to DIR/<run id>/attempt_<k>/filtered_stdout.log");
+  run->add_option("--duplicate-stderr-filters,--duplicate_stderr_filters", o.duplicate_stderr_filters, "The same for stderr (filtered_stderr.log)");
+  run->add_option("--local-addr,--local_addr", o.local_addr, "This node's address for the program's MASTER_ADDR when it is node 0 (default: the address that reaches the store)");
+  run->add_option("--signals-to-handle,--signals_to_handle", o.signals_to_handle, "Signals that stop the ranks (forwarded to them; SIGHUP as SIGTERM)")->capture_default_str();
+  run->add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank, "Refused: see docs/launcher.md");
+  run->add_option("--numa-binding,--numa_binding", o.numa_binding, "Refused: see docs/launcher.md");
+  run->add_option("--logs-specs,--logs_specs", o.logs_specs, "Refused: see docs/launcher.md");
+  run->add_option("--event-log-handler,--event_log_handler", o.event_log_handler, "Refused: see docs/launcher.md");
+  run->add_option("program", o.program, "The program and its arguments (a .py file runs with python3 -u)")->required()->expected(-1);
   run->footer(
       "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,\n"
       "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun. When a rank fails, the others\n"
@@ -270,6 +330,22 @@ struct JobPlan {
   Duration join_timeout{0};
   Duration last_call{0};
 };
+
+// torchrun options that do not carry over, each refused with its reason
+// rather than accepted and ignored.
+void refuse_unsupported(const RunOptions& o) {
+  if (o.virtual_local_rank)
+    throw ConfigError("--virtual-local-rank is not supported: it gives every rank LOCAL_RANK=0, and lockstep's ranks "
+                      "place themselves by it (cores, shared memory); give each rank its GPU with LOCAL_RANK instead");
+  if (!o.numa_binding.empty())
+    throw ConfigError("--numa-binding is not supported: lockstep does not read the GPUs' NUMA placement; ranks pin "
+                      "themselves to cores with lockstep::pin_to_core_of_local_rank, or run the launcher under numactl");
+  if (!o.logs_specs.empty())
+    throw ConfigError("--logs-specs names a Python plug-in of torchrun's; lockstep's log layout is fixed (--log-dir, "
+                      "docs/launcher.md)");
+  if (!o.event_log_handler.empty())
+    throw ConfigError("--event-log-handler names a Python plug-in of torchrun's; lockstep's launcher logs to stderr");
+}
 
 JobPlan plan_job(const RunOptions& o) {
   JobPlan plan;
@@ -301,8 +377,14 @@ JobPlan plan_job(const RunOptions& o) {
   plan.join_timeout = Duration(static_cast<std::int64_t>(join * 1000));
   plan.last_call = Duration(static_cast<std::int64_t>(last_call * 1000));
   if ((!o.tee.empty() || !o.redirects.empty()) && o.log_dir.empty())
-    throw ConfigError("--tee and --redirects write each rank's streams to DIR/rank<r>.log; add --log-dir DIR");
-  stream_mask(o.tee, 0, "--tee");  // checks the values now, before any rank starts
+    throw ConfigError("--tee and --redirects write each rank's streams to files under --log-dir; add --log-dir DIR");
+  if ((!o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty()) && o.log_dir.empty())
+    throw ConfigError("--duplicate-stdout-filters and --duplicate-stderr-filters write files under --log-dir; add "
+                      "--log-dir DIR");
+  refuse_unsupported(o);
+  parse_local_ranks(o.local_ranks_filter);  // checks the values now, before any rank starts
+  parse_signals(o.signals_to_handle);
+  stream_mask(o.tee, 0, "--tee");
   stream_mask(o.redirects, 0, "--redirects");
   return plan;
 }
@@ -315,7 +397,7 @@ int run_job(const RunOptions& o) {
   const JobPlan plan = plan_job(o);
   if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
   const int nproc = resolve_nproc(o.nproc_per_node);
-  UniqueFd signals = block_signals();
+  UniqueFd signals = block_signals(parse_signals(o.signals_to_handle));
   try {
     return run_nodes(o, plan, nproc, signals.fd());
   } catch (const Interrupted& e) {
@@ -325,6 +407,31 @@ int run_job(const RunOptions& o) {
 }
 
 namespace {
+
+// Without --log-dir the ranks' error files still need a home, as under
+// torchrun: a temporary directory, removed when the launcher ends.
+class ScratchDirectory {
+ public:
+  ScratchDirectory() = default;
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  ~ScratchDirectory() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& create() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "lockstep-run-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw Error(fmt::format("cannot create a directory for the ranks' error files ({}): {}; set TMPDIR or give "
+                              "--log-dir",
+                              pattern, std::strerror(errno)));
+    path_ = pattern;
+    return path_;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // The store: hosted by node 0 of a fixed job, or in an elastic job by the
 // launcher that can listen on the endpoint's address (the first one there).
@@ -344,14 +451,33 @@ std::unique_ptr<TcpStoreServer> host_store(const JobPlan& plan, bool single, con
   }
 }
 
-// The token: random on one node; on several, shared without talking first.
+// The token: random on one node. Several nodes must share one without
+// talking first, and nothing they are all given is secret (the endpoint and
+// --rdzv-id are on every command line): so a store other hosts can reach
+// takes the user's LOCKSTEP_STORE_TOKEN or does not start. Launchers that
+// are all on this host (a loopback endpoint) derive one, which keeps out
+// other jobs; only this host's users could compute it.
 std::string store_token(const RunOptions& o, const JobPlan& plan, bool single) {
   const auto user = env_string(env::kStoreToken);
   if (single) return user.value_or(random_hex(16));
-  const std::string facts = !o.run_id.empty()
-                                ? "id/" + o.run_id
-                                : fmt::format("endpoint/{}/nnodes/{}", format_endpoint(plan.store_host, static_cast<std::uint16_t>(plan.store_port)), o.nnodes);
-  return shared_store_token(user, facts);
+  if (user) return *user;
+  const std::string endpoint = format_endpoint(plan.store_host, static_cast<std::uint16_t>(plan.store_port));
+  if (!is_loopback_host(plan.store_host))
+    throw ConfigError(fmt::format(
+        "the store at {} is reachable from other hosts and nothing would protect it: set LOCKSTEP_STORE_TOKEN to "
+        "one secret on every node, e.g. `export LOCKSTEP_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' "
+        "\\n')` where you start the job (a token derived from the endpoint and --rdzv-id, which every command line "
+        "shows, would let anyone who reads them in)",
+        endpoint));
+  const std::string facts = !o.run_id.empty() ? "id/" + o.run_id : fmt::format("endpoint/{}/nnodes/{}", endpoint, o.nnodes);
+  return shared_store_token(std::nullopt, facts);
+}
+
+// The one line that says what protects the store.
+std::string store_protection(bool single, const JobPlan& plan) {
+  if (single) return "loopback only, random token";
+  if (env_string(env::kStoreToken)) return "protected by LOCKSTEP_STORE_TOKEN";
+  return is_loopback_host(plan.store_host) ? "loopback only, token derived from the job" : "";
 }
 
 // When the nodes stop during the rendezvous, the launcher hosting the store
@@ -411,6 +537,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   // Unique to this launcher (unlike the run id, which every node shares and
   // a user may choose), so it names exactly this node's segments.
   job.shm_tag = random_hex(6);
+  ScratchDirectory scratch;
+  job.run_dir = (o.log_dir.empty() ? scratch.create() : std::filesystem::path(o.log_dir)) / job.run_id;
 
   std::unique_ptr<ElasticRendezvous> elastic;
   if (plan.elastic) {
@@ -430,8 +558,11 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
 
   int failures = 0;
   int last_world = -1;
+  const std::vector<std::string> command =
+      rank_command(o.program, EntryPoint{.module = o.module, .no_python = o.no_python, .run_path = o.run_path});
   for (int attempt = 0;; ++attempt) {
     Round round;
+    Endpoint master;
     try {
       if (elastic) {
         auto next = elastic->next_round();
@@ -451,21 +582,29 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       throw;
     }
     if (elastic || round.world_size != last_world)
-      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d, run %s%s\n", nproc,
-                   round.node_rank, round.nnodes, round.world_size, job.store_addr.c_str(), job.store_port,
-                   job.run_id.c_str(), elastic ? fmt::format(", round {}", round.number).c_str() : "");
+      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d (%s), run %s%s\n",
+                   nproc, round.node_rank, round.nnodes, round.world_size, job.store_addr.c_str(), job.store_port,
+                   store_protection(single, plan).c_str(), job.run_id.c_str(),
+                   elastic ? fmt::format(", round {}", round.number).c_str() : "");
     last_world = round.world_size;
+    SupervisorOptions sup;
     std::vector<RankProcess> ranks;
     ranks.reserve(static_cast<std::size_t>(nproc));
-    for (int local = 0; local < nproc; ++local)
-      ranks.emplace_back(round.first_rank + local, o.program, rank_env(o, round, nproc, local, job, failures));
-
-    SupervisorOptions sup;
+    for (int local = 0; local < nproc; ++local) {
+      sup.rank_dirs.push_back(attempt_dir(job, round, local));
+      std::filesystem::create_directories(sup.rank_dirs.back());
+      std::filesystem::remove(sup.rank_dirs.back() / "error.json");  // an earlier job's, with this run id
+      ranks.emplace_back(round.first_rank + local, command, rank_env(o, round, nproc, local, job, master, failures));
+    }
     sup.prefix_output = !o.no_prefix;
-    sup.log_dir = o.log_dir;
+    sup.write_logs = !o.log_dir.empty();
     sup.tee = o.tee;
     sup.redirects = o.redirects;
-    sup.attempt = attempt;
+    const std::vector<int> shown = parse_local_ranks(o.local_ranks_filter);
+    sup.console_ranks = std::set<int>(shown.begin(), shown.end());
+    sup.stdout_filters = parse_filters(o.duplicate_stdout_filters);
+    sup.stderr_filters = parse_filters(o.duplicate_stderr_filters);
+    sup.attempt_dir = job.run_dir / fmt::format("attempt_{}", round.number);
     sup.grace = Duration(static_cast<std::int64_t>(o.grace_seconds * 1000));
     sup.monitor_interval = Duration(static_cast<std::int64_t>(o.monitor_interval * 1000));
     const std::string failed_key = fmt::format("launcher/{}/failed", round.number);
@@ -479,6 +618,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
           if (store.check({failed_key})) return "another node reported: " + store.get(failed_key);
           if (elastic && round.nnodes < plan.nodes.max && elastic->nodes_waiting(round) > 0) {
             regroup = true;
+            // Before any rank stops: the ranks that see a peer go read it
+            // and report the planned stop, not a failure.
+            store.compare_set(launcher_stop_key(round.number), "", "a node joins the job; re-forming the group");
             return "a new node is waiting to join; re-forming the group";
           }
           if (elastic) {

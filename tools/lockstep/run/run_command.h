@@ -34,6 +34,20 @@ struct RunOptions {
   std::string backend;
   std::string run_id;  // --rdzv-id / --run-id
   std::string role = "default";
+  bool module = false;      // -m: run the program as a Python module
+  bool no_python = false;   // --no-python: run it as it is, even a .py file
+  bool run_path = false;    // --run-path: run a Python file through runpy.run_path
+  std::string start_method = "spawn";  // accepted for torchrun's sake: ranks are always fresh processes
+  std::string local_ranks_filter;        // console output from these local ranks only ("0,1"; empty: all)
+  std::string duplicate_stdout_filters;  // lines with any of these ("a,b") also to attempt_k/filtered_stdout.log
+  std::string duplicate_stderr_filters;
+  std::string local_addr;  // this node's address for MASTER_ADDR when it is node 0 (default: the one that reaches the store)
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // torchrun options lockstep refuses, with the reason (run_command.cc).
+  bool virtual_local_rank = false;
+  std::string numa_binding;
+  std::string logs_specs;
+  std::string event_log_handler;
   std::vector<std::string> program;  // the program and its arguments
 };
 

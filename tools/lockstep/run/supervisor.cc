@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 
 #include <fmt/format.h>
 
+#include "lockstep/error_file.h"
 #include "run/output_relay.h"
 #include "run/run_arguments.h"
 
@@ -38,7 +40,8 @@ struct FileCloser {
 
 // Per-rank output state.
 struct Streams {
-  std::unique_ptr<std::FILE, FileCloser> log;
+  std::unique_ptr<std::FILE, FileCloser> out_log;
+  std::unique_ptr<std::FILE, FileCloser> err_log;
   std::unique_ptr<OutputRelay> out;
   std::unique_ptr<OutputRelay> err;
 };
@@ -50,18 +53,32 @@ class Attempt {
     for (std::size_t local = 0; local < ranks_.size(); ++local) {
       const RankProcess& r = ranks_[local];
       Streams s;
-      if (!options_.log_dir.empty())
-        s.log.reset(std::fopen(fmt::format("{}/rank{}.log", options_.log_dir, r.rank()).c_str(), "a"));
-      if (s.log) std::fprintf(s.log.get(), "=== attempt %d, pid %d ===\n", options_.attempt, r.pid());
+      if (options_.write_logs) {
+        const std::filesystem::path& dir = options_.rank_dirs.at(local);
+        s.out_log.reset(std::fopen((dir / "stdout.log").c_str(), "a"));
+        s.err_log.reset(std::fopen((dir / "stderr.log").c_str(), "a"));
+        if (!s.out_log || !s.err_log)
+          std::fprintf(stderr, "lockstep run: cannot write rank %d's logs in %s: %s\n", r.rank(), dir.c_str(),
+                       std::strerror(errno));
+      }
       const bool prefixed = options_.prefix_output && !(options_.unprefixed_rank0 && r.rank() == 0);
       const std::string prefix = prefixed ? fmt::format("[{}] ", r.rank()) : "";
       const bool selected = !options_.tee.empty() || !options_.redirects.empty();
       const int tee = stream_mask(options_.tee, static_cast<int>(local), "--tee");
       const int redirected = stream_mask(options_.redirects, static_cast<int>(local), "--redirects");
-      const auto console = [&](int stream, std::FILE* f) { return (redirected & stream) ? nullptr : f; };
-      const auto log = [&](int stream) { return !selected || ((tee | redirected) & stream) ? s.log.get() : nullptr; };
+      const bool shown = options_.console_ranks.empty() || options_.console_ranks.count(static_cast<int>(local));
+      const auto console = [&](int stream, std::FILE* f) { return (redirected & stream) || !shown ? nullptr : f; };
+      const auto log = [&](int stream) {
+        std::FILE* file = stream == kStdout ? s.out_log.get() : s.err_log.get();
+        return !selected || ((tee | redirected) & stream) ? file : nullptr;
+      };
       s.out = std::make_unique<OutputRelay>(console(kStdout, stdout), log(kStdout), prefix);
       s.err = std::make_unique<OutputRelay>(console(kStderr, stderr), log(kStderr), prefix);
+      const std::string rank_prefix = fmt::format("[{}] ", r.rank());
+      if (!options_.stdout_filters.empty())
+        s.out->duplicate_matching(filtered_file(filtered_out_, "filtered_stdout.log"), &options_.stdout_filters, rank_prefix);
+      if (!options_.stderr_filters.empty())
+        s.err->duplicate_matching(filtered_file(filtered_err_, "filtered_stderr.log"), &options_.stderr_filters, rank_prefix);
       streams_.push_back(std::move(s));
     }
   }
@@ -215,6 +232,10 @@ class Attempt {
     f.status = r.status();
     f.seconds = seconds_between(r.started(), r.ended());
     f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+    if (i < options_.rank_dirs.size()) {
+      f.error_file_path = options_.rank_dirs[i] / "error.json";
+      f.error_file = read_error_file(f.error_file_path).value_or("");
+    }
     if (first_clean_exit_ >= 0) {
       const RankProcess& early = ranks_[static_cast<std::size_t>(first_clean_exit_)];
       f.left_early = early.rank();
@@ -234,6 +255,20 @@ class Attempt {
   std::vector<RankProcess>& ranks_;
   int signal_fd_;
   const SupervisorOptions& options_;
+  // The attempt's filtered log (opened on first use), shared by its ranks.
+  std::FILE* filtered_file(std::unique_ptr<std::FILE, FileCloser>& file, const char* name) {
+    if (!file) {
+      std::filesystem::create_directories(options_.attempt_dir);
+      file.reset(std::fopen((options_.attempt_dir / name).c_str(), "a"));
+      if (!file)
+        std::fprintf(stderr, "lockstep run: cannot write %s: %s\n", (options_.attempt_dir / name).c_str(),
+                     std::strerror(errno));
+    }
+    return file.get();
+  }
+
+  std::unique_ptr<std::FILE, FileCloser> filtered_out_;  // declared before streams_: outlives the relays
+  std::unique_ptr<std::FILE, FileCloser> filtered_err_;
   std::vector<Streams> streams_;
   AttemptResult result_;
   bool stopping_ = false;

@@ -8,8 +8,10 @@
 // are no signal handlers and no global state. Not thread-safe.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,8 @@ struct RankFailure {
   ExitStatus status;
   double seconds = 0;                   // how long it ran
   std::vector<std::string> last_stderr;  // its last lines
+  std::string error_file;                // what it wrote to TORCHELASTIC_ERROR_FILE, if anything
+  std::filesystem::path error_file_path;
   std::string reported_by;               // non-empty: another node's report
   // A rank of this node that exited cleanly (code 0) before this failure,
   // or within half a second after it (a rank still exiting), while others
@@ -40,13 +44,23 @@ struct AttemptResult {
 struct SupervisorOptions {
   bool prefix_output = true;
   bool unprefixed_rank0 = false;
-  std::string log_dir;  // empty: no per-rank log files
+  // Per local rank (index in `ranks`), the attempt's directory of that rank
+  // in torchrun's layout (<run>/attempt_<k>/<local rank>/): its error file
+  // (error.json, TORCHELASTIC_ERROR_FILE) and, with write_logs, its
+  // stdout.log and stderr.log.
+  std::vector<std::filesystem::path> rank_dirs;
+  bool write_logs = false;
   // torchrun's --tee and --redirects (run_arguments.h), applied to each
-  // rank by its local rank (its index in `ranks`). Both empty: with a
-  // log_dir, both streams go to the console and the log.
+  // rank by its local rank. Both empty: with write_logs, both streams go
+  // to the console and to the logs.
   std::string tee;
   std::string redirects;
-  int attempt = 0;
+  std::set<int> console_ranks;  // --local-ranks-filter: local ranks shown on the console (empty: all)
+  // --duplicate-std{out,err}-filters: lines containing any of these also go
+  // to <attempt_dir>/filtered_std{out,err}.log, shared by the node's ranks.
+  std::vector<std::string> stdout_filters;
+  std::vector<std::string> stderr_filters;
+  std::filesystem::path attempt_dir;
   Duration grace = std::chrono::seconds(5);
   // Polled every monitor_interval; a non-empty answer is another node's
   // failure (or another reason to stop this attempt's ranks).

@@ -1,0 +1,16 @@
+// Keys `lockstep run`'s launchers and their ranks share in the launcher's
+// store, for what one side tells the other during a round. Pure; thread-safe.
+#pragma once
+
+#include <string>
+
+#include <fmt/format.h>
+
+namespace lockstep {
+
+// Set by a launcher, with its reason, before it stops the ranks of round
+// `round` on purpose (to re-form the group with a node that joins): a rank
+// that then sees a peer go reports the planned stop, not a failure.
+inline std::string launcher_stop_key(int round) { return fmt::format("launcher/{}/stopping", round); }
+
+}  // namespace lockstep
