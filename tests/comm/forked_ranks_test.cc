@@ -92,6 +92,15 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ForkedSweep,
                          });
 
 
+// Two ranks whose rank 0 hosts the store on `address`, with `token` (none
+// when empty).
+EnvMap reachable_store_env(int rank, const std::string& address, int port, const std::string& token) {
+  EnvMap env = launcher_env(rank, 2, port);
+  env["MASTER_ADDR"] = address;
+  if (!token.empty()) env["LOCKSTEP_STORE_TOKEN"] = token;
+  return env;
+}
+
 // Rank 0 hosting the store (a torchrun-style environment) on an address
 // other hosts can reach needs LOCKSTEP_STORE_TOKEN: without it every rank
 // refuses to start, saying so, rather than guard the store with a token
@@ -101,12 +110,7 @@ TEST(ForkedRanks, AStoreReachableFromOtherHostsWithoutATokenIsRefused) {
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
   const int port = testing::free_port();
   ProcessRanks ranks(
-      2,
-      [&](int r) {
-        auto env = launcher_env(r, 2, port);
-        env["MASTER_ADDR"] = address;
-        return env;
-      },
+      2, [&](int r) { return reachable_store_env(r, address, port, ""); },
       [&](int) {
         try {
           init_process_group();
@@ -126,13 +130,7 @@ TEST(ForkedRanks, AStoreReachableFromOtherHostsRefusesEveryoneWithoutTheToken) {
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
   const int port = testing::free_port();
   ProcessRanks ranks(
-      2,
-      [&](int r) {
-        auto env = launcher_env(r, 2, port);
-        env["MASTER_ADDR"] = address;
-        env["LOCKSTEP_STORE_TOKEN"] = "a-secret-only-the-ranks-know";
-        return env;
-      },
+      2, [&](int r) { return reachable_store_env(r, address, port, "a-secret-only-the-ranks-know"); },
       [&](int rank) {
         auto pg = init_process_group();
         if (rank == 0) {

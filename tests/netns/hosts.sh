@@ -50,3 +50,23 @@ on_host() {
   shift
   nsenter -t "$holder" --net --uts "$@"
 }
+
+# two_linked_hosts SUBNET [SECONDS]: two new hosts, host0 and host1 (their
+# holders in $host0 and $host1, their names host0 and host1), joined by a
+# veth pair (v0-$$ on host0 at SUBNET.1, v1-$$ on host1 at SUBNET.2).
+two_linked_hosts() {
+  local subnet=$1
+  new_host "${2:-900}"; host0=${holders[-1]}
+  new_host "${2:-900}"; host1=${holders[-1]}
+  ip link add v0-$$ type veth peer name v1-$$ || fail "cannot create a veth pair"
+  ip link set v0-$$ netns $host0
+  ip link set v1-$$ netns $host1
+  local i h
+  for i in 0 1; do
+    h=$([ $i = 0 ] && echo $host0 || echo $host1)
+    on_host $h hostname host$i
+    on_host $h ip addr add $subnet.$((i + 1))/24 dev v$i-$$
+    on_host $h ip link set lo up
+    on_host $h ip link set v$i-$$ up
+  done
+}

@@ -31,18 +31,7 @@ done
 
 work=$(mktemp -d)
 source "$(dirname "$0")/hosts.sh"
-new_host 600; host0=${holders[0]}
-new_host 600; host1=${holders[1]}
-ip link add v0-$$ type veth peer name v1-$$ || fail "cannot create a veth pair"
-ip link set v0-$$ netns $host0
-ip link set v1-$$ netns $host1
-on_host $host0 hostname host0
-on_host $host1 hostname host1
-on_host $host0 ip addr add 10.217.0.1/24 dev v0-$$
-on_host $host1 ip addr add 10.217.0.2/24 dev v1-$$
-for h in $host0 $host1; do on_host $h ip link set lo up; done
-on_host $host0 ip link set v0-$$ up
-on_host $host1 ip link set v1-$$ up
+two_linked_hosts 10.217.0 600
 
 # run_job NAME PYTHON LAUNCHER-ARGS... -- PROGRAM-ARGS...: one launcher per
 # host (node 0 on host0), both waited for; exit codes in rc0 and rc1, logs

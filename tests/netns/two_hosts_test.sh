@@ -22,20 +22,7 @@ for tool in ip unshare nsenter; do command -v $tool > /dev/null || skip "needs $
 work=$(mktemp -d)
 export LOCKSTEP_FLIGHT_DIR=$work  # dumps of the failure scenarios go away with it
 source "$(dirname "$0")/hosts.sh"
-new_host 600; host0=${holders[0]}
-new_host 600; host1=${holders[1]}
-
-
-ip link add v0-$$ type veth peer name v1-$$ || fail "cannot create a veth pair"
-ip link set v0-$$ netns $host0
-ip link set v1-$$ netns $host1
-on_host $host0 hostname host0
-on_host $host1 hostname host1
-on_host $host0 ip addr add 10.213.0.1/24 dev v0-$$
-on_host $host1 ip addr add 10.213.0.2/24 dev v1-$$
-for h in $host0 $host1; do on_host $h ip link set lo up; done
-on_host $host0 ip link set v0-$$ up
-on_host $host1 ip link set v1-$$ up
+two_linked_hosts 10.213.0 600
 
 # start_node NODE_RANK HOLDER LOG PROGRAM...: one launcher in the background.
 start_node() {
