@@ -80,6 +80,9 @@ class ElasticRendezvous {
   void open_next_round(const Round& round);
   // Tells launchers still waiting to join that the job is over.
   void mark_finished();
+  // This launcher is leaving: no more heartbeats, and their connection to
+  // the store is closed.
+  void stop_beating() { heartbeat_.stop(); }
 
   // The supervisor's periodic look at the running round: nullopt while it
   // goes on; otherwise why it is over for this node: a watched node stopped

@@ -21,7 +21,7 @@ Heartbeat::Heartbeat(std::shared_ptr<Store> store, Duration interval) : state_(s
   std::thread(run, state_).detach();
 }
 
-Heartbeat::~Heartbeat() {
+void Heartbeat::stop() {
   std::unique_lock lock(state_->mutex);
   state_->stop = true;
   state_->changed.notify_all();
@@ -43,18 +43,18 @@ void Heartbeat::run(std::shared_ptr<State> state) {
     const std::string key = state->key;
     if (!key.empty()) {
       lock.unlock();
-      bool ok = true;
       try {
         state->store->add(key, 1);
       } catch (const Error&) {
-        ok = false;  // the store is gone: the launcher finds out by itself
+        // Tried again (reconnecting) at the next beat; if the store is gone
+        // for good, the launcher's own requests find out and say so.
       }
       lock.lock();
-      if (!ok) break;
     }
     // Until the next beat, or at once for a new key or a stop.
     state->changed.wait_for(lock, state->interval, [&] { return state->stop || state->key != key; });
   }
+  state->store.reset();  // closes the connection
   state->ended = true;
   state->changed.notify_all();
 }

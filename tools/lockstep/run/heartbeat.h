@@ -33,20 +33,24 @@ struct KeepAlive {
 
 // Adds 1 to a key of the store now and then every `interval`, on a thread
 // of its own with its own connection (`store`, a clone), so that it never
-// waits behind the launcher's blocking requests. The first failed request
-// (the store is gone) ends the beating quietly: the launcher's own requests
-// fail too and say why.
+// waits behind the launcher's blocking requests. A failed request is
+// tried again at the next beat (a node cut off from the store for longer
+// than the limit is gone to the others); if the store is gone for good, the
+// launcher's own requests fail too and say why.
 class Heartbeat {
  public:
   Heartbeat(std::shared_ptr<Store> store, Duration interval);
   // Waits at most a moment for the thread (it may be inside a request to a
   // store that no longer answers); then leaves it to end by itself.
-  ~Heartbeat();
+  ~Heartbeat() { stop(); }
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   // From now on, beats on `key` (at once, then every interval); "" stops.
   void beat_on(const std::string& key);
+  // Stops for good and closes the connection (as the destructor does), so
+  // that the store's host does not count it among the readers it waits for.
+  void stop();
 
  private:
   struct State;

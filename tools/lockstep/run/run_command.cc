@@ -575,9 +575,11 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
       }
     } catch (const Interrupted& e) {
+      if (elastic) elastic->stop_beating();  // its connection is not a reader to wait for
       announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
       throw;
     } catch (const PeerError&) {
+      if (elastic) elastic->stop_beating();
       keep_store_for_readers(server.get());  // another launcher published why the nodes stop
       throw;
     }
