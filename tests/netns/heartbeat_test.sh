@@ -14,6 +14,12 @@
 #      saying that it was stopped and the job went on without it;
 #   2. host2 killed with SIGKILL: the same, the survivors finish in a world
 #      of 2;
+#   3. host2's rank stays 6 s (twice the limit) after its last collective
+#      (a last checkpoint) while the others have finished and left: nobody
+#      is taken for lost, every launcher exits 0;
+#   4. the same, but host2 is frozen then: host0, which hosts the store and
+#      waits for every node to finish, stops waiting within the bound,
+#      naming host2, and exits 0;
 # and that nothing is left running on any host.
 # Needs root (network namespaces); skips (exit 77) elsewhere. Every step has
 # a deadline, and the hosts' processes are killed on exit.
@@ -55,16 +61,19 @@ done
 bound_ms=4400
 slack_ms=2000  # a loaded machine
 
-# start_job PORT TAG: the three launchers, host0 first (it holds the
-# endpoint's address, so it hosts the store); pids in pids[].
+# start_job PORT TAG [PAUSE [HOST2_LINGER]]: the three launchers, host0
+# first (it holds the endpoint's address, so it hosts the store); pids in
+# pids[]. Their ranks pause PAUSE s (default 60) in the world of 3; host2's
+# rank lingers HOST2_LINGER s (default 0) after its last collective.
 start_job() {
-  local port=$1 tag=$2
+  local port=$1 tag=$2 pause=${3:-60} linger=${4:-0}
   pids=()
   for i in 0 1 2; do
+    LINGER_SECONDS=$([ $i = 2 ] && echo $linger || echo 0) \
     on_host "${hosts[$i]}" timeout 120 "$cli" run --nnodes 2:3 --rdzv-endpoint 10.215.0.1:$port --rdzv-id hb-$tag \
       --nproc-per-node 1 --grace-period 2 --monitor-interval 0.2 \
       --rdzv-conf keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1 \
-      -- "$program" pause 60 3 > "$work/$tag$i.log" 2>&1 &
+      -- "$program" pause $pause 3 > "$work/$tag$i.log" 2>&1 &
     pids+=($!)
     sleep 0.3
   done
@@ -140,4 +149,44 @@ echo "hosts 0 and 1 named host2 ${ms} ms after the kill (bound ${bound_ms} ms)"
 [ "$ms" -le $((bound_ms + slack_ms)) ] || fail "the detection took ${ms} ms, over the bound of ${bound_ms} ms"
 survivors_finish kill
 wait ${pids[2]} 2> /dev/null
+
+# wait_exit I SECONDS: host I's launcher has exited within SECONDS; its code in rc.
+wait_exit() {
+  local deadline=$((SECONDS + $2))
+  while kill -0 ${pids[$1]} 2> /dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  kill -0 ${pids[$1]} 2> /dev/null && { tail -n 20 "$work"/*.log; fail "host$1 still runs after $2 s"; }
+  wait ${pids[$1]}; rc=$?
+}
+
+echo "== 3. host2's rank stays 6 s after its last collective; the others have left"
+start_job 29553 linger 1 6
+for i in 0 1 2; do
+  wait_exit $i 20
+  [ $rc = 0 ] || { cat "$work"/linger?.log; fail "host$i exited $rc"; }
+done
+grep -h "stopped beating\|is over" "$work"/linger?.log && fail "a node that finished was taken for lost"
+grep -q "rank 2 of 3 sum 6" "$work/linger2.log" || fail "host2's rank did not finish"
+echo "every launcher exited 0; nobody was taken for lost"
+
+echo "== 4. host2 frozen after its last collective: host0 stops waiting for it"
+start_job 29554 late 1 60
+for _ in $(seq 200); do grep -q "of 3 sum 6" "$work/late2.log" && break; sleep 0.05; done
+wait_exit 1 20
+[ $rc = 0 ] || fail "host1 exited $rc"
+frozen=$(in_host_pids ${hosts[2]})
+kill -STOP $frozen
+start=$(date +%s%N)
+wait_exit 0 $(((bound_ms + slack_ms) / 1000 + 1))
+ms=$((($(date +%s%N) - start) / 1000000))
+grep "lockstep run" "$work/late0.log" | cut -c1-300
+[ $rc = 0 ] || fail "host0 exited $rc"
+grep -q "not waiting for the other nodes to finish: node [0-9] (host host2) stopped beating" "$work/late0.log" ||
+  fail "host0 does not name host2"
+echo "host0 stopped waiting for the frozen host2 and left ${ms} ms after the freeze"
+[ "$ms" -le $((bound_ms + slack_ms)) ] || fail "host0 left ${ms} ms after the freeze, over the bound of ${bound_ms} ms"
+kill -9 $frozen
+wait ${pids[2]} 2> /dev/null
+for i in 0 1 2; do
+  [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+done
 echo PASS

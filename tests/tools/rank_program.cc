@@ -14,7 +14,9 @@
 //                print the error they get to stderr (exit 2)
 //   pause S W    all-reduce, sleep outside any collective (S seconds in a
 //                world of W ranks, half a second in any other), all-reduce
-//                again, print "rank R of W sum S"
+//                again, print "rank R of W sum S", then stay
+//                $LINGER_SECONDS (default 0) outside the group (a last
+//                checkpoint)
 // Each rank writes its pid to $PID_DIR/rank<R>.pid when PID_DIR is set.
 #include <lockstep/error.h>
 #include <lockstep/error_file.h>
@@ -165,6 +167,9 @@ int main(int argc, char** argv) {
     value = pg->rank() + 1;
     pg->allreduce(lockstep::Buffer{&value, 1, lockstep::DType::i32})->wait();
     std::printf("rank %d of %d sum %d\n", pg->rank(), pg->size(), value);
+    std::fflush(stdout);
+    pg.reset();
+    std::this_thread::sleep_for(std::chrono::seconds(env_int("LINGER_SECONDS", 0)));
     return 0;
   }
   if (mode == "restart" && rank == 1 && attempt == 0) return 5;

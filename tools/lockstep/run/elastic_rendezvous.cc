@@ -2,6 +2,7 @@
 #include "run/elastic_rendezvous.h"
 
 #include <algorithm>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -31,9 +32,14 @@ std::string done_key(int r, int n) { return fmt::format("rdzv/{}/done/{}", r, n)
 // would do (the live node before a silent one sees it); two keep a round
 // watched when a node and its watcher stop together.
 constexpr int kWatched = 2;
-std::vector<int> watched_by(int node_rank, int nnodes) {
+// The next kWatched nodes after `node_rank` (in rank order, round the
+// ring) of which `counts` is true.
+std::vector<int> watched_by(int node_rank, int nnodes, const std::function<bool(int)>& counts = nullptr) {
   std::vector<int> nodes;
-  for (int k = 1; k <= std::min(kWatched, nnodes - 1); ++k) nodes.push_back((node_rank + k) % nnodes);
+  for (int k = 1; k < nnodes && static_cast<int>(nodes.size()) < kWatched; ++k) {
+    const int node = (node_rank + k) % nnodes;
+    if (!counts || counts(node)) nodes.push_back(node);
+  }
   return nodes;
 }
 
@@ -192,7 +198,10 @@ std::optional<std::string> ElasticRendezvous::watch(const Round& round) {
     const std::string why = lost_node(round).value_or(fmt::format("another launcher opened round {}", open));
     return fmt::format("round {} of rendezvous '{}' is over: {}{}", r, options_.id, why, pause_note());
   }
-  if (auto silent = silent_node(r, watched_by(round.node_rank, round.nnodes)))
+  // A node whose ranks all finished stops beating when it leaves; one
+  // whose ranks still run (a last checkpoint) must not take it for lost.
+  const auto unfinished = [&](int node) { return !store_.check({done_key(r, node)}); };
+  if (auto silent = silent_node(r, watched_by(round.node_rank, round.nnodes, unfinished)))
     return declare_lost(r, *silent) + "; re-forming the group without it";
   return std::nullopt;
 }

@@ -21,10 +21,11 @@
 //      waiting to join a running job just leaves.
 //   6. Heartbeats (heartbeat.h): from joining round r until it is over, a
 //      launcher adds 1 to "<r>/beat/<its rank>" every keep_alive_interval.
-//      Each watches the next two nodes of the round in rank order (every
-//      node is watched, at O(nodes) load on the store), reading their
-//      counters every half interval, while the round forms and while it
-//      runs. A counter unchanged on the watcher's clock for
+//      Each watches the next two nodes of the round in rank order that
+//      have not finished ("<r>/done/<rank>": all its ranks exited 0, and
+//      it stops beating as it leaves), so every node is watched at
+//      O(nodes) load on the store, reading their counters every half
+//      interval, while the round forms and while it runs. A counter unchanged on the watcher's clock for
 //      keep_alive_interval x keep_alive_max_attempt means that launcher is
 //      gone (killed, frozen, cut off): the watcher writes who and for how
 //      long under "<r>/lost" (the first word stays) and opens round r+1;
