@@ -73,6 +73,10 @@ struct Config {
   std::string run_name = "job";
   int restart_count = 0;
   std::string torchelastic_run_id;  // TORCHELASTIC_RUN_ID
+  // TORCHELASTIC_USE_AGENT_STORE (torchrun sets "True" or "False"): torchrun's
+  // agent hosts a PyTorch TCPStore at MASTER_ADDR:MASTER_PORT, so every rank
+  // joins it as a client instead of rank 0 hosting lockstep's store.
+  bool torchelastic_use_agent_store = false;
 
   // Group.
   std::string backend = "auto";

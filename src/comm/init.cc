@@ -18,6 +18,7 @@
 #include "common/launcher_keys.h"
 #include "common/socket.h"
 #include "lockstep/error.h"
+#include "store/c10d_store.h"
 
 namespace lockstep {
 namespace {
@@ -91,6 +92,29 @@ DiagnosticsSettings diagnostics_settings(const Config& config, Duration timeout)
   s.flight_dir = config.flight_dir;
   s.settle = config.watchdog_settle.value_or(s.settle);
   return s;
+}
+
+// Under torchrun with TORCHELASTIC_USE_AGENT_STORE=True (1.x's static
+// rendezvous, every rendezvous of 2.x) its agent already hosts a PyTorch
+// TCPStore on MASTER_ADDR:MASTER_PORT: every rank, rank 0 included, is a
+// client, under the prefix PyTorch's env:// rendezvous gives a restart
+// attempt (1.x; 2.x starts a new store per attempt), so that a restarted
+// job never reads the keys of the attempt before. PyTorch's store has no
+// authentication: no token.
+std::shared_ptr<Store> join_agent_store(const LaunchInfo& launch, const Config& config) {
+  C10dStoreOptions options;
+  options.connect_timeout = launch.connect_timeout;
+  options.timeout = launch.timeout;
+  try {
+    auto agent = std::make_shared<C10dStore>(launch.master_addr, static_cast<std::uint16_t>(launch.master_port),
+                                             options);
+    return std::make_shared<PrefixStore>(fmt::format("/worker/attempt_{}", config.restart_count), agent);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("rank {}: cannot reach torchrun's store at {}={} {}={} ({}=True): {}. Is torchrun's "
+                                  "agent running there? LOCKSTEP_CONNECT_TIMEOUT sets how long to keep trying",
+                                  launch.rank, env::kMasterAddr, launch.master_addr, env::kMasterPort,
+                                  launch.master_port, env::kTorchelasticUseAgentStore, e.what()));
+  }
 }
 
 }  // namespace
@@ -207,6 +231,9 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
                                                    launch.world_size, [] { return mpi::job_ends_with_abort(); });
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
+  } else if (config.torchelastic_use_agent_store && !launch.store_hosted && options.master_addr.empty() &&
+             options.master_port < 0) {
+    spec.root_store = join_agent_store(launch, config);
   } else {
     // A store that other hosts can reach (MASTER_ADDR not loopback, rank 0
     // hosting it) needs a secret every rank shares: what they all share

@@ -165,6 +165,7 @@ void read_rendezvous(const VariableReader& vars, Config& c) {
   c.store_hosted = !c.store_addr.empty();
   c.store_token = vars.string(env::kStoreToken).value_or("");
   c.torchelastic_run_id = vars.string(env::kTorchelasticRunId).value_or("");
+  c.torchelastic_use_agent_store = vars.flag(env::kTorchelasticUseAgentStore).value_or(false);
   c.run_name = vars.string(env::kRunId).value_or(c.torchelastic_run_id.empty() ? "job" : c.torchelastic_run_id);
   const auto restart = vars.integer(env::kRestartCount, 0, INT_MAX);
   const auto elastic_restart = vars.integer(env::kTorchelasticRestartCount, 0, INT_MAX);

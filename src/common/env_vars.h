@@ -22,6 +22,8 @@ inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
 inline constexpr char kRoleName[] = "ROLE_NAME";
 inline constexpr char kTorchelasticMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
 inline constexpr char kTorchelasticUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+// (Read all the same when torchrun set it: "True" makes every rank a client
+// of the PyTorch TCPStore torchrun's agent hosts; docs/torchrun.md.)
 inline constexpr char kTorchelasticErrorFile[] = "TORCHELASTIC_ERROR_FILE";  // lockstep::record_error() writes it
 
 // Set by Open MPI's mpirun.

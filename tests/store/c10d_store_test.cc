@@ -3,7 +3,8 @@
 // venv has it, PyTorch 2.x with its libuv server (the default) and its
 // older poll-based one. Every Store operation, values crossing between this
 // client and PyTorch's own Python client both ways, timeouts, and a wait
-// that another client ends. A Python without torch is a GTEST_SKIP.
+// that another client ends; and init_process_group joining the agent's store
+// as under torchrun. A Python without torch is a GTEST_SKIP.
 // Every subprocess runs under a deadline and is reaped (harness/process_ranks.h).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -18,7 +19,9 @@
 
 #include "harness/launcher.h"
 #include "harness/process_ranks.h"
+#include "lockstep/config.h"
 #include "lockstep/error.h"
+#include "lockstep/process_group.h"
 #include "lockstep/store.h"
 #include "store/c10d_store.h"
 
@@ -69,6 +72,8 @@ if mode == "converse":
     time.sleep(1.0)
     store.set("py/late", b"late")
     print("done", flush=True)
+elif mode == "prefixget":  # as PyTorch's env:// rendezvous reads the agent store
+    print("value", dist.PrefixStore(sys.argv[3], store).get(sys.argv[4]).decode(), flush=True)
 elif mode == "check":  # 1.13's Python TCPStore has no check(): a short wait
     try:
         store.wait(sys.argv[3:], datetime.timedelta(milliseconds=300))
@@ -89,6 +94,7 @@ struct ServerKind {
 };
 
 std::string printable(const ServerKind& k) { return k.name; }
+void PrintTo(const ServerKind& k, std::ostream* os) { *os << k.name; }
 
 // Runs python with the helper; its output and exit code.
 RankResult run_helper(const std::string& python, const std::string& helper, std::vector<std::string> args,
@@ -347,6 +353,44 @@ TEST_P(C10dStoreTest, OversizedKeysAndValuesAreRefusedBeforeSending) {
   EXPECT_THROW(store->set("k", std::string(C10dStore::kMaxValueBytes + 1, 'v')), InvalidArgument);
   store->set("k", std::string(100000, 'v'));  // large but allowed
   EXPECT_EQ(store->get("k").size(), 100000u);
+}
+
+// Under torchrun with TORCHELASTIC_USE_AGENT_STORE=True, init_process_group
+// joins the agent's store (rank 0 too: it must not try to host one on the
+// port) and keeps its keys where PyTorch's env:// rendezvous would put them:
+// PrefixStore("/worker/attempt_<restart>") over PyTorch's client.
+TEST_P(C10dStoreTest, InitProcessGroupJoinsTheAgentStoreUnderTheAttemptPrefix) {
+  Config config;
+  config.launcher.source = LaunchSource::torchrun;
+  config.launcher.rank = 0;
+  config.launcher.world_size = 1;
+  config.master_addr = "127.0.0.1";
+  config.master_port = server_->port();
+  config.restart_count = 2;
+  config.run_name = "job";
+  config.timeout = 30s;
+  config.torchelastic_use_agent_store = true;
+  GroupOptions options;
+  options.config = config;
+  {
+    auto group = init_process_group(options);
+    EXPECT_EQ(group->size(), 1);
+  }
+  const std::string key = "job/2/" + GroupOptions{}.name + "/rendezvous/world_size";
+  const RankResult r = run_helper(GetParam().python, helper_,
+                                  {"prefixget", std::to_string(server_->port()), "/worker/attempt_2", key}, 60s);
+  EXPECT_NE(r.output.find("value 1"), std::string::npos) << testing::describe(r);
+
+  // Without the variable, rank 0 would host lockstep's store on the agent's port.
+  config.torchelastic_use_agent_store = false;
+  config.run_name = "other";
+  options.config = config;
+  try {
+    init_process_group(options);
+    ADD_FAILURE() << "rank 0 hosted a store on the port torchrun's agent holds";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen"), std::string::npos) << e.what();
+  }
 }
 
 std::vector<ServerKind> server_kinds() {
