@@ -574,6 +574,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       } else {
         round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
       }
+      master = program_master(store, round, single, o.local_addr, signal_fd, Deadline::after(plan.join_timeout));
     } catch (const Interrupted& e) {
       if (elastic) elastic->stop_beating();  // its connection is not a reader to wait for
       announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
