@@ -282,7 +282,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it");
   run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank) or c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX)");
   run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node)");
-  run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S");
+  run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S,keep_alive_interval=S,keep_alive_max_attempt=N (a node silent for S x N is gone; default 5 x 3)");
   run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(option_checks::number_in(0.001, 604800));
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
   run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(option_checks::non_negative_count());
