@@ -97,10 +97,10 @@ DiagnosticsSettings diagnostics_settings(const Config& config, Duration timeout)
 // Under torchrun with TORCHELASTIC_USE_AGENT_STORE=True (1.x's static
 // rendezvous, every rendezvous of 2.x) its agent already hosts a PyTorch
 // TCPStore on MASTER_ADDR:MASTER_PORT: every rank, rank 0 included, is a
-// client, under the prefix PyTorch's env:// rendezvous gives a restart
-// attempt (1.x; 2.x starts a new store per attempt), so that a restarted
-// job never reads the keys of the attempt before. PyTorch's store has no
-// authentication: no token.
+// client, under the prefix PyTorch 1.x's env:// rendezvous gives a restart
+// attempt (2.x's drops it, saying each attempt gets a new store; the prefix
+// costs nothing there), so that a restarted job never reads the keys of the
+// attempt before. PyTorch's store has no authentication: no token.
 std::shared_ptr<Store> join_agent_store(const LaunchInfo& launch, const Config& config) {
   C10dStoreOptions options;
   options.connect_timeout = launch.connect_timeout;

@@ -12,12 +12,17 @@
 #              USE_AGENT_STORE=False: rank 0 hosts lockstep's store on the
 #              free MASTER_PORT; 2.x shares its rendezvous store: True)
 #   c10d       `--rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P --nnodes 1`
+#   restart    static with --max_restarts 1 (given tests' rank_program): rank
+#              1 exits 5 in attempt 0, before joining, while ranks 0 and 2
+#              join; torchrun restarts all three, and attempt 1 (keys under
+#              /worker/attempt_1 in the same agent store) completes
 # Checks each job's exit code, the result line of all three ranks, and which
 # store the ranks used. Skips (77) without any torchrun that imports.
-# Usage: torchrun_test.sh path/to/allreduce_demo [path/to/venv/bin]
+# Usage: torchrun_test.sh path/to/allreduce_demo [path/to/venv/bin] [path/to/rank_program]
 set -uo pipefail
 program=$(realpath "$1")
 venv_bin=${2:-}
+rank_program=${3:-}
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -42,6 +47,13 @@ cat > "$work/rank.sh" <<WRAPPER
 exec "$program"
 WRAPPER
 chmod +x "$work/rank.sh"
+# rank_program reads the attempt from LOCKSTEP_RESTART_COUNT; torchrun sets TORCHELASTIC_RESTART_COUNT.
+cat > "$work/restart.sh" <<WRAPPER
+#!/bin/sh
+echo "rank \$RANK attempt \$TORCHELASTIC_RESTART_COUNT env: USE_AGENT_STORE=\$TORCHELASTIC_USE_AGENT_STORE"
+LOCKSTEP_RESTART_COUNT=\$TORCHELASTIC_RESTART_COUNT exec "$rank_program" restart
+WRAPPER
+chmod +x "$work/restart.sh"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port_in_use() { (exec 3<> /dev/tcp/127.0.0.1/$1) 2> /dev/null; }
@@ -86,6 +98,26 @@ for torchrun in "${torchruns[@]}"; do
   fi
   run "standalone-$version" $v2 "${cmd[@]}" --standalone
   run "c10d-$version" $v2 "${cmd[@]}" --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$(free_port)" --nnodes 1
+  if [ -n "$rank_program" ]; then
+    log="$work/restart-$version.log"
+    timeout 150 "${cmd[@]}" --master_port "$(free_port)" --max_restarts 1 --nproc_per_node 3 "$work/restart.sh" \
+      > "$log" 2>&1
+    rc=$?
+    ok=1
+    [ $rc = 0 ] || ok=0
+    grep -q "rank 1 attempt 0 env: USE_AGENT_STORE=True" "$log" || ok=0
+    for rank in 0 1 2; do
+      grep -q "rank $rank attempt 1 env" "$log" || ok=0
+      grep -q "rank $rank of 3 sum 6" "$log" || ok=0
+    done
+    if [ $ok = 1 ]; then
+      echo "ok   restart-$version (attempt 0 failed, attempt 1: exit 0, 3 correct ranks)"
+    else
+      echo "FAIL restart-$version: exit $rc, expected attempt 0 to fail and attempt 1 to sum 6 on 3 ranks; output:"
+      tail -n 40 "$log"
+      failures=$((failures + 1))
+    fi
+  fi
 done
 [ $failures = 0 ] || fail "$failures job(s) failed"
 echo "PASS"
