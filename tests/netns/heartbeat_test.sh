@@ -20,6 +20,9 @@
 #   4. the same, but host2 is frozen then: host0, which hosts the store and
 #      waits for every node to finish, stops waiting within the bound,
 #      naming host2, and exits 0;
+#   5. host2 frozen, and continued while the world of 2 still runs: it stops
+#      its rank, says that it was stopped, waits, and the job re-forms with
+#      it (a world of 3 again);
 # and that nothing is left running on any host.
 # Needs root (network namespaces); skips (exit 77) elsewhere. Every step has
 # a deadline, and the hosts' processes are killed on exit.
@@ -188,5 +191,39 @@ kill -9 $frozen
 wait ${pids[2]} 2> /dev/null
 for i in 0 1 2; do
   [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+done
+
+echo "== 5. host2 frozen, then continued while the job runs: it joins again"
+pids=()
+for i in 0 1 2; do
+  on_host "${hosts[$i]}" timeout 120 "$cli" run --nnodes 2:3 --rdzv-endpoint 10.215.0.1:29555 --rdzv-id hb-back \
+    --nproc-per-node 1 --grace-period 2 --monitor-interval 0.2 \
+    --rdzv-conf keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1 \
+    -- "$program" sleep > "$work/back$i.log" 2>&1 &
+  pids+=($!)
+  sleep 0.3
+done
+# count_in PATTERN: how many of the three logs hold it.
+count_in() { local n=0 i; for i in 0 1 2; do grep -q "$1" "$work/back$i.log" && n=$((n + 1)); done; echo $n; }
+for _ in $(seq 300); do [ $(count_in "world size 3), .*round 0") = 3 ] && break; sleep 0.1; done
+[ $(count_in "world size 3), .*round 0") = 3 ] || { cat "$work"/back?.log; fail "no world of 3"; }
+frozen=$(in_host_pids ${hosts[2]})
+kill -STOP $frozen
+for _ in $(seq 300); do [ $(count_in "world size 2), .*round 1") = 2 ] && break; sleep 0.05; done
+[ $(count_in "world size 2), .*round 1") = 2 ] || { cat "$work"/back?.log; fail "hosts 0 and 1 did not re-form a world of 2"; }
+kill -CONT $frozen
+for _ in $(seq 300); do [ $(count_in "world size 3), .*round 2") = 3 ] && break; sleep 0.1; done
+grep -h "lockstep run" "$work"/back?.log | cut -c1-300
+[ $(count_in "world size 3), .*round 2") = 3 ] || fail "host2 did not join again in a world of 3 within 30 s"
+grep -q "this launcher itself was stopped for" "$work/back2.log" || fail "host2 does not say that it was stopped"
+grep -q "waiting to join its next round" "$work/back2.log" || fail "host2 did not wait to join"
+# Ctrl-C for every launcher: SIGTERM to each host's `timeout`, which passes it on.
+for i in 0 1 2; do
+  for p in $(in_host_pids ${hosts[$i]}); do [ "$(cat /proc/$p/comm 2> /dev/null)" = timeout ] && kill -TERM $p; done
+done
+for i in 0 1 2; do wait_exit $i 15; done
+for i in 0 1 2; do
+  left=$(in_host_pids ${hosts[$i]})
+  [ -z "$left" ] || fail "processes left on host$i: $(ps -o pid,ppid,stat,args -p $(echo $left | tr ' ' ,))"
 done
 echo PASS

@@ -113,6 +113,9 @@ TEST(ElasticHeartbeat, ALauncherThatWasStoppedSaysSo) {
   EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.")) << nodes.a.pause_note();
   nodes.a.note_poll(nodes.ra);
   EXPECT_EQ(nodes.a.pause_note(), "");
+  // Stopped amid a poll's requests.
+  std::this_thread::sleep_for(milliseconds(450));
+  EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.")) << nodes.a.pause_note();
 }
 
 TEST(ElasticHeartbeat, ANodeSilentWhileTheRoundFormsIsLeftOut) {

@@ -230,10 +230,16 @@ void ElasticRendezvous::note_poll(const Round& round) {
 }
 
 std::string ElasticRendezvous::pause_note() const {
-  if (paused_ == Duration{}) return "";
+  // Stopped before this poll, or during it (between its requests).
+  Duration paused = paused_;
+  if (last_poll_) {
+    const auto during = std::chrono::duration_cast<Duration>(Clock::now() - *last_poll_);
+    if (during > options_.keep_alive.limit()) paused = std::max(paused, during);
+  }
+  if (paused == Duration{}) return "";
   return fmt::format(" (this launcher itself was stopped for {:.1f} s, SIGSTOP or a suspended host, longer than the "
                      "keep-alive limit of {:.1f} s: the other nodes went on without it)",
-                     seconds(paused_), seconds(options_.keep_alive.limit()));
+                     seconds(paused), seconds(options_.keep_alive.limit()));
 }
 
 std::optional<Silence> ElasticRendezvous::silent_node(int r, const std::vector<int>& nodes) {

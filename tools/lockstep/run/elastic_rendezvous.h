@@ -93,8 +93,9 @@ class ElasticRendezvous {
   std::optional<std::string> watch(const Round& round);
   // Notes, without a request to the store, that this launcher is polling
   // `round` now; call it before each poll's requests. If it did not poll
-  // for longer than the keep-alive limit (it was stopped), pause_note()
-  // says so until the next call.
+  // for longer than the keep-alive limit, or this poll has lasted longer
+  // (it was stopped, before or amid its requests), pause_note() says so
+  // until the next call.
   void note_poll(const Round& round);
   std::string pause_note() const;
   // Once this node's ranks finished: says so, so that silent_before_done
