@@ -59,7 +59,7 @@ for i in 0 1 2; do
   on_host $h ip link set h$i-$$ up
 done
 
-# The bound the launcher documents (docs/heartbeat.md): detection within
+# The bound the launcher documents (docs/launcher.md, elastic jobs): detection within
 # interval x (max_attempt + 1) + 2 x monitor_interval = 1 x 4 + 0.4 s.
 bound_ms=4400
 slack_ms=2000  # a loaded machine
