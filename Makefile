@@ -101,7 +101,8 @@ build-python: build-torch2
 	@echo "built: $(PYTHON_DIR)/lockstep_torch (PYTHONPATH=$(abspath $(PYTHON_DIR)))"
 
 test-python: build-python
-	@cd python/tests && PYTHONPATH=$(abspath $(PYTHON_DIR)) $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider .
+	@cd python/tests && PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_CLI=$(abspath $(BUILD_DIR))/lockstep \
+	  $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider .
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed

@@ -49,6 +49,15 @@ def run_torchrun(case: str, world: int, *args: str, deadline_s: float = 120) -> 
     return reap([proc], deadline_s)[0]
 
 
+def run_lockstep_run(cli: str, case: str, world: int, *args: str, deadline_s: float = 120) -> Rank:
+    """The same under `lockstep run`, which runs a .py file with the python3
+    first in PATH: this interpreter's."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    proc = subprocess.Popen([cli, "run", f"--nproc-per-node={world}", str(WORKERS), case, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return reap([proc], deadline_s)[0]
+
+
 def reap(procs: list[subprocess.Popen], deadline_s: float) -> list[Rank]:
     end = time.monotonic() + deadline_s
     results = []

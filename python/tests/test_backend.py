@@ -1,11 +1,12 @@
 """lockstep_torch: the torch.distributed backend "lockstep", tested across real
 processes against Gloo and against exact answers (see workers.py)."""
 
+import os
 import re
 
 import pytest
 
-from launch import run_torchrun, run_world
+from launch import run_lockstep_run, run_torchrun, run_world
 
 
 def passed(ranks):
@@ -33,6 +34,15 @@ def test_ddp_over_lockstep_trains_as_over_gloo(variant):
 
 def test_started_by_torchrun():
     result = run_torchrun("ddp", 2, "default")
+    assert result.returncode == 0, result.output
+    assert result.output.count("max |lockstep - gloo|") == 2, result.output
+
+
+def test_started_by_lockstep_run():
+    cli = os.environ.get("LOCKSTEP_CLI", "")
+    if not os.access(cli, os.X_OK):
+        pytest.skip("LOCKSTEP_CLI does not name the lockstep binary (make test-python sets it)")
+    result = run_lockstep_run(cli, "ddp", 2, "default")
     assert result.returncode == 0, result.output
     assert result.output.count("max |lockstep - gloo|") == 2, result.output
 
