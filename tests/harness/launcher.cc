@@ -38,6 +38,15 @@ Launcher::Launcher(const std::string& cli, std::vector<std::string> args, EnvMap
                throw std::runtime_error("cannot execute " + cli);
              }) {}
 
+bool Launcher::wait_for_output(const std::string& what, Duration timeout) const {
+  const Deadline deadline = Deadline::after(timeout);
+  while (output_so_far().find(what) == std::string::npos) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
 std::string Launcher::output_so_far() const {
   std::ifstream log(ranks_.dir() + "/rank0.log");
   std::stringstream text;

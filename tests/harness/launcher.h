@@ -33,6 +33,9 @@ class Launcher {
   RankResult wait(Duration timeout);
   // What it has printed so far (it may still run).
   std::string output_so_far() const;
+  // Waits until its output contains `what`; false on timeout. Tests wait
+  // for what the launcher says rather than sleep a guess.
+  bool wait_for_output(const std::string& what, Duration timeout) const;
 
  private:
   ProcessRanks ranks_;

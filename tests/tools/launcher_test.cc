@@ -576,9 +576,9 @@ TEST(Launcher, AnElasticJobGrowsWhenANodeArrives) {
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int n = 0; n < 2; ++n)
     nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "sleep"), EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
-  std::this_thread::sleep_for(3s);  // the job runs with two nodes
+  for (auto& node : nodes) EXPECT_TRUE(node->wait_for_output("attempt 0 starting", 40s));  // two nodes run
   nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "sleep"), EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
-  std::this_thread::sleep_for(5s);
+  for (auto& node : nodes) EXPECT_TRUE(node->wait_for_output("(world size 3)", 40s));
   for (auto& node : nodes) node->signal(SIGTERM);
   std::string all;
   for (auto& node : nodes) all += node->wait(30s).output;
@@ -596,17 +596,11 @@ TEST(Launcher, ARankStoppedForARegroupSaysItWasPlanned) {
   const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}, {"LOCKSTEP_FLIGHT_DIR", flight.path()}};
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int n = 0; n < 2; ++n) nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "allreduce-loop"), env));
-  std::this_thread::sleep_for(3s);  // the job runs with two nodes, all-reducing
+  for (auto& node : nodes) EXPECT_TRUE(node->wait_for_output("attempt 0 starting", 40s));  // two nodes all-reduce
   nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "allreduce-loop"), env));
   // Until every node runs the re-formed group: what the stopped ranks said
   // is in by then (a launcher starts the next round once they are reaped).
-  const auto regrouped = [&] {
-    for (auto& node : nodes)
-      if (!contains(node->output_so_far(), "(world size 3)")) return false;
-    return true;
-  };
-  const Deadline deadline = Deadline::after(40s);
-  while (!regrouped() && !deadline.expired()) std::this_thread::sleep_for(200ms);
+  for (auto& node : nodes) EXPECT_TRUE(node->wait_for_output("(world size 3)", 40s));
   std::string all;
   for (auto& node : nodes) all += node->output_so_far();
   const bool no_dumps = std::filesystem::is_empty(flight.path());
