@@ -669,6 +669,24 @@ TEST(Launcher, ARanksErrorFileIsQuotedInTheReport) {
       << r.output;
 }
 
+// Without --log-dir the error files live in a temporary directory, removed
+// at exit; one left by a launcher killed with SIGKILL is removed by the next.
+TEST(Launcher, AKilledLaunchersScratchDirectoryIsRemovedByTheNext) {
+  Launcher killed({"--nproc-per-node", "1", "--", "/bin/sh", "-c", "echo file=$TORCHELASTIC_ERROR_FILE; sleep 60"});
+  ASSERT_TRUE(killed.wait_for_output("error.json", 30s)) << killed.output_so_far();
+  const std::string out = killed.output_so_far();
+  const auto at = out.find("file=") + 5;
+  const std::filesystem::path file = out.substr(at, out.find('\n', at) - at);
+  const std::filesystem::path scratch = file.parent_path().parent_path().parent_path().parent_path();
+  EXPECT_EQ(scratch.filename().string().rfind("lockstep-run-", 0), 0u) << scratch;
+  killed.signal(SIGKILL);
+  killed.wait(30s);
+  EXPECT_TRUE(std::filesystem::exists(scratch)) << scratch;
+  const auto next = Launcher({"--nproc-per-node", "1", "--", "true"}).wait(30s);
+  EXPECT_EQ(next.exit_code, 0) << testing::describe(next);
+  EXPECT_FALSE(std::filesystem::exists(scratch)) << scratch << " outlived its launcher";
+}
+
 // torchrun's entry points: a .py file runs with python3 -u, -m runs a
 // module, --run-path a file through runpy, --no-python the program as it is.
 TEST(Launcher, PythonProgramsStartAsUnderTorchrun) {

@@ -45,6 +45,7 @@
 #include "run/interruption.h"
 #include "lockstep/affinity.h"
 #include "run/run_arguments.h"
+#include "run/scratch_directory.h"
 #include "store/store_token.h"
 #include "run/supervisor.h"
 
@@ -407,31 +408,6 @@ int run_job(const RunOptions& o) {
 }
 
 namespace {
-
-// Without --log-dir the ranks' error files still need a home, as under
-// torchrun: a temporary directory, removed when the launcher ends.
-class ScratchDirectory {
- public:
-  ScratchDirectory() = default;
-  ScratchDirectory(const ScratchDirectory&) = delete;
-  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
-  ~ScratchDirectory() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::filesystem::path& create() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "lockstep-run-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw Error(fmt::format("cannot create a directory for the ranks' error files ({}): {}; set TMPDIR or give "
-                              "--log-dir",
-                              pattern, std::strerror(errno)));
-    path_ = pattern;
-    return path_;
-  }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The store: hosted by node 0 of a fixed job, or in an elastic job by the
 // launcher that can listen on the endpoint's address (the first one there).
