@@ -1,5 +1,6 @@
 // Shared-memory regions; see region.h.
 #include "comm/shm/region.h"
+#include "comm/launcher_cleanup.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -157,3 +158,9 @@ void sweep_stale_regions() {
 }
 
 }  // namespace lockstep::shm
+
+namespace lockstep {
+
+std::size_t remove_launcher_segments(const std::string& tag) { return shm::remove_tagged_segments(tag); }
+
+}  // namespace lockstep

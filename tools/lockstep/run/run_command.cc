@@ -40,7 +40,7 @@
 #include "diag/tracer.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
-#include "comm/shm/region.h"
+#include "comm/launcher_cleanup.h"
 #include "run/elastic_rendezvous.h"
 #include "run/interruption.h"
 #include "lockstep/affinity.h"
@@ -252,7 +252,7 @@ void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd,
 
 // Removes what this node's ranks left in /dev/shm; they have all exited.
 void remove_leftover_segments(const std::string& shm_tag) {
-  const std::size_t removed = shm::remove_tagged_segments(shm_tag);
+  const std::size_t removed = remove_launcher_segments(shm_tag);
   if (removed > 0)
     std::fprintf(stderr, "lockstep run: removed %zu shared-memory segment(s) left in /dev/shm by this node's ranks\n",
                  removed);
