@@ -52,8 +52,10 @@ run: build-run
 	  $(BUILD_DIR)/examples/fashion_mnist --epochs $(EPOCHS) --checkpoint $(BUILD_DIR)/fashion_mnist.ckpt --fresh
 
 # --no-tests=error: a build without its tests (GoogleTest missing) fails
-# here rather than passing with nothing run.
-test: build
+# here rather than passing with nothing run. The PyTorch 2.x environment
+# comes first: the launcher's and the c10d store's tests run PyTorch 2.x
+# programs and servers from it (and skip without it).
+test: build deps-torch2
 	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS)
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-torch2
