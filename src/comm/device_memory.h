@@ -1,7 +1,8 @@
 // CUDA memory in the process group, as the front end sees it: no CUDA type
 // appears here, so the front end and the host backends build the same with
-// or without the CUDA toolkit. The CUDA side lives in src/cuda/ (built when
-// CMake finds the toolkit; otherwise its factory says how to get it).
+// or without the CUDA toolkit. The CUDA side lives in src/comm/staging/,
+// over the device layer's wrappers in src/device/ (built when CMake finds
+// the toolkit; otherwise its factory says how to get it).
 //
 // The stream contract (PyTorch c10d's; docs/algorithms.md, "CUDA memory and
 // streams"): an operation on CUDA memory runs after the work the caller
@@ -18,6 +19,7 @@
 #include <memory>
 
 #include "comm/backend.h"
+#include "device/availability.h"
 
 namespace lockstep {
 
@@ -55,14 +57,12 @@ class DeviceRuntime {
   // `device`; null: the default stream) stands now.
   virtual std::shared_ptr<detail::StreamOrder> order_after(Device device, void* caller_stream) = 0;
   // Runs collectives on CUDA memory over `host`, a backend that moves host
-  // memory only, by staging through pinned host memory (src/cuda/staged_backend.h).
+  // memory only, by staging through pinned host memory (src/comm/staging/staged_backend.h).
   // Every call it gets carries an OpContext::streams; `host` (of which this
   // process is `rank`) outlives it.
   virtual std::unique_ptr<Backend> staged_over(Backend& host, int rank) = 0;
 };
 
-// Whether this lockstep was built with the CUDA toolkit.
-bool built_with_cuda();
 // The CUDA runtime of one group. Throws ConfigError when lockstep was built
 // without CUDA, or when this process sees no CUDA device, naming the cause.
 std::unique_ptr<DeviceRuntime> make_device_runtime(const Config& config, const Logger& log);

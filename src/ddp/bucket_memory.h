@@ -6,7 +6,7 @@
 // next; nothing blocks the host except reading values back (values()).
 //
 // The choice is made once, by the gradients' device (GradientSource::
-// device()); the CUDA side lives in src/cuda/ and, in a lockstep built
+// device()); the CUDA side lives in src/ddp/cuda/ and, in a lockstep built
 // without CUDA, says how to get it.
 // Not thread-safe: one Reducer's thread at a time.
 #pragma once
@@ -72,7 +72,7 @@ class BucketMemory {
 
 std::unique_ptr<BucketMemory> host_bucket_memory();
 // Buckets in the memory of CUDA device `device.index`. Throws ConfigError
-// in a lockstep built without CUDA (src/cuda/no_cuda.cc).
+// in a lockstep built without CUDA (src/ddp/cuda/no_cuda.cc).
 std::unique_ptr<BucketMemory> cuda_bucket_memory(Device device);
 
 inline std::unique_ptr<BucketMemory> bucket_memory_for(Device device) {

@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "comm/backend.h"
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::nccl {
 

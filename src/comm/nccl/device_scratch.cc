@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::nccl {
 

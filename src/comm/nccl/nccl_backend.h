@@ -22,7 +22,7 @@
 #include "comm/nccl/communicator.h"
 #include "comm/nccl/device_scratch.h"
 #include "comm/nccl/placement.h"
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::nccl {
 

@@ -19,7 +19,7 @@
 #include "comm/backend.h"
 #include "comm/nccl/communicator.h"
 #include "comm/nccl/device_scratch.h"
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::nccl {
 

@@ -1,16 +1,19 @@
-// Small owners of CUDA runtime objects, and the checks that turn a CUDA
-// error into a lockstep Error naming what was being done. Every wait on the
-// device polls, so it honours the operation's deadline and cancellation
-// like every other wait in lockstep (a CUDA call that blocks cannot).
+// Small owners of CUDA runtime objects (device guard, stream, event, pinned
+// host memory), and the checks that turn a CUDA error into a lockstep Error
+// naming what was being done: the device layer, below comm, which the nccl
+// backend, the staging backend and the Reducer's device buckets share. Every
+// wait on the device polls, so it honours a deadline and a cancellation like
+// every other wait in lockstep (a CUDA call that blocks cannot).
 // Not thread-safe: each object is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string_view>
 
 #include <cuda_runtime_api.h>
 
-#include "comm/backend.h"
+#include "common/clock.h"
 
 namespace lockstep::cuda {
 
@@ -80,9 +83,9 @@ class PinnedBuffer {
   std::size_t bytes_ = 0;
 };
 
-// Polls `event` until it completes: TimeoutError at the operation's
-// deadline, OperationCancelled when the group aborts meanwhile.
-void wait_for(const Event& event, const OpContext& op, std::string_view what);
+// Polls `event` until it completes (true); false when `deadline` passes or
+// `cancelled()` (if given) says so first. The caller says which and why.
+bool wait_for(const Event& event, Deadline deadline, const std::function<bool()>& cancelled);
 // The same against a plain timeout; false when it passed first.
 bool wait_for(const Event& event, Duration timeout);
 

@@ -1,7 +1,9 @@
 // See staging_area.h.
-#include "cuda/staging_area.h"
+#include "comm/staging/staging_area.h"
 
 #include <algorithm>
+
+#include <fmt/format.h>
 
 #include "comm/device_memory.h"
 
@@ -16,9 +18,22 @@ void copy(void* to, const void* from, std::size_t bytes, cudaStream_t stream, co
 
 std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Polls `event` until it completes: TimeoutError at the operation's
+// deadline, OperationCancelled when the group aborts meanwhile.
+void wait_within(const OpContext& op, const Event& event, std::string_view what) {
+  if (wait_for(event, op.deadline, [&] { return op.cancelled(); })) return;
+  if (op.cancelled()) throw OperationCancelled(fmt::format("{} was cancelled while {}", op.description(), what));
+  throw TimeoutError(fmt::format("{} timed out after {:.1f} s {}: the device did not finish its work. A kernel "
+                                 "queued before the collective on the same stream may be stuck; if the device "
+                                 "is only busy, raise LOCKSTEP_TIMEOUT",
+                                 op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what));
+}
+
 }  // namespace
 
-void StagingArea::reuse(const OpContext& op) { wait_for(released_, op, "waiting for the staging copies of the previous collective"); }
+void StagingArea::reuse(const OpContext& op) {
+  wait_within(op, released_, "waiting for the staging copies of the previous collective");
+}
 
 void StagingArea::pipelined(const OpContext& op, ConstBuffer in, Buffer out, bool copy_in, bool copy_out,
                             const ChunkRun& run) {
@@ -43,7 +58,7 @@ void StagingArea::pipelined(const OpContext& op, ConstBuffer in, Buffer out, boo
   std::size_t queued = 0;
   for (std::size_t i = 0; i < chunks; ++i) {
     for (; queued < chunks && queued < i + kSlots; ++queued) queue_in(queued);
-    wait_for(arrived_[i % kSlots], op, "copying CUDA memory to the host");
+    wait_within(op, arrived_[i % kSlots], "copying CUDA memory to the host");
     OpContext chunk_op = op;
     chunk_op.info.count = count(i);
     run(chunk_op, Buffer{slot(i), count(i), out.dtype});
@@ -66,7 +81,7 @@ void StagingArea::whole(const OpContext& op, ConstBuffer in, Buffer out, const W
   std::byte* const host_out = host + round_up(in.bytes());
   copy(host, in.data, in.bytes(), stream, "copying CUDA memory to the host");
   arrived_[0].record(stream);
-  wait_for(arrived_[0], op, "copying CUDA memory to the host");
+  wait_within(op, arrived_[0], "copying CUDA memory to the host");
   run(ConstBuffer{in.count > 0 ? host : nullptr, in.count, in.dtype},
       Buffer{out.count > 0 ? host_out : nullptr, out.count, out.dtype});
   copy(out.data, host_out, out.bytes(), stream, "copying the result back to CUDA memory");

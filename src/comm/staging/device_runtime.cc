@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "comm/device_memory.h"
-#include "cuda/staged_backend.h"
-#include "cuda/stream_order.h"
+#include "comm/staging/staged_backend.h"
+#include "comm/staging/stream_order.h"
 
 namespace lockstep {
 namespace {
@@ -52,8 +52,6 @@ class CudaRuntime final : public DeviceRuntime {
 };
 
 }  // namespace
-
-bool built_with_cuda() { return true; }
 
 std::unique_ptr<DeviceRuntime> make_device_runtime(const Config& config, const Logger&) {
   return std::make_unique<CudaRuntime>(config);

@@ -1,5 +1,5 @@
 // See staged_backend.h.
-#include "cuda/staged_backend.h"
+#include "comm/staging/staged_backend.h"
 
 #include "comm/device_memory.h"
 

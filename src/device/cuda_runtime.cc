@@ -1,11 +1,12 @@
 // See cuda_runtime.h.
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "common/clock.h"
+#include "device/availability.h"
+#include "lockstep/error.h"
 
 namespace lockstep::cuda {
 namespace {
@@ -93,18 +94,16 @@ std::byte* PinnedBuffer::reserve(std::size_t bytes) {
   return data_;
 }
 
-void wait_for(const Event& event, const OpContext& op, std::string_view what) {
-  if (poll([&] { return event.query(); }, [&] { return op.cancelled() || op.deadline.expired(); })) return;
-  if (op.cancelled()) throw OperationCancelled(fmt::format("{} was cancelled while {}", op.description(), what));
-  throw TimeoutError(fmt::format("{} timed out after {:.1f} s {}: the device did not finish its work. A kernel "
-                                 "queued before the collective on the same stream may be stuck; if the device "
-                                 "is only busy, raise LOCKSTEP_TIMEOUT",
-                                 op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what));
+bool wait_for(const Event& event, Deadline deadline, const std::function<bool()>& cancelled) {
+  return poll([&] { return event.query(); }, [&] { return (cancelled && cancelled()) || deadline.expired(); });
 }
 
-bool wait_for(const Event& event, Duration timeout) {
-  const auto deadline = Deadline::after(timeout);
-  return poll([&] { return event.query(); }, [&] { return deadline.expired(); });
-}
+bool wait_for(const Event& event, Duration timeout) { return wait_for(event, Deadline::after(timeout), nullptr); }
 
 }  // namespace lockstep::cuda
+
+namespace lockstep {
+
+bool built_with_cuda() { return true; }
+
+}  // namespace lockstep

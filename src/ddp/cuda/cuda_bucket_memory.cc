@@ -10,10 +10,10 @@
 
 #include <vector>
 
-#include "cuda/bucket_kernels.h"
-#include "cuda/cuda_runtime.h"
-#include "cuda/low_rank_kernels.h"
 #include "ddp/bucket_memory.h"
+#include "ddp/cuda/bucket_kernels.h"
+#include "ddp/cuda/low_rank_kernels.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::cuda {
 namespace {

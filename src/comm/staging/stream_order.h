@@ -7,7 +7,7 @@
 #pragma once
 
 #include "comm/device_memory.h"
-#include "cuda/cuda_runtime.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::cuda {
 

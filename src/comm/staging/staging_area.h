@@ -19,7 +19,8 @@
 
 #include <functional>
 
-#include "cuda/cuda_runtime.h"
+#include "comm/backend.h"
+#include "device/cuda_runtime.h"
 
 namespace lockstep::cuda {
 

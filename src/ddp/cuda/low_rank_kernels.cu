@@ -3,7 +3,7 @@
 // one pass over the large matrix, r/kChunk times. Correctness first: these
 // mirror low_rank.cc's loops (the same double sums, in the same order where
 // one thread owns a sum), not a tuned GEMM.
-#include "cuda/low_rank_kernels.h"
+#include "ddp/cuda/low_rank_kernels.h"
 
 #include <algorithm>
 #include <cmath>

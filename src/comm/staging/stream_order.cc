@@ -1,5 +1,5 @@
 // See stream_order.h.
-#include "cuda/stream_order.h"
+#include "comm/staging/stream_order.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // See bucket_kernels.h. Grid-stride loops: a bounded grid covers any count.
-#include "cuda/bucket_kernels.h"
+#include "ddp/cuda/bucket_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

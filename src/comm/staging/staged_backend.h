@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "comm/backend.h"
-#include "cuda/staging_area.h"
+#include "comm/staging/staging_area.h"
 
 namespace lockstep::cuda {
 
