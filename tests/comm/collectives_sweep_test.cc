@@ -28,7 +28,7 @@ using testing::ThreadWorld;
 // hier runs on pretend hosts (GroupOptions::host_id): these layouts give
 // ranks per host. Two hosts of two, two of one (no shared memory), three
 // uneven hosts (the flat fallback), and 2+2 interleaved (ranks 0 and 2 on
-// one host), so hosts need not hold consecutive ranks.
+// one host) and 3x2 shuffled, so hosts need not hold consecutive ranks.
 struct HierLayout {
   const char* name;
   std::vector<std::string> hosts;
@@ -40,6 +40,8 @@ const std::vector<HierLayout>& hier_layouts() {
       {"1p2p2", testing::pretend_hosts({1, 2, 2})},
       {"2x2interleaved", {"host0", "host1", "host0", "host1"}},
       {"2x3", testing::pretend_hosts({3, 3})},
+      // Three hosts whose ranks of local rank 1 do not come in host order.
+      {"3x2shuffled", {"host0", "host1", "host2", "host1", "host0", "host2"}},
   };
   return layouts;
 }

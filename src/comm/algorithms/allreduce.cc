@@ -1,6 +1,8 @@
 // Recursive doubling and the ring allreduce over a Transport; see allreduce.h.
 #include "comm/algorithms/allreduce.h"
 
+#include "comm/accumulation.h"
+#include "comm/algorithms/collectives.h"
 #include "comm/algorithms/ring.h"
 #include "comm/chunks.h"
 #include "comm/reduce_kernels.h"
@@ -52,6 +54,27 @@ void allreduce_accumulated(Transport& transport, const OpContext& op, void* acc,
   const Chunks chunks(count, transport.size());
   ring_reduce_scatter(transport, op, acc, dtype, reduce_op, chunks, staging);
   ring_allgather(transport, op, acc, dtype_size(dtype), chunks);
+}
+
+// The whole collective on the caller's data: reduced in its accumulation
+// type; on the ring, each rank finishes (avg, rounding) only its own chunk,
+// and the allgather pass then moves the finished chunks in the caller's
+// type (half the bytes for 16-bit data).
+void TransportCollectives::allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  const int n = transport_.size();
+  if (n == 1 || data.count == 0) return;
+  const Accumulation acc = Accumulation::in_place(data, accumulation_);
+  if (data.count * dtype_size(acc.dtype()) <= small_bytes_) {
+    allreduce_recursive_doubling(transport_, op, acc.data(), data.count, acc.dtype(), reduce_op, staging_);
+    acc.finish(0, data.count, reduce_op, n, data.data);
+    return;
+  }
+  const Chunks chunks(data.count, n);
+  const int r = transport_.rank();
+  ring_reduce_scatter(transport_, op, acc.data(), acc.dtype(), reduce_op, chunks, staging_);
+  acc.finish(chunks.begin(r), chunks.size(r), reduce_op, n,
+             static_cast<std::byte*>(data.data) + chunks.begin(r) * dtype_size(data.dtype));
+  ring_allgather(transport_, op, data.data, dtype_size(data.dtype), chunks);
 }
 
 }  // namespace lockstep

@@ -1,6 +1,9 @@
 // Binomial-tree and chain broadcast over a Transport; see broadcast.h.
 #include "comm/algorithms/broadcast.h"
 
+#include "comm/algorithms/collectives.h"
+#include "comm/algorithms/root_agreement.h"
+
 namespace lockstep {
 namespace {
 
@@ -53,6 +56,17 @@ void broadcast_chain(Transport& transport, const OpContext& op, void* data, std:
   ForwardSource forward(sink, buf, bytes);
   const Channel channels[] = {{prev, nullptr, &sink}, {next, &forward, nullptr}};
   transport.transfer(op, std::span(channels, is_last ? 1 : 2));
+}
+
+// The collective: every rank checks the root first, then the tree or the
+// chain by size.
+void TransportCollectives::broadcast(const OpContext& op, Buffer data, int root) {
+  if (transport_.size() == 1 || data.count == 0) return;
+  check_root_agreement(transport_, op);
+  if (data.bytes() <= small_bytes_)
+    broadcast_tree(transport_, op, data.data, data.bytes(), root);
+  else
+    broadcast_chain(transport_, op, data.data, data.bytes(), root);
 }
 
 }  // namespace lockstep

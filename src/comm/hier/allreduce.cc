@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/accumulation.h"
 #include "comm/algorithms/allreduce.h"
 #include "comm/hier/hier_backend.h"
 #include "comm/hier/ordered_worker.h"
@@ -116,10 +117,7 @@ void HierBackend::reduce_inside_host(const OpContext& op, Piece& p, ReduceOp red
   const std::size_t acc_elem = dtype_size(acc_type);
   const std::size_t padded = p.shard * static_cast<std::size_t>(layout_.local_size());
   if (p.input != p.data.data) {
-    if (acc_type != p.data.dtype)
-      widen_to_f32(p.data.data, reinterpret_cast<float*>(p.input), p.data.count, p.data.dtype);
-    else
-      std::memcpy(p.input, p.data.data, p.data.bytes());
+    copy_to_accumulation_type(p.data.data, p.data.count, p.data.dtype, p.input);
     std::memset(p.input + p.data.count * acc_elem, 0, (padded - p.data.count) * acc_elem);
   }
   if (!local_) return;  // alone on the host: the whole buffer is the shard
@@ -133,8 +131,7 @@ void HierBackend::reduce_across_hosts(const OpContext& op, Piece& p, ReduceOp re
   const DType acc_type = accumulation_dtype(p.data.dtype);
   const ReduceOp kernel_op = reduce_op == ReduceOp::avg ? ReduceOp::sum : reduce_op;
   allreduce_accumulated(*across_, op, p.own, p.shard, acc_type, kernel_op, flat_.small_bytes(), staging_);
-  if (reduce_op == ReduceOp::avg) divide_by(p.own, p.shard, acc_type, size_);
-  if (acc_type != p.data.dtype) narrow_from_f32(reinterpret_cast<const float*>(p.own), p.finished, p.shard, p.data.dtype);
+  Accumulation::of_accumulated(p.own, acc_type, p.data.dtype).finish(0, p.shard, reduce_op, size_, p.finished);
 }
 
 // Step 3.

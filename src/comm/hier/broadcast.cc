@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/algorithms/broadcast.h"
+#include "comm/algorithms/root_agreement.h"
 #include "comm/hier/hier_backend.h"
 
 namespace lockstep {
@@ -13,7 +14,7 @@ void HierBackend::broadcast(const OpContext& op, Buffer data, int root) {
   if (!hierarchical()) return flat_.broadcast(op, data, root);
   if (data.count == 0) return;
   // Which ranks cross hosts depends on the root: agree on it first.
-  flat_.check_agreement_around_the_ring(op);
+  check_root_agreement(flat_.transport(), op);
   const int root_local = layout_.local_rank_of[static_cast<std::size_t>(root)];
   if (layout_.local_rank == root_local) {
     const auto& across = layout_.across;

@@ -12,12 +12,19 @@
 //               From 2 x kPipelinePieceBytes up, in pieces whose
 //               cross-host step (on a worker thread) overlaps the shm
 //               steps of the pieces before and after it.
+//   allgather   allgather across hosts among the ranks of each local
+//               rank, then allgather inside the host (allgather.cc).
+//   reduce_scatter  the reverse: reduce-scatter inside the host, then
+//               across hosts (reduce_scatter.cc).
 //   broadcast   the root's cross-host ring carries the data to every host
 //               (tree or chain), then shm broadcasts it inside each host.
-//   the rest    (reduce, allgather, reduce_scatter, gather, scatter,
-//               all_to_all, allgather_v, barrier, send/recv) run on the flat
-//               tcp mesh over every rank, as the tcp backend does.
-// Hosts with unequal rank counts run everything on the flat tcp mesh.
+//   the rest    (reduce, gather, scatter, all_to_all, allgather_v, barrier,
+//               send/recv) are forwarded to the flat tcp backend: the
+//               shared collectives of comm/algorithms/ over every rank.
+//               Their traffic is latency-bound, rooted, or pairwise, so a
+//               hierarchy saves no bytes on the wire (docs/algorithms.md).
+// Hosts with unequal rank counts, and one rank per host, run everything on
+// the flat tcp mesh.
 //
 // Not thread-safe: used by the group's progress thread only (which, inside
 // a pipelined allreduce, hands the cross-host transport to one worker
@@ -27,7 +34,8 @@
 #include <memory>
 #include <optional>
 
-#include "comm/backend.h"
+#include "comm/algorithms/collectives.h"
+#include "comm/forwarding_backend.h"
 #include "comm/hier/host_layout.h"
 #include "comm/scratch.h"
 #include "comm/tcp/tcp_backend.h"
@@ -35,7 +43,7 @@
 
 namespace lockstep {
 
-class HierBackend final : public Backend {
+class HierBackend final : public ForwardingBackend {
  public:
   explicit HierBackend(const BackendContext& ctx);
 
@@ -44,15 +52,12 @@ class HierBackend final : public Backend {
   void broadcast(const OpContext& op, Buffer data, int root) override;
   void allgather(const OpContext& op, ConstBuffer input, Buffer output) override;
   void reduce_scatter(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override;
-  void reduce(const OpContext& op, Buffer data, int root, ReduceOp reduce_op) override;
-  void barrier(const OpContext& op) override;
-  void gather(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
-  void scatter(const OpContext& op, ConstBuffer input, Buffer output, int root) override;
-  void all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) override;
-  void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
-  void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
-  void recv(const OpContext& op, Buffer data, int src, int tag) override;
   void shutdown(Deadline deadline) override;
+  // allreduce_into copies and reduces in place (Backend's), so that it
+  // takes the hierarchical allreduce rather than the flat one.
+  void allreduce_into(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) override {
+    Backend::allreduce_into(op, input, output, reduce_op);
+  }
 
  private:
   // A pipelined allreduce's piece: enough to hide the per-piece costs (one
@@ -75,11 +80,12 @@ class HierBackend final : public Backend {
   TcpBackend flat_;                        // the mesh over every rank
   std::unique_ptr<Backend> local_;         // shm over this host's ranks; null when alone on the host
   std::optional<TransportSubset> across_;  // this local rank's ring across hosts (uniform layouts)
+  std::optional<TransportCollectives> across_collectives_;  // the shared collectives over across_
   // allreduce's scratch, one slot per piece.
-  Scratch padded_;    // the input in fp32 and/or padded to a multiple of the local size
-  Scratch shard_;     // this rank's shards in the accumulation type
+  Scratch padded_;    // the input in fp32 and/or padded to a multiple of the local size; reduce_scatter's laid-out copy
+  Scratch shard_;     // this rank's shards in the accumulation type; reduce_scatter's row
   Scratch narrow_;    // the finished shards in the caller's 16-bit type
-  Scratch gathered_;  // the last piece's padded result before it is copied out
+  Scratch gathered_;  // the last piece's padded result before it is copied out; allgather's table
   Scratch staging_;   // received data waiting to be reduced (cross-host step; the worker's when pipelined)
 };
 

@@ -28,6 +28,10 @@ HostLayout::HostLayout(const std::vector<std::string>& host_ids, int rank)
     if (host_of[r] == host) local_ranks.push_back(static_cast<int>(r));
     if (local_rank_of[r] == local_rank) across.push_back(static_cast<int>(r));
   }
+  if (!uniform) return;
+  for (int l = 0; l < local_size(); ++l)
+    for (std::size_t r = 0; r < host_ids.size(); ++r)
+      if (local_rank_of[r] == l) by_local_rank.push_back(static_cast<int>(r));
 }
 
 }  // namespace lockstep

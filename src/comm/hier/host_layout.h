@@ -25,6 +25,12 @@ struct HostLayout {
   // Every host runs the same number of ranks: the hierarchical algorithms
   // apply (otherwise hier falls back to its flat tcp mesh).
   bool uniform = true;
+  // Uniform layouts only: every group rank, ordered by local rank and then
+  // by rank (entry l * hosts + i is the i-th rank of local rank l): where
+  // each rank's block lies after a cross-host step among the ranks of each
+  // local rank and a step inside the host (hier's allgather and
+  // reduce_scatter).
+  std::vector<int> by_local_rank;
 
   int local_size() const { return static_cast<int>(local_ranks.size()); }
 };

@@ -181,25 +181,10 @@ void MpiBackend::shutdown(Deadline) {
 }
 
 MpiBackend::Accumulator MpiBackend::accumulate(const void* data, std::size_t count, DType dtype, ReduceOp reduce_op,
-                                   Scratch& scratch) {
-  Accumulator acc;
-  acc.dtype = accumulation_dtype(dtype);
-  acc.widened = acc.dtype != dtype;
-  if (acc.widened) {
-    auto* wide = reinterpret_cast<float*>(scratch.get(count * sizeof(float)));
-    widen_to_f32(data, wide, count, dtype);
-    acc.data = wide;
-  } else {
-    acc.data = const_cast<void*>(data);  // MPI reads it (or reduces into it in place)
-  }
-  acc.type = reduction_type(acc.dtype);
-  acc.op = ops_->get(acc.dtype, reduce_op);
-  return acc;
-}
-
-void MpiBackend::finish(const Accumulator& acc, void* out, std::size_t count, DType dtype, ReduceOp reduce_op) const {
-  if (reduce_op == ReduceOp::avg) divide_by(acc.data, count, acc.dtype, size_);
-  if (acc.widened) narrow_from_f32(static_cast<const float*>(acc.data), out, count, dtype);
+                                               Scratch& scratch) {
+  // MPI reads the caller's buffer (or reduces into it in place).
+  const Accumulation values = Accumulation::in_place(Buffer{const_cast<void*>(data), count, dtype}, scratch);
+  return Accumulator{values, reduction_type(values.dtype()), ops_->get(values.dtype(), reduce_op)};
 }
 
 void MpiBackend::check(int code, const OpContext& op, const char* call) const {

@@ -36,6 +36,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/accumulation.h"
 #include "comm/backend.h"
 #include "comm/mpi/types.h"
 #include "comm/scratch.h"
@@ -69,18 +70,17 @@ class MpiBackend final : public Backend {
   static constexpr std::size_t kInlineMaxBytes = 32 * 1024;
 
  private:
-  // The buffer MPI reduces: the caller's own memory, or an fp32 copy of
-  // 16-bit data (in `scratch`), with the MPI type and op for it.
+  // The buffer MPI reduces (comm/accumulation.h: the caller's own memory,
+  // or an fp32 copy of 16-bit data in `scratch`), with the MPI type and op
+  // for it.
   struct Accumulator {
-    void* data = nullptr;
-    DType dtype = DType::f32;
+    Accumulation values;
     MPI_Datatype type = MPI_DATATYPE_NULL;
     MPI_Op op = MPI_OP_NULL;
-    bool widened = false;
+    std::byte* data() const { return values.data(); }
+    DType dtype() const { return values.dtype(); }
   };
   Accumulator accumulate(const void* data, std::size_t count, DType dtype, ReduceOp reduce_op, Scratch& scratch);
-  // avg: one division by n; 16-bit: round once into `out`.
-  void finish(const Accumulator& acc, void* out, std::size_t count, DType dtype, ReduceOp reduce_op) const;
 
   // The always-on collective check (op_stamp.h), which MPI, matching
   // collectives by order alone, lacks: before each collective one small

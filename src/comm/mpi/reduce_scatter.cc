@@ -35,18 +35,18 @@ void MpiBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer o
     std::memcpy(copy, input.data, input.bytes());
     in = copy;
   }
-  Accumulator acc = accumulate(in, total, input.dtype, reduce_op, accumulation_);
-  const std::size_t elem = dtype_size(acc.dtype);
-  void* out = acc.widened ? staging_.get(count * elem) : output.data;
+  const Accumulator acc = accumulate(in, total, input.dtype, reduce_op, accumulation_);
+  const std::size_t elem = dtype_size(acc.dtype());
+  void* out = acc.values.widened() ? staging_.get(count * elem) : output.data;
 
   if (count <= max_count_) {
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Ireduce_scatter_block(acc.data, out, static_cast<int>(count), acc.type, acc.op, comm_, &request), op,
+    check(MPI_Ireduce_scatter_block(acc.data(), out, static_cast<int>(count), acc.type, acc.op, comm_, &request), op,
           "MPI_Ireduce_scatter_block");
     wait(request, op, "MPI_Ireduce_scatter_block", total * elem);
   } else {
     for (int block = 0; block < size_; ++block) {
-      const auto* source = static_cast<const std::byte*>(acc.data) + static_cast<std::size_t>(block) * count * elem;
+      const std::byte* source = acc.data() + static_cast<std::size_t>(block) * count * elem;
       for_each_piece(count, max_count_, [&](std::size_t first, std::size_t n) {
         void* target = block == rank_ ? static_cast<std::byte*>(out) + first * elem : nullptr;
         MPI_Request request = MPI_REQUEST_NULL;
@@ -57,8 +57,8 @@ void MpiBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer o
       });
     }
   }
-  acc.data = out;  // the result to finish: this rank's block
-  finish(acc, output.data, count, input.dtype, reduce_op);
+  // The result to finish is this rank's block, where MPI left it.
+  Accumulation::of_accumulated(out, acc.dtype(), input.dtype).finish(0, count, reduce_op, size_, output.data);
 }
 
 }  // namespace lockstep::mpi

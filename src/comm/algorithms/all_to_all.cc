@@ -1,19 +1,18 @@
-// tcp all_to_all and allgather with per-rank counts: every rank sends to
+// all_to_all, and allgather with per-rank counts: every rank sends to
 // and receives from every other rank at once, one channel per peer, so
-// run_transfer keeps all links busy. A block of zero elements still
+// transfer() keeps all links busy. A block of zero elements still
 // travels as its stamp, so both sides of every pair take part alike.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "comm/tcp/tcp_backend.h"
-#include "comm/tcp/transfer.h"
+#include "comm/algorithms/collectives.h"
 
 namespace lockstep {
 
-void TcpBackend::all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) {
-  const int n = mesh_.size();
-  const int r = mesh_.rank();
+void TransportCollectives::all_to_all(const OpContext& op, ConstBuffer input, Buffer output, const BlockCounts& counts) {
+  const int n = transport_.size();
+  const int r = transport_.rank();
   const std::size_t elem = dtype_size(input.dtype);
   const auto* in = static_cast<const std::byte*>(input.data);
   auto* out = static_cast<std::byte*>(output.data);
@@ -31,13 +30,13 @@ void TcpBackend::all_to_all(const OpContext& op, ConstBuffer input, Buffer outpu
     sinks.emplace_back(out + counts.recv_offset(q) * elem, counts.recv_count(q) * elem);
     channels.push_back({q, &sources.back(), &sinks.back()});
   }
-  run_transfer(mesh_, op, channels);
+  transport_.transfer(op, channels);
 }
 
-void TcpBackend::allgather_v(const OpContext& op, ConstBuffer input, Buffer output,
+void TransportCollectives::allgather_v(const OpContext& op, ConstBuffer input, Buffer output,
                              const std::vector<std::size_t>& counts) {
-  const int n = mesh_.size();
-  const int r = mesh_.rank();
+  const int n = transport_.size();
+  const int r = transport_.rank();
   const std::size_t elem = dtype_size(input.dtype);
   auto* out = static_cast<std::byte*>(output.data);
   std::vector<std::size_t> offsets(counts.size() + 1, 0);
@@ -57,7 +56,7 @@ void TcpBackend::allgather_v(const OpContext& op, ConstBuffer input, Buffer outp
     sinks.emplace_back(out + offsets[uq] * elem, counts[uq] * elem);
     channels.push_back({q, &sources.back(), &sinks.back()});
   }
-  run_transfer(mesh_, op, channels);
+  transport_.transfer(op, channels);
 }
 
 }  // namespace lockstep
