@@ -35,6 +35,9 @@ struct OpContext {
   OpInfo info;
   Deadline deadline = Deadline::never();
   Duration timeout{0};  // the duration the deadline was computed from
+  // The clock the deadline is measured on: the group's Os (GroupOptions::
+  // os), so a test can move it. Never null.
+  Os* clock = &Os::real();
   // Set when the group aborts while this operation runs (another rank
   // failed, the watchdog decided): backends look at it where they wait and
   // throw OperationCancelled, so the operation ends within moments instead
@@ -47,6 +50,9 @@ struct OpContext {
   // "allreduce #12 (float x 1000, sum)"
   std::string description() const { return describe(info, seq); }
   bool cancelled() const { return cancel != nullptr && cancel->load(std::memory_order_relaxed); }
+  // Whether the deadline has passed, on the group's clock (a virtual call
+  // and a clock read: for slow paths, not for every spin of a wait).
+  bool expired() const { return lockstep::expired(*clock, deadline); }
 };
 
 // Thrown by a backend that stopped waiting because its operation was

@@ -110,14 +110,15 @@ std::string what_of(std::exception_ptr error) {
 }  // namespace
 
 GroupDiagnostics::GroupDiagnostics(std::shared_ptr<Store> store, int rank, int size, std::string name, Logger log,
-                                   std::shared_ptr<diag::Tracer> tracer, DiagnosticsSettings settings)
+                                   std::shared_ptr<diag::Tracer> tracer, DiagnosticsSettings settings, Os& clock)
     : store_(store->clone()),  // its own connection: never queued behind the program's store calls
       rank_(rank),
       size_(size),
       name_(std::move(name)),
       log_(std::move(log)),
       tracer_(std::move(tracer)),
-      settings_(std::move(settings)) {
+      settings_(std::move(settings)),
+      clock_(clock) {
   register_for_signal_dumps(this);
 }
 
@@ -153,10 +154,12 @@ std::string GroupDiagnostics::progress() const {
 std::string GroupDiagnostics::collect_verdict(std::uint64_t seq, const std::string& what) {
   store_->compare_set(kRound, "", std::to_string(seq));
   store_->set(progress_key(rank_), progress());
-  const Deadline deadline = Deadline::after(settings_.settle);
+  const Deadline deadline = deadline_after(clock_, settings_.settle);
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(progress_key(r));
-  while (!store_->check(keys) && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The poll interval is real time (a test clock that moves on sleep would
+  // make this a busy loop); the deadline is on the group's clock.
+  while (!store_->check(keys) && !expired(clock_, deadline)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::vector<std::optional<diag::RankProgress>> all(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r)
     if (store_->check({keys[static_cast<std::size_t>(r)]}))
@@ -267,8 +270,8 @@ void GroupDiagnostics::watch() {
       inspect_stall();
       if (store_->check({kRound})) {
         store_->set(progress_key(rank_), progress());
-        const Deadline deadline = Deadline::after(settings_.settle + std::chrono::seconds(5));
-        while (!store_->check({kVerdict}) && !deadline.expired()) {
+        const Deadline deadline = deadline_after(clock_, settings_.settle + std::chrono::seconds(5));
+        while (!store_->check({kVerdict}) && !expired(clock_, deadline)) {
           std::unique_lock wait_lock(mutex_);
           if (stop_.wait_for(wait_lock, std::chrono::milliseconds(100), [&] { return stopping_; })) return;
         }
@@ -302,7 +305,7 @@ void GroupDiagnostics::answer_stall_queries() {
 
 void GroupDiagnostics::inspect_stall() {
   if (settings_.stall_after <= Duration(0)) return;
-  const std::int64_t now = now_us();
+  const std::int64_t now = to_us(clock_.now());  // the clock the engine stamped started_us on
   for (const auto& r : recorder_.snapshot()) {
     if (r.state != diag::OpState::started || r.started_us == 0) continue;
     const std::int64_t waited_us = now - r.started_us;
@@ -315,8 +318,8 @@ void GroupDiagnostics::inspect_stall() {
     store_->set(kStallQuery, std::to_string(generation));
     std::vector<std::string> keys;
     for (int q = 0; q < size_; ++q) keys.push_back(stall_progress_key(generation, q));
-    const Deadline deadline = Deadline::after(kStallCollect);
-    while (!store_->check(keys) && !deadline.expired()) {
+    const Deadline deadline = deadline_after(clock_, kStallCollect);
+    while (!store_->check(keys) && !expired(clock_, deadline)) {
       {
         std::unique_lock wait_lock(mutex_);
         if (stop_.wait_for(wait_lock, std::chrono::milliseconds(100), [&] { return stopping_; })) return;

@@ -43,6 +43,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/os.h"
 #include "diag/flight_recorder.h"
 #include "diag/tracer.h"
 #include "lockstep/store.h"
@@ -69,8 +70,10 @@ struct DiagnosticsSettings {
 
 class GroupDiagnostics {
  public:
+  // Rounds and stall inspections measure time on `clock` (the group's Os,
+  // the one its operations' times are read on; it must outlive this).
   GroupDiagnostics(std::shared_ptr<Store> store, int rank, int size, std::string name, Logger log,
-                   std::shared_ptr<diag::Tracer> tracer, DiagnosticsSettings settings);
+                   std::shared_ptr<diag::Tracer> tracer, DiagnosticsSettings settings, Os& clock = Os::real());
   ~GroupDiagnostics();
   GroupDiagnostics(const GroupDiagnostics&) = delete;
   GroupDiagnostics& operator=(const GroupDiagnostics&) = delete;
@@ -119,6 +122,7 @@ class GroupDiagnostics {
   Logger log_;
   std::shared_ptr<diag::Tracer> tracer_;
   DiagnosticsSettings settings_;
+  Os& clock_;
   diag::FlightRecorder recorder_;
 
   std::atomic<bool> reported_failure_{false};  // this rank's own failure is in the store

@@ -152,7 +152,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   impl->log = spec.log;
   impl->store = std::make_shared<PrefixStore>(spec.key, spec.root_store);
   impl->store->set_timeout(spec.timeout);
-  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout, spec.host_id);
+  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout, spec.host_id, *spec.os);
   impl->backend_name = resolve_backend(spec.backend, impl->host_ids);
 
   BackendContext ctx;
@@ -171,7 +171,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.log = spec.log;
   impl->backend = make_backend(impl->backend_name, ctx);
   impl->diagnostics = std::make_unique<GroupDiagnostics>(impl->store, spec.rank, spec.size, spec.key, spec.log,
-                                                         spec.tracer, spec.diagnostics);
+                                                         spec.tracer, spec.diagnostics, *spec.os);
   GroupDiagnostics* diagnostics = impl->diagnostics.get();
   impl->engine = std::make_unique<detail::ProgressEngine>(
       fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout, impl->backend->inline_max_bytes(),
@@ -180,7 +180,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
         mpi::note_failed_group(reported);  // under mpirun, the job ends when this process exits
         return reported;
       },
-      &diagnostics->recorder(), diagnostics->tracer());
+      &diagnostics->recorder(), diagnostics->tracer(), *spec.os);
   detail::ProgressEngine* engine = impl->engine.get();
   diagnostics->start_watchdog([engine](std::exception_ptr error) {
     mpi::note_failed_group(error);

@@ -6,7 +6,7 @@
 namespace lockstep::detail {
 
 ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort,
-                               diag::FlightRecorder* recorder, diag::Tracer* tracer)
+                               diag::FlightRecorder* recorder, diag::Tracer* tracer, Os& clock)
     : self_(std::move(self)),
       timeout_(timeout),
       inline_max_bytes_(inline_max_bytes),
@@ -14,6 +14,7 @@ ProgressEngine::ProgressEngine(std::string self, Duration timeout, std::size_t i
       recorder_(recorder),
       tracer_(tracer),
       precise_issue_(tracer != nullptr && tracer->enabled()),
+      clock_(clock),
       thread_([this] { run(); }) {}
 
 ProgressEngine::~ProgressEngine() { drain_and_stop(); }
@@ -36,7 +37,7 @@ void ProgressEngine::abort(std::exception_ptr error) {
     dropped.swap(queue_);
   }
   for (auto& item : dropped) {
-    const std::int64_t now = now_us();
+    const std::int64_t now = to_us(clock_.now());
     if (recorder_) recorder_->finished(item.work->seq(), false, now);
     item.work->complete(abort_error_, now);
   }
@@ -58,6 +59,7 @@ OpContext ProgressEngine::context_for(const Work& work, Clock::time_point starte
   op.info = work.info();
   op.timeout = timeout_;
   op.deadline = Deadline::starting_at(started, timeout_);
+  op.clock = &clock_;
   op.cancel = &cancel_;
   return op;
 }
@@ -77,7 +79,7 @@ void ProgressEngine::run() {
     queue_.pop_front();
     if (abort_error_) {
       lock.unlock();
-      const std::int64_t now = now_us();
+      const std::int64_t now = to_us(clock_.now());
       if (recorder_) recorder_->finished(item.work->seq(), false, now);
       item.work->complete(abort_error_, now);
       lock.lock();
@@ -85,7 +87,7 @@ void ProgressEngine::run() {
     }
     running_ = true;
     lock.unlock();
-    execute(*item.work, item.task, Clock::now());
+    execute(*item.work, item.task, clock_.now());
     lock.lock();
   }
 }

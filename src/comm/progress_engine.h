@@ -40,9 +40,11 @@ class ProgressEngine {
   // error to report (e.g. the same error with more context).
   using AbortHook = std::function<std::exception_ptr(std::exception_ptr, std::uint64_t seq, const OpInfo&)>;
 
-  // `recorder` and `tracer` (may be null) observe every operation.
+  // `recorder` and `tracer` (may be null) observe every operation. Times
+  // and operation deadlines are read on `clock` (the group's Os; it must
+  // outlive the engine).
   ProgressEngine(std::string self, Duration timeout, std::size_t inline_max_bytes, AbortHook on_abort = {},
-                 diag::FlightRecorder* recorder = nullptr, diag::Tracer* tracer = nullptr);
+                 diag::FlightRecorder* recorder = nullptr, diag::Tracer* tracer = nullptr, Os& clock = Os::real());
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
@@ -52,7 +54,7 @@ class ProgressEngine {
     // Issue times only need the kernel tick's resolution, unless a timeline
     // is being written; started and finished times of queued operations
     // are always precise.
-    const auto now = precise_issue_ ? Clock::now() : coarse_now();
+    const auto now = precise_issue_ ? clock_.now() : clock_.coarse_now();
     const std::int64_t now_us = to_us(now);
     std::unique_lock lock(mutex_);
     // Never an operation on CUDA memory: it would wait here for the device
@@ -116,7 +118,7 @@ class ProgressEngine {
     } catch (...) {
       error = std::current_exception();
     }
-    finish(work, error, on_issuing_thread && !precise_issue_ ? coarse_now() : Clock::now());
+    finish(work, error, on_issuing_thread && !precise_issue_ ? clock_.coarse_now() : clock_.now());
   }
 
   OpContext context_for(const Work& work, Clock::time_point started) const;
@@ -131,6 +133,7 @@ class ProgressEngine {
   diag::FlightRecorder* const recorder_;
   diag::Tracer* const tracer_;
   const bool precise_issue_;  // a timeline is being written
+  Os& clock_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Item> queue_;

@@ -61,7 +61,7 @@ void claim_rank(Store& store, int rank) {
 }  // namespace
 
 std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout,
-                                    const std::string& host_id) {
+                                    const std::string& host_id, Os& clock) {
   claim_rank(store, rank);
   const std::string size_text = std::to_string(world_size);
   const std::string agreed = store.compare_set("rendezvous/world_size", "", size_text);
@@ -73,14 +73,15 @@ std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Dura
 
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(host_key(r));
-  const Deadline deadline = Deadline::after(timeout);
+  // The store waits in slices of real time; the deadline is on `clock`.
+  const Deadline deadline = deadline_after(clock, timeout);
   for (;;) {
     try {
-      store.wait(keys, std::min<Duration>(deadline.remaining(), std::chrono::seconds(1)));
+      store.wait(keys, std::min<Duration>(remaining(clock, deadline), std::chrono::seconds(1)));
       break;
     } catch (const TimeoutError&) {
       if (store.check({kErrorKey})) throw ConfigError(store.get(kErrorKey));
-      if (!deadline.expired()) continue;
+      if (!expired(clock, deadline)) continue;
       std::string missing;
       int count = 0;
       for (int r = 0; r < world_size; ++r) {

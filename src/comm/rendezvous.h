@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/os.h"
 #include "lockstep/store.h"
 #include "lockstep/types.h"
 
@@ -22,9 +23,10 @@ std::string host_identity();
 // Returns every rank's host identity, indexed by rank. `host_id`, when not
 // empty, is published in place of host_identity(): ranks on one machine can
 // then pose as several hosts (tests of hier), or ranks in containers that
-// share memory can say so.
+// share memory can say so. `timeout` is measured on `clock` (the group's
+// Os).
 std::vector<std::string> rendezvous(Store& store, int rank, int world_size, Duration timeout,
-                                    const std::string& host_id = {});
+                                    const std::string& host_id = {}, Os& clock = Os::real());
 
 // new_group's check before its rendezvous: every member (`world_rank`, one
 // of `ranks`) publishes the list it passed under `key` and compares the

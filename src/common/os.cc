@@ -17,6 +17,7 @@ Os& Os::real() {
 }
 
 Clock::time_point Os::now() { return Clock::now(); }
+Clock::time_point Os::coarse_now() { return lockstep::coarse_now(); }
 void Os::sleep_for(Duration d) { std::this_thread::sleep_for(d); }
 
 ssize_t Os::send(int fd, const void* data, std::size_t len, int flags) { return ::send(fd, data, len, flags); }

@@ -30,8 +30,13 @@ class Os {
   static Os& real();
 
   // Time. now() is the clock deadlines are measured on (CLOCK_MONOTONIC);
-  // sleep_for waits on it.
+  // sleep_for waits on it. coarse_now() is the same clock at a kernel
+  // tick's resolution, cheaper to read (common/clock.h); a test Os that
+  // moves now() moves it too. Code that waits with a deadline reads the
+  // time here, never from Clock::now(), so a test can run a 60-second
+  // timeout in no time.
   virtual Clock::time_point now();
+  virtual Clock::time_point coarse_now();
   virtual void sleep_for(Duration d);
 
   // Sockets.
@@ -71,5 +76,8 @@ inline int poll_timeout_ms(Os& os, Deadline deadline, int cap = -1) {
   return deadline.poll_timeout_ms_at(os.now(), cap);
 }
 inline bool expired(Os& os, Deadline deadline) { return deadline.expired_at(os.now()); }
+// A deadline `d` from now on `os`'s clock, and the time left before it.
+inline Deadline deadline_after(Os& os, Duration d) { return Deadline::starting_at(os.now(), d); }
+inline Duration remaining(Os& os, Deadline deadline) { return deadline.remaining_at(os.now()); }
 
 }  // namespace lockstep

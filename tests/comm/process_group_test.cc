@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <random>
 #include <thread>
 
 #include "common/clock.h"
+#include "harness/manual_clock.h"
 #include "harness/thread_world.h"
 #include "reference.h"
 
@@ -46,17 +48,20 @@ TEST_P(ProcessGroupTest, WorkCompletesAsynchronouslyAndInIssueOrder) {
 
 // Large operations always run on the progress thread, so issuing one returns
 // at once even when a peer is late (small ones may run inline; see below).
+// Rank 1 issues its allreduce only after rank 0's issue has returned: were
+// the issue to wait for the collective, rank 0 would never return and rank
+// 1 would give up waiting for it.
 TEST_P(ProcessGroupTest, IssueReturnsBeforeTheCollectiveFinishes) {
   ThreadWorld world(2, GetParam());
-  world.run([](int rank, ProcessGroup& pg) {
+  std::promise<void> rank0_issued;
+  std::shared_future<void> issued = rank0_issued.get_future().share();
+  world.run([&](int rank, ProcessGroup& pg) {
     std::vector<float> data(1 << 20, 1.0f);
-    if (rank == 1) std::this_thread::sleep_for(300ms);  // rank 0's allreduce must wait for this
-    const auto start = Clock::now();
+    if (rank == 1) ASSERT_EQ(issued.wait_for(60s), std::future_status::ready) << "rank 0's issue never returned";
     auto work = pg.allreduce(view(std::span(data)));
-    const double issue_seconds = seconds_between(start, Clock::now());
     if (rank == 0) {
-      EXPECT_LT(issue_seconds, 0.1);
-      EXPECT_FALSE(work->done());
+      EXPECT_FALSE(work->done()) << "finished without rank 1, which has not issued yet";
+      rank0_issued.set_value();
     }
     work->wait();
     EXPECT_EQ(data[0], 2.0f);
@@ -428,9 +433,11 @@ TEST_P(ProcessGroupTest, AfterAFailureLaterOperationsFailFast) {
     std::vector<float> v(10);
     EXPECT_THROW(pg.allreduce(view(std::span(v)))->wait(), TimeoutError);
     EXPECT_TRUE(pg.aborted());
-    const auto start = Clock::now();
-    EXPECT_THROW(pg.allreduce(view(std::span(v)))->wait(), TimeoutError);
-    EXPECT_LT(seconds_between(start, Clock::now()), 0.5);
+    // Refused as it is issued: its Work is done before anyone waits, so
+    // no later operation can wait for a timeout again.
+    auto later = pg.allreduce(view(std::span(v)));
+    EXPECT_TRUE(later->done());
+    EXPECT_THROW(later->wait(), TimeoutError);
   });
 }
 
@@ -567,6 +574,56 @@ TEST(HierSelection, SubGroupsInsideAHostUseShmAndAcrossHostsHier) {
 
 // hier1: every rank its own pretend host (the cross-host path alone);
 // hier2: hosts of two ranks (shm inside, uneven hosts with 3 ranks).
+// A collective's deadline is measured on the group's clock (GroupOptions::
+// os), which the backends read where they wait: moved on past the 60 s
+// timeout, it ends rank 0's allreduce at once. Rank 1 never issues; it
+// moves the clock until rank 0's operation is over.
+TEST_P(ProcessGroupTest, ACollectiveTimesOutOnTheGroupsClock) {
+  testing::ManualClock clock;
+  GroupOptions extra;
+  extra.os = &clock;
+  ThreadWorld world(2, GetParam(), 60s, extra);
+  std::promise<std::shared_ptr<Work>> rank0_work;
+  std::shared_future<std::shared_ptr<Work>> issued = rank0_work.get_future().share();
+  const auto start = Clock::now();
+  world.run_collecting([&](int rank, ProcessGroup& pg) {
+    if (rank == 1) {
+      ASSERT_EQ(issued.wait_for(60s), std::future_status::ready);
+      const auto work = issued.get();
+      EXPECT_TRUE(testing::advance_until(clock, 5s, [&] { return work->done(); })) << "the deadline never expired";
+      return;
+    }
+    std::vector<float> data(1 << 20, 1.0f);  // large: it runs on the progress thread, so the issue returns
+    auto work = pg.allreduce(view(std::span(data)));
+    rank0_work.set_value(work);
+    EXPECT_THROW(work->wait(), TimeoutError);
+  });
+  EXPECT_LT(seconds_between(start, Clock::now()), 40.0) << "the 60 s timeout was waited out in real time";
+}
+
+// The rendezvous's timeout is on the group's clock too: a rank that never
+// comes is named once the clock passes it, however little real time went by.
+TEST(Rendezvous, ARankThatNeverJoinsIsNamedOnceTheGroupsClockPassesTheTimeout) {
+  testing::ManualClock clock;
+  GroupOptions options;
+  options.config = Config{};
+  options.rank = 0;
+  options.world_size = 2;
+  options.backend = "tcp";
+  options.store = std::make_shared<HashStore>();
+  options.timeout = 60s;
+  options.os = &clock;
+  auto joining = std::async(std::launch::async, [&] { return init_process_group(options); });
+  const auto ready = [&] { return joining.wait_for(0s) == std::future_status::ready; };
+  ASSERT_TRUE(testing::advance_until(clock, 10s, ready)) << "the rendezvous never timed out";
+  try {
+    joining.get();
+    ADD_FAILURE() << "a group of two formed with one rank";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("(rank(s) 1) did not join within 60 s"), std::string::npos) << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProcessGroupTest, ::testing::Values("tcp", "shm", "hier1", "hier2"),
                          [](const auto& info) { return info.param; });
 

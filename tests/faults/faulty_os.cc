@@ -60,6 +60,7 @@ void FaultyOs::end(Call call) {
 }
 
 Clock::time_point FaultyOs::now() { return Os::now() + ahead(); }
+Clock::time_point FaultyOs::coarse_now() { return Os::coarse_now() + ahead(); }
 
 void FaultyOs::sleep_for(Duration d) {
   std::lock_guard lock(mutex_);

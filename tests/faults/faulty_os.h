@@ -39,6 +39,7 @@ class FaultyOs final : public Os {
   Duration ahead() const;
 
   Clock::time_point now() override;
+  Clock::time_point coarse_now() override;
   void sleep_for(Duration d) override;
   ssize_t send(int fd, const void* data, std::size_t len, int flags) override;
   ssize_t recv(int fd, void* data, std::size_t len, int flags) override;

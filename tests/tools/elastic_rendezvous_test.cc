@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "harness/manual_clock.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "run/elastic_rendezvous.h"
@@ -19,8 +20,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-ElasticOptions options(int min_nodes, Duration join_timeout = std::chrono::seconds(10)) {
+ElasticOptions options(int min_nodes, Duration join_timeout = std::chrono::seconds(10), Os& clock = Os::real()) {
   ElasticOptions o;
+  o.clock = &clock;
   o.min_nodes = min_nodes;
   o.max_nodes = 3;
   o.join_timeout = join_timeout;
@@ -34,17 +36,27 @@ ElasticOptions options(int min_nodes, Duration join_timeout = std::chrono::secon
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// Two launchers, on hosts "a" and "b", in round 0.
+// Options for one of two nodes. On a test's clock, which stands still, the
+// last call would never end: the round closes at its maximum of two.
+ElasticOptions two_node_options(Os& clock) {
+  ElasticOptions o = options(2, std::chrono::seconds(10), clock);
+  if (&clock != &Os::real()) o.max_nodes = 2;
+  return o;
+}
+
+// Two launchers, on hosts "a" and "b", in round 0; `clock` measures their
+// timeouts and silences.
 struct TwoNodes {
-  HashStore store;
-  ElasticRendezvous a{store, options(2), 1, "a", -1};
-  ElasticRendezvous b{store, options(2), 1, "b", -1};
-  Round ra, rb;
-  TwoNodes() {
+  explicit TwoNodes(Os& clock = Os::real())
+      : a{store, two_node_options(clock), 1, "a", -1}, b{store, two_node_options(clock), 1, "b", -1} {
     auto joined = std::async(std::launch::async, [&] { return b.next_round(); });
     ra = *a.next_round();
     rb = *joined.get();
   }
+  HashStore store;
+  ElasticRendezvous a;
+  ElasticRendezvous b;
+  Round ra, rb;
 };
 
 // Calls `look` every 20 ms until it answers or `limit` passes.
@@ -103,19 +115,24 @@ TEST(ElasticHeartbeat, TheStoresNodeStopsWaitingForANodeSilentBeforeItFinished) 
   EXPECT_TRUE(contains(*said, "(host b) stopped beating before it said that its ranks finished")) << *said;
 }
 
+// The pause is measured on the launcher's clock: moving it stands for a
+// launcher stopped (SIGSTOP) for that long, exactly.
 TEST(ElasticHeartbeat, ALauncherThatWasStoppedSaysSo) {
-  TwoNodes nodes;
+  testing::ManualClock clock;
+  TwoNodes nodes(clock);
   nodes.a.note_poll(nodes.ra);
   nodes.a.note_poll(nodes.ra);
   EXPECT_EQ(nodes.a.pause_note(), "");
-  std::this_thread::sleep_for(milliseconds(450));  // over the limit of 0.3 s
+  clock.advance(milliseconds(500));  // over the limit of 0.3 s
   nodes.a.note_poll(nodes.ra);
-  EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.")) << nodes.a.pause_note();
+  EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.5 s")) << nodes.a.pause_note();
   nodes.a.note_poll(nodes.ra);
+  EXPECT_EQ(nodes.a.pause_note(), "");
+  clock.advance(milliseconds(250));  // under the limit: no note
   EXPECT_EQ(nodes.a.pause_note(), "");
   // Stopped amid a poll's requests.
-  std::this_thread::sleep_for(milliseconds(450));
-  EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.")) << nodes.a.pause_note();
+  clock.advance(milliseconds(350));
+  EXPECT_TRUE(contains(nodes.a.pause_note(), "this launcher itself was stopped for 0.6 s")) << nodes.a.pause_note();
 }
 
 TEST(ElasticHeartbeat, ANodeSilentWhileTheRoundFormsIsLeftOut) {
@@ -132,6 +149,44 @@ TEST(ElasticHeartbeat, ANodeSilentWhileTheRoundFormsIsLeftOut) {
   ASSERT_TRUE(store.check({"rdzv/0/lost"}));
   EXPECT_TRUE(contains(store.get("rdzv/0/lost"), "(host b) stopped beating")) << store.get("rdzv/0/lost");
   EXPECT_NE(store.get("rdzv/round"), "0");
+}
+
+// The join timeout is measured on the launcher's clock: one node of the two
+// needed is told so once that clock passes 300 s, in no real time.
+TEST(ElasticRendezvousClock, TooFewNodesAtTheJoinTimeoutIsAConfigError) {
+  testing::ManualClock clock;
+  HashStore store;
+  ElasticRendezvous a(store, options(2, std::chrono::seconds(300), clock), 1, "a", -1);
+  auto joining = std::async(std::launch::async, [&] { return a.next_round(); });
+  const auto ready = [&] { return joining.wait_for(Duration(0)) == std::future_status::ready; };
+  ASSERT_TRUE(testing::advance_until(clock, std::chrono::seconds(30), ready)) << "the join timeout never expired";
+  try {
+    joining.get();
+    ADD_FAILURE() << "a round formed with one node of at least two";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "only 1 node(s) (a) joined rendezvous 'job' at memory within 300 s")) << e.what();
+  }
+}
+
+// The last call (more nodes may still come) ends on the launcher's clock
+// too: with the minimum there, the round closes once the clock has moved on
+// by it, and not before.
+TEST(ElasticRendezvousClock, TheRoundClosesWhenTheLastCallEndsOnItsClock) {
+  testing::ManualClock clock;
+  HashStore store;
+  ElasticOptions o = options(1, std::chrono::seconds(600), clock);
+  o.last_call = std::chrono::seconds(60);
+  ElasticRendezvous a(store, o, 2, "a", -1);
+  auto joining = std::async(std::launch::async, [&] { return a.next_round(); });
+  // Real time alone does not close it.
+  EXPECT_EQ(joining.wait_for(milliseconds(300)), std::future_status::timeout);
+  const auto ready = [&] { return joining.wait_for(Duration(0)) == std::future_status::ready; };
+  ASSERT_TRUE(testing::advance_until(clock, std::chrono::seconds(10), ready)) << "the last call never ended";
+  const auto round = joining.get();
+  ASSERT_TRUE(round);
+  EXPECT_EQ(round->nnodes, 1);
+  EXPECT_EQ(round->world_size, 2);
+  EXPECT_EQ(store.get("rdzv/0/closed"), "1");
 }
 
 }  // namespace

@@ -139,7 +139,7 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
     }
     if (divergence != nullptr) divergence->check(peer, op);
     if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
-    if (op.deadline.expired())
+    if (op.expired())  // on the group's clock; only once the spin budget is spent
       throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s waiting for rank {} ({}). Rank {} is stuck, "
                                      "slower than the timeout, or issued a different sequence of collectives; if it "
                                      "is only slow, raise LOCKSTEP_TIMEOUT",

@@ -58,7 +58,7 @@ ElasticRendezvous::ElasticRendezvous(Store& store, ElasticOptions options, int n
 int ElasticRendezvous::current_round() { return to_int(store_.compare_set(kRoundKey, "", "0")); }
 
 std::optional<Round> ElasticRendezvous::next_round() {
-  const Deadline deadline = Deadline::after(options_.join_timeout);
+  const Deadline deadline = deadline_after(*options_.clock, options_.join_timeout);
   for (;;) {
     const int r = current_round();
     Round round;
@@ -87,6 +87,9 @@ ElasticRendezvous::Joined ElasticRendezvous::join(int r, Deadline deadline, Roun
   store_.set(node_key(r, me), fmt::format("{} {}", nproc_, node_name_));
   std::optional<Clock::time_point> enough_since;
   const std::string waiting_for = fmt::format("the nodes of rendezvous '{}' to join", options_.id);
+  // Said before a wait that may be long (see rendezvous_static).
+  std::fprintf(stderr, "lockstep run: joined round %d of rendezvous '%s' as its node %d; waiting for %s\n", r,
+               options_.id.c_str(), me, waiting_for.c_str());
   for (;;) {
     throw_if_interrupted(signal_fd_, waiting_for);
     throw_if_peer_interrupted(store_, interrupted_key(r));
@@ -111,12 +114,13 @@ ElasticRendezvous::Joined ElasticRendezvous::join(int r, Deadline deadline, Roun
     if (joined >= options_.min_nodes) {
       // The last call: others may still be on their way (a restart stops
       // ranks first); then close with whoever came.
-      if (!enough_since) enough_since = Clock::now();
-      if (Clock::now() - *enough_since >= options_.last_call) {
+      const auto now = options_.clock->now();
+      if (!enough_since) enough_since = now;
+      if (now - *enough_since >= options_.last_call) {
         store_.compare_set(closed_key(r), "", std::to_string(joined));
         continue;
       }
-    } else if (deadline.expired()) {
+    } else if (expired(*options_.clock, deadline)) {
       too_few(r, joined);
     }
     std::this_thread::sleep_for(kPoll);
@@ -126,7 +130,8 @@ ElasticRendezvous::Joined ElasticRendezvous::join(int r, Deadline deadline, Roun
 Round ElasticRendezvous::layout(int r, int node_rank, int nnodes, Deadline deadline) {
   std::vector<std::string> keys;
   for (int n = 0; n < nnodes; ++n) keys.push_back(node_key(r, n));
-  if (!wait_for_keys(store_, keys, deadline, signal_fd_, "the nodes of the round to describe themselves"))
+  if (!wait_for_keys(store_, keys, deadline, signal_fd_, "the nodes of the round to describe themselves",
+                     *options_.clock))
     throw ConfigError(fmt::format("round {} of rendezvous '{}' closed with {} node(s), but not all of them said how "
                                   "many ranks they run within the join timeout",
                                   r, options_.id, nnodes));
@@ -148,7 +153,7 @@ bool ElasticRendezvous::wait_for_next_round(int r, Deadline deadline) {
     throw_if_interrupted(signal_fd_, "the running job's next round");
     if (store_.check({kFinishedKey})) return false;
     if (current_round() != r) return true;
-    if (deadline.expired()) {
+    if (expired(*options_.clock, deadline)) {
       const int count = to_int(store_.get(closed_key(r)));
       throw ConfigError(fmt::format(
           "waited {:.0f} s to join rendezvous '{}' at {}, but its job keeps running with {} node(s) (--nnodes "
@@ -220,7 +225,7 @@ std::optional<std::string> ElasticRendezvous::silent_before_done(const Round& ro
 }
 
 void ElasticRendezvous::note_poll(const Round& round) {
-  const auto now = Clock::now();
+  const auto now = options_.clock->now();
   if (polled_round_ != round.number) last_poll_.reset();  // between rounds nobody polls
   polled_round_ = round.number;
   paused_ = last_poll_ && now - *last_poll_ > options_.keep_alive.limit()
@@ -233,7 +238,7 @@ std::string ElasticRendezvous::pause_note() const {
   // Stopped before this poll, or during it (between its requests).
   Duration paused = paused_;
   if (last_poll_) {
-    const auto during = std::chrono::duration_cast<Duration>(Clock::now() - *last_poll_);
+    const auto during = std::chrono::duration_cast<Duration>(options_.clock->now() - *last_poll_);
     if (during > options_.keep_alive.limit()) paused = std::max(paused, during);
   }
   if (paused == Duration{}) return "";
@@ -243,7 +248,7 @@ std::string ElasticRendezvous::pause_note() const {
 }
 
 std::optional<Silence> ElasticRendezvous::silent_node(int r, const std::vector<int>& nodes) {
-  const auto now = Clock::now();
+  const auto now = options_.clock->now();
   if (watched_round_ != r) {
     silence_.reset();
     last_look_.reset();
@@ -253,7 +258,7 @@ std::optional<Silence> ElasticRendezvous::silent_node(int r, const std::vector<i
   last_look_ = now;
   std::map<int, std::int64_t> counters;
   for (int node : nodes) counters[node] = store_.add(beat_key(r, node), 0);
-  return silence_.look(counters, Clock::now());
+  return silence_.look(counters, options_.clock->now());
 }
 
 std::string ElasticRendezvous::declare_lost(int r, const Silence& s) {

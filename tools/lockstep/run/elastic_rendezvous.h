@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/os.h"
 #include "lockstep/store.h"
 #include "run/heartbeat.h"
 
@@ -54,6 +55,10 @@ struct ElasticOptions {
   std::string id;        // --rdzv-id, for messages
   std::string endpoint;  // the store's address, for messages
   KeepAlive keep_alive;
+  // The clock the join timeout, the last call and heartbeat silences are
+  // measured on (polls between looks are real time). Never null; tests
+  // move a clock of their own.
+  Os* clock = &Os::real();
 };
 
 struct Round {

@@ -5,6 +5,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
@@ -43,26 +44,28 @@ void throw_if_peer_interrupted(Store& store, const std::string& key) {
 }
 
 bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
-                   const std::string& waiting_for) {
+                   const std::string& waiting_for, Os& clock) {
   for (;;) {
     throw_if_interrupted(signal_fd, waiting_for);
     if (store.check(keys)) return true;
     throw_if_peer_interrupted(store);
-    if (deadline.expired()) return false;
-    std::this_thread::sleep_for(std::min(kSlice, deadline.remaining()));
+    if (expired(clock, deadline)) return false;
+    std::this_thread::sleep_for(std::min(kSlice, remaining(clock, deadline)));
   }
 }
 
-void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd) {
+void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd, Os& clock) {
   const std::string waiting_for = fmt::format("node 0's store at {}", format_endpoint(host, port));
   for (;;) {
     throw_if_interrupted(signal_fd, waiting_for);
     try {
       // A probe connection, closed at once; the store logs nothing for it.
-      connect_tcp(host, port, Deadline::earlier(deadline, Deadline::after(kSlice)));
+      // Each try is a slice of real time (connect_tcp's clock), no longer
+      // than what is left on `clock`.
+      connect_tcp(host, port, Deadline::after(std::min(kSlice, remaining(clock, deadline))));
       return;
     } catch (const ConfigError&) {
-      if (deadline.expired()) throw;
+      if (expired(clock, deadline)) throw;
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/os.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 
@@ -42,12 +43,14 @@ void publish_interruption(Store& store, const std::string& what, const std::stri
 void throw_if_peer_interrupted(Store& store, const std::string& key = kInterruptedKey);
 
 // Polls until every key exists (true) or the deadline passes (false);
-// throws Interrupted on a signal, PeerError if another launcher was.
+// throws Interrupted on a signal, PeerError if another launcher was. The
+// deadline is read on `clock` (set on the same clock); polls are real time.
 bool wait_for_keys(Store& store, const std::vector<std::string>& keys, Deadline deadline, int signal_fd,
-                   const std::string& waiting_for);
+                   const std::string& waiting_for, Os& clock = Os::real());
 
 // Waits until host:port accepts connections (node 0's store is up); throws
-// ConfigError naming the address at the deadline.
-void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd);
+// ConfigError naming the address at the deadline (read on `clock`).
+void wait_for_listener(const std::string& host, std::uint16_t port, Deadline deadline, int signal_fd,
+                       Os& clock = Os::real());
 
 }  // namespace lockstep::cli

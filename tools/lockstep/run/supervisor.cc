@@ -84,7 +84,7 @@ class Attempt {
   }
 
   AttemptResult run() {
-    Clock::time_point next_remote_check = Clock::now();
+    Clock::time_point next_remote_check = options_.clock->now();
     std::optional<Clock::time_point> all_exited_at;
     while (!finished(all_exited_at)) {
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
@@ -104,9 +104,9 @@ class Attempt {
       for (std::size_t f = 1; f < fds.size(); ++f)
         if (fds[f].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(owners[f - 1].first, owners[f - 1].second);
       reap();
-      if (pending_failure_ >= 0 && (Clock::now() >= settle_deadline_ || all_exited())) record_failure();
-      if (!stopping_ && pending_failure_ < 0 && options_.remote_failure && Clock::now() >= next_remote_check) {
-        next_remote_check = Clock::now() + options_.monitor_interval;
+      if (pending_failure_ >= 0 && (options_.clock->now() >= settle_deadline_ || all_exited())) record_failure();
+      if (!stopping_ && pending_failure_ < 0 && options_.remote_failure && options_.clock->now() >= next_remote_check) {
+        next_remote_check = options_.clock->now() + options_.monitor_interval;
         if (auto remote = options_.remote_failure()) {
           RankFailure f;
           f.reported_by = *remote;
@@ -114,11 +114,11 @@ class Attempt {
           begin_stop(SIGTERM);
         }
       }
-      if (stopping_ && !killed_ && Clock::now() >= stop_deadline_) {
+      if (stopping_ && !killed_ && options_.clock->now() >= stop_deadline_) {
         for (auto& r : ranks_) r.signal(SIGKILL);
         killed_ = true;
       }
-      if (!all_exited_at && all_exited()) all_exited_at = Clock::now();
+      if (!all_exited_at && all_exited()) all_exited_at = options_.clock->now();
     }
     for (auto& s : streams_) {
       s.out->finish();
@@ -142,7 +142,7 @@ class Attempt {
     bool pipes_open = false;
     for (auto& r : ranks_) pipes_open |= r.stdout_fd() >= 0 || r.stderr_fd() >= 0;
     if (!pipes_open) return true;
-    if (Clock::now() - *all_exited_at < kPipeDrainLimit) return false;
+    if (options_.clock->now() - *all_exited_at < kPipeDrainLimit) return false;
     for (auto& r : ranks_) {
       r.close_stdout();
       r.close_stderr();
@@ -217,7 +217,7 @@ class Attempt {
   void note_failure(std::size_t i) {
     if (result_.first_failure || pending_failure_ >= 0 || result_.interrupted_by != 0 || stopping_) return;
     pending_failure_ = static_cast<int>(i);
-    settle_deadline_ = Clock::now() + kCauseSettle;
+    settle_deadline_ = options_.clock->now() + kCauseSettle;
   }
 
   void record_failure() {
@@ -248,7 +248,7 @@ class Attempt {
   void begin_stop(int sig) {
     if (stopping_) return;
     stopping_ = true;
-    stop_deadline_ = Clock::now() + options_.grace;
+    stop_deadline_ = options_.clock->now() + options_.grace;
     for (auto& r : ranks_) r.signal(sig);
   }
 

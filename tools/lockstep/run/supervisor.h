@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/os.h"
 #include "run/rank_process.h"
 
 namespace lockstep::cli {
@@ -66,6 +67,10 @@ struct SupervisorOptions {
   // failure (or another reason to stop this attempt's ranks).
   Duration monitor_interval = std::chrono::milliseconds(200);
   std::function<std::optional<std::string>()> remote_failure;
+  // The clock the grace period, the settling of a failure's cause and the
+  // monitor interval are measured on (the loop itself polls its pipes in
+  // real time). Never null; tests move a clock of their own.
+  Os* clock = &Os::real();
 };
 
 // `signal_fd` is a signalfd for SIGCHLD, SIGINT, SIGTERM and SIGHUP.
