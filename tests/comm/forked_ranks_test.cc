@@ -20,6 +20,7 @@
 #include "common/socket.h"
 #include "store/store_token.h"
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "lockstep/process_group.h"
 
 namespace lockstep {
@@ -75,7 +76,8 @@ class ForkedSweep : public ::testing::TestWithParam<std::tuple<std::string, int>
 
 TEST_P(ForkedSweep, EnvironmentInitAndTcpStore) {
   const auto& [backend, n] = GetParam();
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   ProcessRanks ranks(
       n, [&](int r) { return launcher_env(r, n, port, backend); },
       [](int) {
@@ -108,7 +110,8 @@ EnvMap reachable_store_env(int rank, const std::string& address, int port, const
 TEST(ForkedRanks, AStoreReachableFromOtherHostsWithoutATokenIsRefused) {
   const std::string address = testing::reachable_address();
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   ProcessRanks ranks(
       2, [&](int r) { return reachable_store_env(r, address, port, ""); },
       [&](int) {
@@ -128,7 +131,8 @@ TEST(ForkedRanks, AStoreReachableFromOtherHostsWithoutATokenIsRefused) {
 TEST(ForkedRanks, AStoreReachableFromOtherHostsRefusesEveryoneWithoutTheToken) {
   const std::string address = testing::reachable_address();
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   ProcessRanks ranks(
       2, [&](int r) { return reachable_store_env(r, address, port, "a-secret-only-the-ranks-know"); },
       [&](int rank) {
@@ -192,7 +196,8 @@ class KilledRank : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KilledRank, IsAPeerErrorOnEverySurvivorWithinFiveSeconds) {
   const int n = 4, victim = 2;
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   char tmpl[] = "/tmp/lockstep-kill-XXXXXX";
   const std::string marker = std::string(::mkdtemp(tmpl)) + "/busy";
   ProcessRanks ranks(
@@ -228,7 +233,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, KilledRank, ::testing::Values("tcp", "shm"),
 
 TEST(ForkedRanks, TwoJobsOnOneHostDoNotInterfere) {
   // Two 2-rank shm jobs at once, each checking its own sums.
-  const int port_a = testing::free_port(), port_b = testing::free_port();
+  const testing::ReservedPort reserved_a, reserved_b;
+  const int port_a = reserved_a.number(), port_b = reserved_b.number();
   ProcessRanks ranks(
       4,
       [&](int r) { return launcher_env(r % 2, 2, r < 2 ? port_a : port_b, "shm"); },
@@ -249,7 +255,8 @@ TEST(ForkedRanks, TwoJobsOnOneHostDoNotInterfere) {
 
 TEST(ForkedRanks, ARankThatFinishesFirstDoesNotBreakTheOthers) {
   const int n = 3;
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   ProcessRanks ranks(
       n, [&](int r) { return launcher_env(r, n, port); },
       [](int r) {
@@ -280,7 +287,8 @@ void expect_config_errors(int n, const std::function<EnvMap(int)>& env, const st
 // A process that calls init_process_group twice is told so, not that "two
 // processes were started as rank 1".
 TEST(ForkedRanksConfig, InitTwiceInOneProcessIsNamedAsSuch) {
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   ProcessRanks ranks(
       2, [&](int r) { return launcher_env(r, 2, port); },
       [](int r) {
@@ -313,7 +321,8 @@ TEST(ForkedRanksConfig, WorldSizeZero) {
 }
 
 TEST(ForkedRanksConfig, UnreachableMasterAfterTheConnectTimeout) {
-  const int port = testing::free_port();  // nobody listens there
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();  // nobody listens there
   const auto start = Clock::now();
   expect_config_errors(1, [&](int) {
     auto env = launcher_env(1, 2, port);  // rank 1: it does not host the store
@@ -330,7 +339,8 @@ TEST(ForkedRanksConfig, PortInUse) {
 }
 
 TEST(ForkedRanksConfig, MismatchedWorldSizes) {
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   expect_config_errors(2, [&](int r) { return launcher_env(r, r == 0 ? 2 : 3, port); }, "world size");
 }
 

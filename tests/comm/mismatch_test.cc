@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "lockstep/process_group.h"
 
 namespace lockstep {
@@ -138,7 +139,8 @@ TEST_P(Mismatch, IsAMismatchErrorOnEveryRankAtTheCollective) {
   Disagreement d;
   for (auto& candidate : disagreements())
     if (candidate.name == name) d = candidate;
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   const auto start = Clock::now();
   ProcessRanks ranks(
       n, [&](int r) { return rank_env(r, n, port, backend); },

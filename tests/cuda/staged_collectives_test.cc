@@ -15,6 +15,7 @@
 #include "comm/collective_cases.h"
 #include "cuda/cuda_placement.h"
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "harness/thread_world.h"
 
 namespace lockstep {
@@ -138,7 +139,8 @@ TEST(StagedDevice, SynchronizeBlocksTheHostUntilTheResultIsThere) {
 TEST(StagedDevice, RankKilledInADeviceCollectiveIsNamedWithinTheTimeout) {
   if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
   const int n = 3;
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       n,
       [&](int rank) {

@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -156,10 +155,6 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
   return results;
 }
 
-// Ports are drawn at random below the kernel's usual ephemeral range
-// (32768-60999), where the kernel does not hand them out to other sockets
-// between this check and the test's own bind; a port some other test took
-// meanwhile is the only race left, one in thousands.
 std::string reachable_address() {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) return "";
@@ -172,23 +167,6 @@ std::string reachable_address() {
   }
   ::freeifaddrs(all);
   return found;
-}
-
-int free_port() {
-  static thread_local std::mt19937 random(std::random_device{}());
-  std::uniform_int_distribution<int> pick(20000, 32000);
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = pick(random);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (bound) return port;
-  }
-  throw std::runtime_error("free_port: no free port found between 20000 and 32000");
 }
 
 bool wait_for_file(const std::string& path, Duration timeout) {

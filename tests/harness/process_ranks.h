@@ -69,8 +69,7 @@ class ProcessRanks {
   std::string dir_;
 };
 
-// A TCP port that was free a moment ago.
-int free_port();
+// A TCP port for a test: harness/reserved_port.h (ReservedPort).
 
 // An IPv4 address of this host other hosts could reach (not loopback), or
 // "" when it has none.

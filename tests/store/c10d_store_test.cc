@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "harness/launcher.h"
+#include "harness/reserved_port.h"
 #include "harness/process_ranks.h"
 #include "lockstep/config.h"
 #include "lockstep/error.h"
@@ -424,7 +425,8 @@ INSTANTIATE_TEST_SUITE_P(Servers, C10dStoreTest, ::testing::ValuesIn(server_kind
                          [](const ::testing::TestParamInfo<ServerKind>& info) { return printable(info.param); });
 
 TEST(C10dStoreErrors, NobodyListeningIsAConfigErrorNamingTheAddress) {
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   C10dStoreOptions options;
   options.connect_timeout = 300ms;
   try {

@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "harness/launcher.h"
+#include "harness/reserved_port.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "store/store_token.h"
@@ -166,7 +167,8 @@ TEST(Launcher, GivesUpWhenRestartsRunOut) {
 }
 
 TEST(Launcher, TwoLaunchersFormOneJobAsTwoNodes) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   const auto node = [&](int rank, int nproc) {
     auto args = std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node",
                                          std::to_string(nproc), "--master-addr", "127.0.0.1", "--master-port", port};
@@ -189,7 +191,8 @@ TEST(Launcher, TwoLaunchersFormOneJobAsTwoNodes) {
 // this one machine, so the duplicate is node 1): every launcher stops at
 // once naming the two, instead of waiting for the node nobody started.
 TEST(Launcher, ANodeRankGivenToTwoLaunchersStopsEveryNodeNamingBoth) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   const auto node = [&](int rank) {
     return std::vector<std::string>{"--nnodes", "3", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
                                     "--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "30",
@@ -210,7 +213,8 @@ TEST(Launcher, ANodeRankGivenToTwoLaunchersStopsEveryNodeNamingBoth) {
 
 TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   TempDir dir;
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   const auto node = [&](int rank) {
     auto args = std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
                                          "--master-port", port, "--grace-period", "1"};
@@ -330,7 +334,8 @@ TEST(Launcher, ARankThatExitsCleanlyTooEarlyIsNamedAsTheCause) {
 // A launcher waiting for the other nodes (or for node 0's store) used to
 // ignore Ctrl-C and SIGTERM until --rdzv-timeout ran out.
 TEST(Launcher, SignalsStopALauncherWaitingForOtherNodes) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   for (const auto& [node_rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
     Launcher launcher({"--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-port", port,
                        "--rdzv-timeout", "60", "--", RANK_PROGRAM, "ok"});
@@ -398,7 +403,8 @@ TEST(Launcher, TeeAndRedirectsSendStreamsToTheLogDirectory) {
 // from its --rdzv-id (and LOCKSTEP_STORE_TOKEN, when set), so a node of
 // another job, or with another secret, is refused too.
 TEST(Launcher, TheStoreOfSeveralNodesRefusesAClientWithoutTheToken) {
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   const auto node = [&](int rank, const std::string& id) {
     return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
                                     "--master-port", std::to_string(port), "--rdzv-id", id, "--rdzv-timeout", "20",
@@ -434,7 +440,8 @@ TEST(Launcher, TheStoreOfSeveralNodesRefusesAClientWithoutTheToken) {
 TEST(Launcher, AStoreOtherHostsCanReachNeedsTheUsersSecret) {
   const std::string address = testing::reachable_address();
   if (address.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   const auto node = [&](int rank) {
     return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr", address,
                                     "--master-port", std::to_string(port), "--rdzv-id", "job-a", "--rdzv-timeout",
@@ -478,7 +485,8 @@ TEST(Launcher, ALauncherInterruptedDuringTheRendezvousStopsTheOthers) {
   };
   for (const Case& c : {Case{{"--nnodes", "3"}, false, 1, "node 1 (host "}, Case{{"--nnodes", "3"}, false, 0, "node 0 (host "},
                         Case{{"--nnodes", "3:4"}, true, 1, "the node on host "}}) {
-    const std::string port = std::to_string(testing::free_port());
+    const testing::ReservedPort reserved_port;
+    const std::string port = reserved_port.text();
     std::vector<std::unique_ptr<Launcher>> launchers;
     for (int n = 0; n < 2; ++n) {
       std::vector<std::string> args = c.nodes;
@@ -519,7 +527,7 @@ std::vector<std::string> elastic_node(const std::string& port, const std::string
 
 TEST(Launcher, AnElasticJobBelowItsMinimumFailsClearlyAtTheDeadline) {
   const auto start = Clock::now();
-  const auto r = Launcher(elastic_node(std::to_string(testing::free_port()), "ok", {"--rdzv-timeout", "2"})).wait(30s);
+  const auto r = Launcher(elastic_node(testing::ReservedPort().text(), "ok", {"--rdzv-timeout", "2"})).wait(30s);
   EXPECT_LT(seconds_between(start, Clock::now()), 6.0);
   EXPECT_EQ(r.exit_code, 2) << testing::describe(r);
   EXPECT_TRUE(contains(r.output, "only 1 node(s)")) << r.output;
@@ -531,7 +539,8 @@ TEST(Launcher, AnElasticJobBelowItsMinimumFailsClearlyAtTheDeadline) {
 // --rdzv-backend and no --node-rank. The rendezvous numbers the nodes (it
 // once ran as a static job where both launchers took node 0).
 TEST(Launcher, MinEqualToMaxIsTheElasticRendezvous) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   const std::vector<std::string> args{"--nnodes", "2:2", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id",
                                       fmt::format("mm-{}", ::getpid()), "--", RANK_PROGRAM, "ok"};
   Launcher first(args, {{"LOCKSTEP_BACKEND", "tcp"}});
@@ -546,7 +555,8 @@ TEST(Launcher, MinEqualToMaxIsTheElasticRendezvous) {
 }
 
 TEST(Launcher, AnElasticJobRanksItsNodesAndRestartsAfterAFailure) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   std::vector<std::unique_ptr<Launcher>> nodes;
   // 3:3: every round waits for all three, however slowly a launcher starts
   // or stops its ranks on a busy machine.
@@ -572,7 +582,8 @@ TEST(Launcher, AnElasticJobRanksItsNodesAndRestartsAfterAFailure) {
 }
 
 TEST(Launcher, AnElasticJobGrowsWhenANodeArrives) {
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int n = 0; n < 2; ++n)
     nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "sleep"), EnvMap{{"LOCKSTEP_BACKEND", "tcp"}}));
@@ -592,7 +603,8 @@ TEST(Launcher, AnElasticJobGrowsWhenANodeArrives) {
 // rank reports a lost peer or writes a flight-recorder dump.
 TEST(Launcher, ARankStoppedForARegroupSaysItWasPlanned) {
   TempDir flight;
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}, {"LOCKSTEP_FLIGHT_DIR", flight.path()}};
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int n = 0; n < 2; ++n) nodes.push_back(std::make_unique<Launcher>(elastic_node(port, "allreduce-loop"), env));
@@ -618,7 +630,8 @@ TEST(Launcher, ARankStoppedForARegroupSaysItWasPlanned) {
 // ends the job, and the others say so rather than hang.
 TEST(Launcher, AnElasticJobEndsWhenTheNodeHostingTheStoreDies) {
   TempDir dir;
-  const std::string port = std::to_string(testing::free_port());
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
   Launcher host(elastic_node(port, "sleep", {"--max-restarts", "2"}), {{"PID_DIR", dir.path()}});
   std::this_thread::sleep_for(500ms);
   Launcher other(elastic_node(port, "sleep", {"--max-restarts", "2"}), {{"PID_DIR", dir.path()}});

@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "harness/thread_world.h"
 #include "lockstep/torch/ddp.h"
 
@@ -379,7 +380,8 @@ TEST(DistributedDataParallel, GradientsOutliveTheWrapperAndTheGroup) {
 TEST(DistributedDataParallel, TrainsAcrossRealProcessesLikeOneProcess) {
   // Each rank trains in its own process over shm, then checks its result
   // against a one-process run on the whole batch done by itself.
-  const int port = lockstep::testing::free_port();
+  const lockstep::testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   lockstep::testing::ProcessRanks ranks(
       2,
       [&](int r) {

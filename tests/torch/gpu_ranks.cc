@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "lockstep/process_group.h"
 
 namespace lockstep::testing {
@@ -19,7 +20,8 @@ void exact_fp32() {
 bool run_on_gpu(int n, const std::string& backend, const std::string& dir,
                 const std::function<void(int rank, ProcessGroup& pg)>& body, std::string* why,
                 std::chrono::seconds deadline) {
-  const int port = free_port();
+  const ReservedPort reserved_port;
+  const int port = reserved_port.number();
   const std::string no_gpu = dir + "/no-gpu";
   {
     ProcessRanks ranks(

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "harness/process_ranks.h"
+#include "harness/reserved_port.h"
 #include "lockstep/process_group.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
@@ -121,7 +122,8 @@ DDPOptions small_buckets() {
 // its final parameters to <dir>/rank<r>.pt.
 void train_in_processes(const Case& c, const Batches& batches, const std::string& dir) {
   const int world = static_cast<int>(c.batches.size());
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       world,
       [&](int rank) {
@@ -189,7 +191,8 @@ class LeftOut : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LeftOut, OfTheJoinTheRanksFailSayingToListIt) {
   const Batches batches = make_batches({1, 3});
-  const int port = testing::free_port();
+  const testing::ReservedPort reserved_port;
+  const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       2,
       [&](int rank) {
