@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include <lockstep_option_checks/option_checks.h>
+
 #include <CLI/CLI.hpp>
 
 namespace mpi_bench {
@@ -47,19 +49,10 @@ inline const ElementType kTypes[] = {
     {"int64", MPI_INT64_T, 8}, {"uint8", MPI_UINT8_T, 1},
 };
 
-// "4", "64K", "32M", "1G" -> bytes; 0 if malformed.
+// "4", "64K", "32M", "1G" -> bytes (the same reading as `lockstep bench`'s
+// -b/-e); 0 if malformed.
 inline std::size_t parse_size(const std::string& text) {
-  if (text.empty()) return 0;
-  std::size_t mult = 1;
-  std::string digits = text;
-  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-    case 'K': mult = 1ull << 10; digits.pop_back(); break;
-    case 'M': mult = 1ull << 20; digits.pop_back(); break;
-    case 'G': mult = 1ull << 30; digits.pop_back(); break;
-    default: break;
-  }
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); })) return 0;
-  return std::stoull(digits) * mult;
+  return static_cast<std::size_t>(lockstep::option_checks::byte_size(text).value_or(0));
 }
 
 // lockstep bench's known input: small integers, exact in every type.

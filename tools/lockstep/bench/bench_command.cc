@@ -38,6 +38,14 @@
 namespace lockstep::cli {
 namespace {
 
+// -b/-e in bytes (CLI11 checked them already; options built in code are
+// checked here).
+std::size_t parse_size(const std::string& text) {
+  const auto bytes = option_checks::byte_size(text);
+  if (!bytes) throw InvalidArgument(fmt::format("'{}' is not a size; use {}", text, option_checks::kByteSizeWords));
+  return static_cast<std::size_t>(*bytes);
+}
+
 struct Row {
   std::size_t bytes = 0;
   std::size_t count = 0;
@@ -528,25 +536,6 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
 
 }  // namespace
 
-std::size_t parse_size(const std::string& text) {
-  if (text.empty()) throw InvalidArgument("empty size");
-  std::size_t mult = 1;
-  std::string digits = text;
-  switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-    case 'K': mult = 1ull << 10; digits.pop_back(); break;
-    case 'M': mult = 1ull << 20; digits.pop_back(); break;
-    case 'G': mult = 1ull << 30; digits.pop_back(); break;
-    default: break;
-  }
-  // Bounded before the multiplication, so 99999999999G cannot wrap around.
-  constexpr std::int64_t kMaxBytes = std::int64_t{1} << 40;
-  const auto v = parse_int(digits);
-  if (!v || *v < 0 || *v > kMaxBytes / static_cast<std::int64_t>(mult))
-    throw InvalidArgument(
-        fmt::format("'{}' is not a size; use bytes with an optional K, M or G, up to 1024G", text));
-  return static_cast<std::size_t>(*v) * mult;
-}
-
 void add_bench_command(CLI::App& app, BenchOptions& o) {
   namespace checks = option_checks;
   auto* b = app.add_subcommand("bench", "Measure collectives the way nccl-tests does");
@@ -559,8 +548,10 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--backend", o.backend, "auto, tcp, shm, hier, mpi (default: LOCKSTEP_BACKEND, else auto)");
   b->add_option("--np,--nranks", o.nranks, "Start this many local ranks (ignored when already started by a launcher)")
       ->check(checks::whole_number_in(1, 1 << 16));
-  b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
-  b->add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
+  b->add_option("-b,--minbytes", o.min_bytes, "Smallest size (K/M/G suffixes)")
+      ->check(checks::byte_size_option())
+      ->capture_default_str();
+  b->add_option("-e,--maxbytes", o.max_bytes, "Largest size")->check(checks::byte_size_option())->capture_default_str();
   // Above 1 for a sweep; check_sizes says so, naming -b and -e.
   b->add_option("-f,--stepfactor", o.factor, "Multiply the size by this between rows")
       ->capture_default_str()

@@ -35,7 +35,4 @@ void add_bench_command(CLI::App& app, BenchOptions& options);
 // `argv` is the CLI's own command line, used to start the ranks with -np.
 int run_bench(const BenchOptions& options, const std::vector<std::string>& argv);
 
-// "4", "64K", "32M", "1G" -> bytes. Throws InvalidArgument.
-std::size_t parse_size(const std::string& text);
-
 }  // namespace lockstep::cli

@@ -13,7 +13,6 @@
 #include <lockstep_option_checks/option_checks.h>
 #include <nlohmann/json.hpp>
 
-#include "bench/bench_command.h"
 #include "common/bench_table.h"
 #include "common/env.h"
 #include "common/scaling_plot.h"
@@ -56,7 +55,12 @@ sim::Cluster calibrate(const SimulateOptions& o, const fs::path& dir) {
     const auto more = read_bench_file(path);
     rows.insert(rows.end(), more.begin(), more.end());
   }
-  const double min_bytes = o.calibrate_min_bytes.empty() ? -1 : static_cast<double>(parse_size(o.calibrate_min_bytes));
+  // Checked by CLI11 (byte_size_option) when given on the command line.
+  const auto calibrate_min = option_checks::byte_size(o.calibrate_min_bytes);
+  if (!o.calibrate_min_bytes.empty() && !calibrate_min)
+    throw InvalidArgument(fmt::format("--calibrate-min-bytes '{}' is not a size; use {}", o.calibrate_min_bytes,
+                                      option_checks::kByteSizeWords));
+  const double min_bytes = calibrate_min ? static_cast<double>(*calibrate_min) : -1;
   const sim::Calibration c = sim::calibrate_cluster(rows, o.algorithm, min_bytes, o.ranks_per_host);
   const sim::Fit& fit = c.fit;
   const fs::path file = dir / "cluster.json";
@@ -242,7 +246,8 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
                 "Fit the cluster to `lockstep bench` outputs (tables or --json files, comma-separated): fp32 for the "
                 "links, -d half / -d bfloat16 (ordinary buffers) for the fp16 / bf16 hooks")
       ->delimiter(',');
-  s->add_option("--calibrate-min-bytes", o.calibrate_min_bytes, "Fit rows of at least this size, e.g. 8M: the sizes of the buckets (default: the large-message algorithm's)");
+  s->add_option("--calibrate-min-bytes", o.calibrate_min_bytes, "Fit rows of at least this size, e.g. 8M: the sizes of the buckets (default: the large-message algorithm's)")
+      ->check(option_checks::byte_size_option());
   s->add_option("--world-sizes", o.world_sizes, "World sizes to predict")->capture_default_str();
   s->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket cap")
       ->capture_default_str()

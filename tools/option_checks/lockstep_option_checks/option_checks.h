@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -100,5 +101,41 @@ inline CLI::Validator positive_count() { return whole_number_in(1, std::numeric_
 
 // A count of zero or more that fits an int.
 inline CLI::Validator non_negative_count() { return whole_number_in(0, std::numeric_limits<int>::max()); }
+
+// Sizes in bytes as nccl-tests writes them: digits with an optional K, M
+// or G (binary multiples), up to 1024G; "4", "64K", "32M", "1G". The one
+// reading of a size for `lockstep bench`, `lockstep simulate` and the
+// plain-MPI benchmark programs. nullopt: not a size.
+inline constexpr std::uint64_t kMaxByteSize = std::uint64_t{1} << 40;
+inline constexpr const char* kByteSizeWords = "bytes with an optional K, M or G, up to 1024G";
+
+inline std::optional<std::uint64_t> byte_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  std::uint64_t unit = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': unit = std::uint64_t{1} << 10; digits.pop_back(); break;
+    case 'M': case 'm': unit = std::uint64_t{1} << 20; digits.pop_back(); break;
+    case 'G': case 'g': unit = std::uint64_t{1} << 30; digits.pop_back(); break;
+    default: break;
+  }
+  // At most 13 digits (1024G is 2^40, 13 digits), so the value cannot
+  // overflow before it is bounded.
+  if (digits.empty() || digits.size() > 13) return std::nullopt;
+  for (const char c : digits)
+    if (c < '0' || c > '9') return std::nullopt;
+  const std::uint64_t value = std::stoull(digits);
+  if (value > kMaxByteSize / unit) return std::nullopt;
+  return value * unit;
+}
+
+// A CLI11 check that an option is such a size.
+inline CLI::Validator byte_size_option() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        return byte_size(input) ? std::string() : "'" + input + "' is not a size; use " + kByteSizeWords;
+      },
+      "SIZE");
+}
 
 }  // namespace lockstep::option_checks
