@@ -154,9 +154,29 @@ TEST_F(NcclOnGpu, DataMovementEveryDtype) {
   }
 }
 
-TEST_F(NcclOnGpu, BarrierCompletes) {
-  pg_->barrier()->wait();
-  pg_->barrier()->wait();
+// A barrier is an operation of its own, numbered after the ones issued
+// before it: once it is done, they are done (the group runs operations one
+// at a time, in issue order), without an error and without aborting.
+TEST_F(NcclOnGpu, BarrierCompletesAfterTheOperationsIssuedBeforeIt) {
+  constexpr std::size_t kCount = 1023;
+  const auto input = make_input(0, kCount, DType::f32, ReduceOp::sum);
+  DeviceBytes data(input);
+  auto reduction = pg_->allreduce(data.view(kCount, DType::f32), ReduceOp::sum);
+  auto first = pg_->barrier();
+  auto second = pg_->barrier();
+  second->wait();
+  EXPECT_TRUE(first->done());
+  EXPECT_TRUE(reduction->done()) << "a barrier finished before the allreduce issued ahead of it";
+  EXPECT_FALSE(first->error());
+  EXPECT_FALSE(second->error());
+  EXPECT_EQ(first->info().collective, Collective::barrier);
+  EXPECT_LT(reduction->seq(), first->seq());
+  EXPECT_LT(first->seq(), second->seq());
+  reduction->synchronize();
+  EXPECT_EQ(compare_elements(data.to_host().data(), expected_reduction(kCount, DType::f32, ReduceOp::sum).data(),
+                             kCount, DType::f32),
+            "");
+  EXPECT_FALSE(pg_->aborted());
 }
 
 // Host memory goes through the backend's device scratch.

@@ -283,19 +283,22 @@ TEST(MpiTimeout, ARankThatSkipsACollectiveIsATimeoutOnTheOthers) {
     pg->allreduce(view(std::span(v)))->wait();
     ADD_FAILURE() << "the allreduce completed without rank " << kSkipper;
   } catch (const TimeoutError& e) {
+    // Not before its 2 s deadline; the upper bound only catches a wait for
+    // the skipper's 60 s (a load spike cannot stretch 2 s that far).
     const double waited = seconds_between(start, Clock::now());
     EXPECT_GE(waited, 1.9);
-    EXPECT_LT(waited, 5.0);
+    EXPECT_LT(waited, 40.0);
     const std::string what = e.what();
     for (const char* fragment : {"allreduce #", "timed out after 2.0 s", "MPI cannot say which", "LOCKSTEP_TIMEOUT"})
       EXPECT_NE(what.find(fragment), std::string::npos) << what;
     EXPECT_NE(what.find("rank " + std::to_string(r) + "/"), std::string::npos) << what;
   }
   EXPECT_TRUE(pg->aborted());
-  // Later operations fail at once instead of waiting again.
-  const auto later = Clock::now();
-  EXPECT_THROW(pg->barrier()->wait(), TimeoutError);
-  EXPECT_LT(seconds_between(later, Clock::now()), 0.5);
+  // Later operations fail at once instead of waiting again: refused as
+  // they are issued, their Work is done before anyone waits.
+  auto later = pg->barrier();
+  EXPECT_TRUE(later->done());
+  EXPECT_THROW(later->wait(), TimeoutError);
   pg->store()->set("test/timed-out/" + std::to_string(r), "1");
 }
 

@@ -102,6 +102,10 @@ Round rendezvous_static(Store& store, const RunOptions& o, int node_rank, int nn
   std::vector<std::string> keys;
   for (int n = 0; n < nnodes; ++n) keys.push_back(fmt::format("launcher/{}/nproc/{}", attempt, n));
   const Deadline deadline = Deadline::after(Duration(static_cast<std::int64_t>(o.rendezvous_seconds * 1000)));
+  // Said before a wait that may be long, so that whoever watches (a user, a
+  // test) knows this node is waiting rather than stuck.
+  std::fprintf(stderr, "lockstep run: node %d of %d is waiting for the other %d node(s) to join\n", node_rank, nnodes,
+               nnodes - 1);
   if (!wait_for_keys(store, keys, deadline, signal_fd, fmt::format("the other {} node(s) to join", nnodes - 1))) {
     std::string missing;
     for (int n = 0; n < nnodes; ++n)
@@ -485,8 +489,11 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   job.store_addr = single ? "127.0.0.1" : plan.store_host;
   job.store_port = server ? server->port() : plan.store_port;
   const Deadline rendezvous_deadline = Deadline::after(store_options.connect_timeout);
-  if (!server)
+  if (!server) {
+    std::fprintf(stderr, "lockstep run: waiting for the store at %s\n",
+                 format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port)).c_str());
     wait_for_listener(job.store_addr, static_cast<std::uint16_t>(job.store_port), rendezvous_deadline, signal_fd);
+  }
   TcpStore store(job.store_addr, static_cast<std::uint16_t>(job.store_port), store_options);
   const std::string who = plan.elastic ? fmt::format("the node on host {}", host_name())
                                        : fmt::format("node {} (host {})", plan.node_rank, host_name());
