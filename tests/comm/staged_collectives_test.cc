@@ -13,7 +13,7 @@
 
 #include "comm/block_cases.h"
 #include "comm/collective_cases.h"
-#include "cuda/cuda_placement.h"
+#include "comm/cuda_placement.h"
 #include "harness/process_ranks.h"
 #include "harness/reserved_port.h"
 #include "harness/thread_world.h"
