@@ -2,7 +2,8 @@
 // their device, what the process group refuses before it touches any
 // memory (mixed devices, two streams, premul_sum), what a process without
 // CUDA says, and that the collective check tells host memory from CUDA
-// memory across ranks. The device paths themselves: tests/cuda (label gpu).
+// memory across ranks. The device paths themselves: staged_collectives_test
+// and nccl_gpu_test (label gpu).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
