@@ -55,7 +55,27 @@ LOCKSTEP_RESTART_COUNT=\$TORCHELASTIC_RESTART_COUNT exec "$rank_program" restart
 WRAPPER
 chmod +x "$work/restart.sh"
 
+# A port is free only until someone binds it: between free_port and
+# torchrun's bind another process may take it. A shell cannot hand a held
+# socket to torchrun, so a job that lost its port (EADDRINUSE) runs again
+# with a new one (with_port), at most 3 times.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+lost_its_port() { grep -qE "Address already in use|EADDRINUSE|errno: 98|error code 98" "$1"; }
+# with_port LOG CMD...: runs CMD with every @PORT@ replaced by a free port,
+# output to LOG; again with another port while it lost the one it had.
+with_port() {
+  local log=$1 rc attempt
+  shift
+  for attempt in 1 2 3; do
+    local port args=()
+    port=$(free_port)
+    for a in "$@"; do args+=("${a//@PORT@/$port}"); done
+    timeout 150 "${args[@]}" > "$log" 2>&1
+    rc=$?
+    [ $rc != 0 ] && lost_its_port "$log" && [ $attempt -lt 3 ] && echo "note: port $port was taken meanwhile; again" && continue
+    return $rc
+  done
+}
 port_in_use() { (exec 3<> /dev/tcp/127.0.0.1/$1) 2> /dev/null; }
 
 export LOCKSTEP_TIMEOUT=60 LOCKSTEP_CONNECT_TIMEOUT=30
@@ -65,7 +85,7 @@ run() {
   local name=$1 agent=$2
   shift 2
   local log="$work/$name.log"
-  timeout 150 "$@" --nproc_per_node 3 "$work/rank.sh" > "$log" 2>&1
+  with_port "$log" "$@" --nproc_per_node 3 "$work/rank.sh"
   local rc=$?
   local ok=1
   [ $rc = 0 ] || ok=0
@@ -92,16 +112,15 @@ for torchrun in "${torchruns[@]}"; do
   [[ $version == 1.* ]] || v2=True
   if port_in_use 29500; then
     echo "note: port 29500 is in use here; the static job takes a free one with --master_port"
-    run "static-$version" True "${cmd[@]}" --master_port "$(free_port)"
+    run "static-$version" True "${cmd[@]}" --master_port @PORT@
   else
     run "static-$version" True "${cmd[@]}"
   fi
   run "standalone-$version" $v2 "${cmd[@]}" --standalone
-  run "c10d-$version" $v2 "${cmd[@]}" --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$(free_port)" --nnodes 1
+  run "c10d-$version" $v2 "${cmd[@]}" --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:@PORT@" --nnodes 1
   if [ -n "$rank_program" ]; then
     log="$work/restart-$version.log"
-    timeout 150 "${cmd[@]}" --master_port "$(free_port)" --max_restarts 1 --nproc_per_node 3 "$work/restart.sh" \
-      > "$log" 2>&1
+    with_port "$log" "${cmd[@]}" --master_port @PORT@ --max_restarts 1 --nproc_per_node 3 "$work/restart.sh"
     rc=$?
     ok=1
     [ $rc = 0 ] || ok=0
