@@ -8,10 +8,9 @@
 
 #include <fmt/format.h>
 
+#include "comm/backend_registry.h"
 #include "comm/group_impl.h"
 #include "comm/launch_env.h"
-#include "comm/mpi/bootstrap.h"
-#include "comm/mpi/job_end.h"
 #include "comm/rendezvous.h"
 #include "common/env_vars.h"
 #include "common/host.h"
@@ -28,7 +27,7 @@ namespace {
 // failed and left), or a grace period passed; so rank 0 finishing or failing
 // first does not cut the others off mid-teardown or before they read why.
 // When `ends_job` says this process will end the whole job anyway (mpirun,
-// after a failure: mpi/job_end.h), a rank stuck outside lockstep would
+// after a failure: a backend's job_ends_at_exit, backend_registry.h), a rank stuck outside lockstep would
 // only hold the end back: the others have read the verdict by now, so the
 // wait is short.
 class StoreHost {
@@ -133,18 +132,9 @@ std::string resolve_backend(const std::string& requested, const std::vector<std:
     throw ConfigError("backend 'shm' needs every rank on one host, but the ranks run on several hosts; use 'auto', "
                       "'hier' or 'tcp'");
   if (requested == "hier") return one_host ? "shm" : "hier";
-  // nccl only when asked for: it needs one GPU per rank, which "auto" cannot know.
-  if (requested == "tcp" || requested == "shm" || requested == "mpi" || requested == "nccl") return requested;
-  throw ConfigError(fmt::format("unknown backend '{}'; choose auto, tcp, shm, hier, mpi or nccl", requested));
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendContext& ctx) {
-  if (name == "tcp") return make_tcp_backend(ctx);
-  if (name == "shm") return make_shm_backend(ctx);
-  if (name == "hier") return make_hier_backend(ctx);
-  if (name == "mpi") return make_mpi_backend(ctx);
-  if (name == "nccl") return make_nccl_backend(ctx);
-  throw ConfigError(fmt::format("unknown backend '{}'", name));
+  // Anything else by name (mpi, nccl: only when asked for; nccl needs one
+  // GPU per rank, which "auto" cannot know).
+  return std::string(registered_backend(requested).name);
 }
 
 std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
@@ -169,7 +159,7 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   ctx.config = spec.config;
   ctx.os = spec.os;
   ctx.log = spec.log;
-  impl->backend = make_backend(impl->backend_name, ctx);
+  impl->backend = registered_backend(impl->backend_name).make(ctx);
   impl->diagnostics = std::make_unique<GroupDiagnostics>(impl->store, spec.rank, spec.size, spec.key, spec.log,
                                                          spec.tracer, spec.diagnostics, *spec.os);
   GroupDiagnostics* diagnostics = impl->diagnostics.get();
@@ -177,13 +167,13 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
       fmt::format("rank {}/{}", spec.rank, spec.size), spec.timeout, impl->backend->inline_max_bytes(),
       [diagnostics](std::exception_ptr error, std::uint64_t seq, const OpInfo& info) {
         std::exception_ptr reported = diagnostics->on_failure(error, seq, info);
-        mpi::note_failed_group(reported);  // under mpirun, the job ends when this process exits
+        note_group_failed(reported);  // under mpirun, the job ends when this process exits
         return reported;
       },
       &diagnostics->recorder(), diagnostics->tracer(), *spec.os);
   detail::ProgressEngine* engine = impl->engine.get();
   diagnostics->start_watchdog([engine](std::exception_ptr error) {
-    mpi::note_failed_group(error);
+    note_group_failed(error);
     engine->abort(error);
   });
   spec.log.info("joined group '{}' as rank {} of {} ({} backend)", spec.key, spec.rank, spec.size, impl->backend_name);
@@ -221,14 +211,15 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   store_options.os = options.os;
   if (options.store) {
     spec.root_store = options.store;
-  } else if (launch.master_addr.empty() && launch.source == LaunchSource::open_mpi && launch.world_size > 1) {
-    // Started by mpirun alone: rank 0 hosts the store on a free port and
-    // tells the others where through MPI.
-    MpiBootstrap boot = bootstrap_store_with_mpi(launch, store_options);
+  } else if (const BackendRegistration* runtime = store_bootstrap_for(launch.source);
+             launch.master_addr.empty() && runtime != nullptr && launch.world_size > 1) {
+    // Started by a launcher's runtime alone (mpirun): rank 0 hosts the
+    // store on a free port and tells the others where through it.
+    BootstrappedStore boot = runtime->bootstrap_store(launch, store_options);
     spec.root_store = boot.client;
     if (boot.server)
       spec.keepalive = std::make_shared<StoreHost>(std::move(boot.server), boot.client, spec.finished_key,
-                                                   launch.world_size, [] { return mpi::job_ends_with_abort(); });
+                                                   launch.world_size, [] { return job_ends_at_exit(); });
   } else if (launch.master_addr.empty()) {
     spec.root_store = std::make_shared<HashStore>();  // a world of one needs no network
   } else if (config.torchelastic_use_agent_store && !launch.store_hosted && options.master_addr.empty() &&

@@ -27,7 +27,7 @@ constexpr std::size_t kMessageBytes = 1024;
 using Message = std::array<char, kMessageBytes>;
 
 // Rank 0: starts the server and says where it is, or why it is not.
-std::string host_store(const LaunchInfo& launch, TcpStoreOptions& options, MpiBootstrap& out) {
+std::string host_store(const LaunchInfo& launch, TcpStoreOptions& options, BootstrappedStore& out) {
   try {
     if (options.token.empty()) options.token = random_hex(16);
     const bool one_host = launch.local_world_size == launch.world_size;
@@ -61,14 +61,14 @@ void share(Message& message, const LaunchInfo& launch) {
 
 }  // namespace
 
-MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions options) {
+BootstrappedStore bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions options) {
   const std::string who = fmt::format("rank {}/{}", launch.rank, launch.world_size);
   const mpi::WorldPlace world = mpi::ensure_initialized(who, launch.mpi_abort_on_failure);
   if (world.rank != launch.rank || world.size != launch.world_size)
     throw ConfigError(fmt::format("{}: mpirun's variables say rank {} of {}, but MPI says rank {} of {}; was the "
                                   "program started by another mpirun than the one that set OMPI_COMM_WORLD_*?",
                                   who, launch.rank, launch.world_size, world.rank, world.size));
-  MpiBootstrap out;
+  BootstrappedStore out;
   Message message{};
   if (world.rank == 0) {
     const std::string text = host_store(launch, options, out);

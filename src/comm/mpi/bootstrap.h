@@ -10,15 +10,11 @@
 
 #include <memory>
 
+#include "comm/backend_registry.h"
 #include "comm/launch_env.h"
 #include "lockstep/store.h"
 
 namespace lockstep {
-
-struct MpiBootstrap {
-  std::unique_ptr<TcpStoreServer> server;  // rank 0 only: keep it alive while the job runs
-  std::shared_ptr<TcpStore> client;
-};
 
 // Initialises MPI if needed (see mpi/runtime.h). `launch` must come from
 // Open MPI's variables; `options` are the store's (timeouts, and the token
@@ -26,6 +22,6 @@ struct MpiBootstrap {
 // Throws ConfigError (built without MPI, MPI's world disagrees with the
 // launcher's variables, rank 0 could not start the server) or TimeoutError
 // (rank 0 did not answer within the connect timeout).
-MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions options);
+BootstrappedStore bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions options);
 
 }  // namespace lockstep

@@ -20,7 +20,7 @@ std::unique_ptr<Backend> make_mpi_backend(const BackendContext& ctx) {
   throw ConfigError(fmt::format("rank {}/{}: {}", ctx.rank, ctx.size, kNoMpi));
 }
 
-MpiBootstrap bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions) {
+BootstrappedStore bootstrap_store_with_mpi(const LaunchInfo& launch, TcpStoreOptions) {
   throw ConfigError(fmt::format("rank {} of {} was started by mpirun without MASTER_ADDR and MASTER_PORT, and {}, "
                                 "or set MASTER_ADDR and MASTER_PORT",
                                 launch.rank, launch.world_size, kNoMpi));
