@@ -452,13 +452,20 @@ TEST_P(ProcessGroupTest, SmallOperationsMayCompleteOnTheIssuingThread) {
   });
 }
 
+// Rank 1 issues only once rank 0's short wait has given up, so that wait
+// cannot find the operation finished, however the threads are scheduled.
 TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
-  ThreadWorld world(2, GetParam(), 5s);
-  world.run([](int rank, ProcessGroup& pg) {
+  ThreadWorld world(2, GetParam(), 60s);
+  std::promise<void> rank0_gave_up;
+  std::shared_future<void> gave_up = rank0_gave_up.get_future().share();
+  world.run([&](int rank, ProcessGroup& pg) {
     std::vector<float> v(1 << 20, 1.0f);
-    if (rank == 1) std::this_thread::sleep_for(500ms);
+    if (rank == 1) ASSERT_EQ(gave_up.wait_for(60s), std::future_status::ready);
     auto work = pg.allreduce(view(std::span(v)));
-    if (rank == 0) EXPECT_THROW(work->wait(50ms), TimeoutError);
+    if (rank == 0) {
+      EXPECT_THROW(work->wait(50ms), TimeoutError);
+      rank0_gave_up.set_value();
+    }
     work->wait();  // the operation itself went on and finished
     EXPECT_EQ(v[0], 2.0f);
   });
@@ -521,16 +528,20 @@ TEST_P(ProcessGroupTest, AContinuationThatThrowsFailsOnlyItsOwnWork) {
   });
 }
 
+// As above: rank 1 issues only once rank 0's short wait has given up.
 TEST_P(ProcessGroupTest, WaitingOnAContinuationHonoursItsTimeout) {
-  ThreadWorld world(2, GetParam(), 5s);
-  world.run([](int rank, ProcessGroup& pg) {
+  ThreadWorld world(2, GetParam(), 60s);
+  std::promise<void> rank0_gave_up;
+  std::shared_future<void> gave_up = rank0_gave_up.get_future().share();
+  world.run([&](int rank, ProcessGroup& pg) {
     std::vector<float> v(1 << 20, 1.0f);
     std::atomic<bool> started{false};
-    if (rank == 1) std::this_thread::sleep_for(500ms);
+    if (rank == 1) ASSERT_EQ(gave_up.wait_for(60s), std::future_status::ready);
     auto next = pg.allreduce(view(std::span(v)))->then([&](const Work&) { started = true; });
     if (rank == 0) {
       EXPECT_THROW(next->wait(50ms), TimeoutError);
       EXPECT_FALSE(started.load());
+      rank0_gave_up.set_value();
     }
     next->wait();
     EXPECT_TRUE(started.load());
