@@ -1,0 +1,80 @@
+// The launcher's supervisor on a test clock: the grace period between
+// SIGTERM and SIGKILL is measured on the clock it is given, so a rank that
+// ignores SIGTERM is killed once that clock passes the grace period, however
+// little real time went by, and not before.
+#include <gtest/gtest.h>
+
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <future>
+#include <thread>
+
+#include "common/clock.h"
+#include "harness/manual_clock.h"
+#include "harness/process_ranks.h"
+#include "run/supervisor.h"
+
+namespace lockstep::cli {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A signalfd that never becomes readable: the supervisor reaps its ranks on
+// every pass of its loop anyway.
+class QuietSignalFd {
+ public:
+  QuietSignalFd() {
+    sigset_t none;
+    sigemptyset(&none);
+    fd_ = ::signalfd(-1, &none, SFD_NONBLOCK | SFD_CLOEXEC);
+  }
+  ~QuietSignalFd() { ::close(fd_); }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+TEST(SupervisorClock, ARankIgnoringSigtermIsKilledWhenTheGracePeriodPassesOnItsClock) {
+  testing::ManualClock clock;
+  QuietSignalFd signals;
+  ASSERT_GE(signals.fd(), 0);
+  char dir[] = "/tmp/lockstep-supervisor-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string ready = std::string(dir) + "/ready";
+  std::vector<RankProcess> ranks;
+  // Marks that it ignores SIGTERM (an ignored signal stays ignored across
+  // exec), then outlives any test.
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "trap '' TERM; touch \"$READY\"; exec sleep 600"},
+                     std::map<std::string, std::string>{{"READY", ready}});
+  SupervisorOptions options;
+  options.clock = &clock;
+  options.grace = std::chrono::hours(1);
+  options.monitor_interval = 0ms;
+  std::atomic<bool> stop_asked{false};
+  // Another node's failure: the supervisor stops its ranks (SIGTERM) as soon
+  // as its rank has started ignoring SIGTERM.
+  options.remote_failure = [&]() -> std::optional<std::string> {
+    if (!stop_asked.load()) return std::nullopt;
+    return std::string("another node failed");
+  };
+  const auto start = Clock::now();
+  auto supervised = std::async(std::launch::async, [&] { return supervise(ranks, signals.fd(), options); });
+  ASSERT_TRUE(testing::wait_for_file(ready, 30s)) << "the rank never started";
+  stop_asked = true;
+  // Within the grace period (the clock has not moved) the rank lives on.
+  EXPECT_EQ(supervised.wait_for(500ms), std::future_status::timeout) << "killed before the grace period passed";
+  const auto done = [&] { return supervised.wait_for(0s) == std::future_status::ready; };
+  ASSERT_TRUE(testing::advance_until(clock, std::chrono::minutes(10), done)) << "never killed";
+  const AttemptResult result = supervised.get();
+  ASSERT_TRUE(result.first_failure);
+  EXPECT_EQ(result.first_failure->reported_by, "another node failed");
+  EXPECT_EQ(ranks[0].status().signal, SIGKILL) << ranks[0].status().describe();
+  EXPECT_LT(seconds_between(start, Clock::now()), 30.0) << "the hour's grace period was waited out in real time";
+}
+
+}  // namespace
+}  // namespace lockstep::cli
