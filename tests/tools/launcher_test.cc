@@ -691,6 +691,26 @@ TEST(Launcher, ARanksErrorFileIsQuotedInTheReport) {
       << r.output;
 }
 
+// The rank that recorded its error first is the cause, even when a peer
+// that failed because of it exits sooner: rank 1 records its error and
+// takes 0.3 s to exit, rank 0 fails soon after it sees that file (0.05 s:
+// files written within one kernel tick carry the same time, and then the
+// first exit decides). A PyTorch rank raising under @record and the gloo
+// peer that loses it race like this.
+TEST(Launcher, TheFirstRecordedErrorNamesTheCauseNotTheFirstExit) {
+  const std::string script =
+      "if [ \"$RANK\" = 1 ]; then echo '{\"message\": \"rank 1 broke first\"}' > \"$TORCHELASTIC_ERROR_FILE\"; "
+      "sleep 0.3; exit 3; fi; "
+      "peer=$(dirname \"$TORCHELASTIC_ERROR_FILE\")/../1/error.json; "
+      "while [ ! -e \"$peer\" ]; do sleep 0.01; done; sleep 0.05; "
+      "echo '{\"message\": \"rank 0 lost rank 1\"}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 4";
+  Launcher launcher({"--nproc-per-node", "2", "--grace-period", "1", "--", "/bin/sh", "-c", script});
+  const auto r = launcher.wait(30s);
+  EXPECT_EQ(r.exit_code, 3) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "rank 1 failed first")) << r.output;
+  EXPECT_TRUE(contains(r.output, "/attempt_0/1/error.json): rank 1 broke first")) << r.output;
+}
+
 // Without --log-dir the error files live in a temporary directory, removed
 // at exit; one left by a launcher killed with SIGKILL is removed by the next.
 TEST(Launcher, AKilledLaunchersScratchDirectoryIsRemovedByTheNext) {

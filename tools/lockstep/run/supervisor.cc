@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -220,8 +222,35 @@ class Attempt {
     settle_deadline_ = options_.clock->now() + kCauseSettle;
   }
 
+  // The rank that failed first. A rank that records its error (PyTorch's
+  // @record, lockstep::record_error) writes the file before it exits and
+  // so before its peers can notice it is gone: the earliest error file
+  // among the ranks failed so far names the cause even when a peer's
+  // process happened to end sooner (torchrun's rule too, on the files'
+  // timestamps). Without error files, or with equal times (the kernel
+  // stamps files at the resolution of its tick), the first to exit.
+  std::size_t first_to_fail() const {
+    const auto written = [&](std::size_t i) -> std::optional<std::filesystem::file_time_type> {
+      if (i >= options_.rank_dirs.size()) return std::nullopt;
+      std::error_code error;
+      const auto time = std::filesystem::last_write_time(options_.rank_dirs[i] / "error.json", error);
+      if (error) return std::nullopt;
+      return time;
+    };
+    auto first = static_cast<std::size_t>(pending_failure_);
+    std::optional<std::filesystem::file_time_type> earliest = written(first);
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].running() || ranks_[i].status().ok()) continue;
+      const auto time = written(i);
+      if (!time || (earliest && *earliest <= *time)) continue;
+      earliest = time;
+      first = i;
+    }
+    return first;
+  }
+
   void record_failure() {
-    const auto i = static_cast<std::size_t>(pending_failure_);
+    const std::size_t i = first_to_fail();
     pending_failure_ = -1;
     RankProcess& r = ranks_[i];
     // Drain what it already wrote, so the summary shows its last words.
