@@ -2,7 +2,9 @@
 // enough to be cut into pieces give exactly the sums, averages and 16-bit
 // results of the unpipelined algorithm, with the last piece padded; a rank
 // that never joins fails the others with a timeout, raised on the worker
-// thread and carried to the caller. And the OrderedWorker it runs on.
+// thread and carried to the caller. The same for the pipelined allgather
+// and reduce_scatter (allgather.cc, reduce_scatter.cc), on hosts whose
+// ranks are not consecutive. And the OrderedWorker it runs on.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -112,6 +114,64 @@ TEST(HierPipelineFailure, ARankThatNeverJoinsIsATimeoutOnTheOthers) {
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
     EXPECT_THROW(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), Error) << "rank " << r;
+  }
+}
+
+// 6 ranks on 3 pretend hosts of 2, ranks not in host order (local rank 1
+// of host 0 is rank 4), so the blocks must be put back in rank order.
+class HierPipelineShuffled : public ::testing::Test {
+ protected:
+  ThreadWorld world_{6, "hier", 60s, {}, {"host0", "host1", "host2", "host1", "host0", "host2"}};
+};
+
+TEST_F(HierPipelineShuffled, AllgatherPutsEveryPieceOfEveryBlockInRankOrder) {
+  constexpr std::size_t kCount = (std::size_t{1} << 20) + 7;  // 6 x 4 MiB of output: 6 pieces, uneven
+  world_.run([&](int rank, ProcessGroup& pg) {
+    std::vector<float> in(kCount), out(6 * kCount, -1.0f);
+    for (std::size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>(rank * 1000 + i % 997);
+    pg.allgather(view(std::span(in)), view(std::span(out)))->wait();
+    for (std::size_t r = 0; r < 6; ++r)
+      for (std::size_t i = 0; i < kCount; ++i)
+        ASSERT_EQ(out[r * kCount + i], static_cast<float>(r * 1000 + i % 997)) << "block " << r << " element " << i;
+  });
+}
+
+TEST_F(HierPipelineShuffled, ReduceScatterLeavesEachRankItsOwnBlockSummedAndAveraged) {
+  constexpr std::size_t kCount = (std::size_t{1} << 19) + 5;  // 6 x 2 MiB of input: 3 pieces, uneven
+  world_.run([&](int rank, ProcessGroup& pg) {
+    // Block b of rank r holds b * 100 + r + i % 7: block b sums to
+    // 6 (b * 100 + i % 7) + 15 over the ranks.
+    std::vector<float> in(6 * kCount), sum(kCount), avg(kCount);
+    for (std::size_t b = 0; b < 6; ++b)
+      for (std::size_t i = 0; i < kCount; ++i)
+        in[b * kCount + i] = static_cast<float>(b * 100 + static_cast<std::size_t>(rank) + i % 7);
+    pg.reduce_scatter(view(std::span(in)), view(std::span(sum)))->wait();
+    pg.reduce_scatter(view(std::span(in)), view(std::span(avg)), ReduceOp::avg)->wait();
+    const auto b = static_cast<std::size_t>(rank);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      const float expected = static_cast<float>(6 * (b * 100 + i % 7) + 15);
+      ASSERT_EQ(sum[i], expected) << "element " << i;
+      ASSERT_EQ(avg[i], expected / 6) << "element " << i;
+    }
+  });
+}
+
+TEST(HierPipelineFailure, ARankThatNeverJoinsAPipelinedAllgatherOrReduceScatterIsAnErrorOnTheOthers) {
+  constexpr std::size_t kCount = std::size_t{4} << 20;  // 16 MiB of floats per rank
+  for (const bool gather : {true, false}) {
+    ThreadWorld world(4, "hier", 3s, {}, testing::pretend_hosts({2, 2}));
+    const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+      if (rank == 3) return;
+      std::vector<float> block(kCount, 1.0f), all(4 * kCount, 1.0f);
+      if (gather)
+        pg.allgather(view(std::span(block)), view(std::span(all)))->wait();
+      else
+        pg.reduce_scatter(view(std::span(all)), view(std::span(block)))->wait();
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << (gather ? "allgather" : "reduce_scatter") << ", rank " << r;
+      EXPECT_THROW(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), Error) << "rank " << r;
+    }
   }
 }
 

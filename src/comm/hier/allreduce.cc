@@ -23,7 +23,7 @@
 #include "comm/accumulation.h"
 #include "comm/algorithms/allreduce.h"
 #include "comm/hier/hier_backend.h"
-#include "comm/hier/ordered_worker.h"
+#include "comm/hier/pipeline.h"
 #include "comm/reduce_kernels.h"
 
 namespace lockstep {
@@ -84,31 +84,10 @@ void HierBackend::allreduce(const OpContext& op, Buffer data, ReduceOp reduce_op
     p.gathered = exact ? static_cast<std::byte*>(p.data.data) : gathered;
   }
 
-  if (pieces == 1) {
-    reduce_inside_host(op, plan[0], reduce_op);
-    reduce_across_hosts(op, plan[0], reduce_op);
-    gather_inside_host(op, plan[0]);
-    return;
-  }
-  OpContext across_op = op;  // declared before the worker, which uses it until joined
-  OrderedWorker worker;
-  across_op.cancel = worker.cancel_flag();
-  try {
-    for (std::size_t i = 0; i < pieces; ++i) {
-      reduce_inside_host(op, plan[i], reduce_op);
-      worker.submit([this, &across_op, &piece = plan[i], reduce_op] {
-        reduce_across_hosts(across_op, piece, reduce_op);
-      });
-      if (i == 0) continue;
-      worker.wait(i - 1, op.cancel);
-      gather_inside_host(op, plan[i - 1]);
-    }
-    worker.wait(pieces - 1, op.cancel);
-    gather_inside_host(op, plan[pieces - 1]);
-  } catch (...) {
-    worker.cancel();  // the destructor joins; the worker's transfer ends at its next look at the flag
-    throw;
-  }
+  run_pipeline(op, pieces,
+               {[&](std::size_t i) { reduce_inside_host(op, plan[i], reduce_op); },
+                [&](const OpContext& across_op, std::size_t i) { reduce_across_hosts(across_op, plan[i], reduce_op); },
+                [&](std::size_t i) { gather_inside_host(op, plan[i]); }});
 }
 
 // Step 1.

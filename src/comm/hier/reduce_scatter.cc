@@ -5,13 +5,16 @@
 //      host's sum of the blocks of every rank of local rank l;
 //   2. across hosts: a ring reduce-scatter of those among the ranks of
 //      local rank l leaves each with its own block, summed over every rank;
-//   then avg divides by the group size and 16-bit types round, once.
+//      avg divides by the group size and 16-bit types round, once.
 // The wire carries what allgather's does (allgather.cc), in reverse.
-#include <cstring>
-
+//
+// Pipelined (pipeline.h) from 2 x kPipelinePieceBytes of input up: piece k
+// is the same slice of every block, so the wire carries piece k while this
+// thread runs step 1 of piece k+1.
 #include "comm/accumulation.h"
 #include "comm/algorithms/ring.h"
 #include "comm/hier/hier_backend.h"
+#include "comm/hier/pipeline.h"
 #include "comm/reduce_kernels.h"
 
 namespace lockstep {
@@ -21,23 +24,41 @@ void HierBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer 
   const auto hosts = static_cast<std::size_t>(layout_.hosts);
   const std::size_t count = output.count;
   const DType acc_type = accumulation_dtype(input.dtype);
-  const std::size_t acc_block = count * dtype_size(acc_type);
-  const std::size_t in_block = count * dtype_size(input.dtype);
-
-  std::byte* laid_out = padded_.get(input.count * dtype_size(acc_type));
-  const auto* in = static_cast<const std::byte*>(input.data);
-  for (std::size_t i = 0; i < layout_.by_local_rank.size(); ++i)
-    copy_to_accumulation_type(in + static_cast<std::size_t>(layout_.by_local_rank[i]) * in_block, count,
-                              input.dtype, laid_out + i * acc_block);
-
+  const std::size_t acc_elem = dtype_size(acc_type);
+  const std::size_t elem = dtype_size(input.dtype);
   const ReduceOp kernel_op = reduce_op == ReduceOp::avg ? ReduceOp::sum : reduce_op;
-  std::byte* row = shard_.get(hosts * acc_block);
-  local_->reduce_scatter(op, ConstBuffer(laid_out, input.count, acc_type), Buffer{row, hosts * count, acc_type},
-                         kernel_op);
-  const Chunks chunks(hosts * count, layout_.hosts);
-  ring_reduce_scatter(*across_, op, row, acc_type, kernel_op, chunks, staging_);
-  const Accumulation acc = Accumulation::of_accumulated(row, acc_type, input.dtype);
-  acc.finish(chunks.begin(across_->rank()), count, reduce_op, size_, output.data);
+  const std::size_t pieces = std::min(pipeline_pieces(input.bytes()), count);
+  const Chunks slices(count, static_cast<int>(pieces));
+  const auto first = [&](std::size_t k) { return slices.begin(static_cast<int>(k)); };
+  const auto slice = [&](std::size_t k) { return slices.size(static_cast<int>(k)); };
+  // Piece k's laid-out copy (every block's slice) and its row (this local
+  // rank's blocks, one per host), each from the same element offset of
+  // its scratch as the slice in a block, times the blocks it holds.
+  std::byte* laid_out = padded_.get(input.count * acc_elem);
+  std::byte* rows = shard_.get(hosts * count * acc_elem);
+  const auto blocks = layout_.by_local_rank.size();
+  const auto laid_out_piece = [&](std::size_t k) { return laid_out + blocks * first(k) * acc_elem; };
+  const auto row = [&](std::size_t k) { return rows + hosts * first(k) * acc_elem; };
+
+  PipelineSteps steps;
+  steps.before = [&](std::size_t k) {
+    const std::size_t n = slice(k);
+    const auto* in = static_cast<const std::byte*>(input.data) + first(k) * elem;
+    for (std::size_t i = 0; i < blocks; ++i)
+      copy_to_accumulation_type(in + static_cast<std::size_t>(layout_.by_local_rank[i]) * count * elem, n,
+                                input.dtype, laid_out_piece(k) + i * n * acc_elem);
+    local_->reduce_scatter(op, ConstBuffer(laid_out_piece(k), blocks * n, acc_type), Buffer{row(k), hosts * n, acc_type},
+                           kernel_op);
+  };
+  steps.across = [&](const OpContext& across_op, std::size_t k) {
+    const std::size_t n = slice(k);
+    const Chunks per_host(hosts * n, layout_.hosts);
+    ring_reduce_scatter(*across_, across_op, row(k), acc_type, kernel_op, per_host, staging_);
+    auto* out = static_cast<std::byte*>(output.data) + first(k) * elem;
+    Accumulation::of_accumulated(row(k), acc_type, input.dtype)
+        .finish(per_host.begin(across_->rank()), n, reduce_op, size_, out);
+  };
+  run_pipeline(op, pieces, steps);
 }
 
 }  // namespace lockstep
