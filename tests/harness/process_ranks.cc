@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -128,6 +129,7 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
       if (reaped_[i]) continue;
       int status = 0;
       pid_t got = ::waitpid(pids_[i], &status, WNOHANG);
+      if (got < 0 && errno == EINTR) continue;
       // Killed before the blocking wait: a wait first never returned for a
       // child that runs for ever, and the deadline held nothing.
       if (got == 0 && deadline.expired()) {
@@ -139,6 +141,10 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
       reaped_[i] = true;
       --left;
       results[i].ended = Clock::now();
+      if (got < 0) {
+        results[i].status_lost = true;  // a status of 0 here would read as a clean exit
+        continue;
+      }
       if (WIFEXITED(status)) results[i].exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) results[i].signal = WTERMSIG(status);
     }
@@ -181,6 +187,7 @@ bool wait_for_file(const std::string& path, Duration timeout) {
 std::string describe(const RankResult& r) {
   std::string how = r.signal ? fmt::format("killed by signal {}", r.signal)
                              : fmt::format("exit {} ({})", r.exit_code, exit_name(r.exit_code));
+  if (r.status_lost) how = "exit status lost (the process was reaped elsewhere)";
   if (r.hit_deadline) how += ", still running at the test deadline";
   std::string tail = r.output.size() > 2000 ? r.output.substr(r.output.size() - 2000) : r.output;
   return fmt::format("rank {} {}; output:\n{}", r.rank, how, tail);

@@ -38,6 +38,9 @@ struct RankResult {
   int exit_code = -1;   // -1 if killed by a signal
   int signal = 0;       // the signal that ended it, if any
   bool hit_deadline = false;
+  // waitpid failed (the child was reaped by someone else: ECHILD), so how it
+  // ended is unknown; exit_code stays -1, which no test takes for success.
+  bool status_lost = false;
   Clock::time_point ended{};
   std::string output;   // its stdout and stderr
 };

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -71,11 +72,11 @@ std::vector<std::string> builtin_program(const DoctorOptions& o, int n) {
   std::vector<std::string> cmd{worker, "--layers", std::to_string(o.layers), "--width", std::to_string(o.width),
                                "--steps", std::to_string(o.steps), "--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb)};
   if (o.strong) {
-    cmd.insert(cmd.end(), {"--global-batch", std::to_string(o.batch * n)});
+    // In 64 bits: --batch may be up to INT_MAX, and batch x ranks must not wrap.
+    cmd.insert(cmd.end(), {"--global-batch", std::to_string(static_cast<std::int64_t>(o.batch) * n)});
   } else {
     cmd.insert(cmd.end(), {"--batch", std::to_string(o.batch)});
   }
-  (void)n;
   return cmd;
 }
 

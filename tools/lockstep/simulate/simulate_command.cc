@@ -256,9 +256,11 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--accumulate", o.accumulation, "Micro-batches per synchronised step")
       ->capture_default_str()
       ->check(checks::positive_count());
-  auto* jitter = s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean), for stragglers, e.g. 0.05")
+  // At most 1: the straggler model takes compute times as normal around
+  // their mean, which a spread above the mean would make negative.
+  auto* jitter = s->add_option("--jitter", o.jitter, "Per-rank compute spread (std/mean, 0 to 1), for stragglers, e.g. 0.05")
                      ->capture_default_str()
-                     ->check(checks::non_negative_number());
+                     ->check(checks::number_in(0, 1));
   s->add_option("--jitter-from", o.jitter_from,
                 "Measure --jitter from these LOCKSTEP_TRACE files (comma-separated; every rank's, e.g. under no_sync)")
       ->delimiter(',')
