@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <future>
+#include <latch>
 #include <random>
 #include <thread>
 
@@ -475,26 +476,39 @@ TEST_P(ProcessGroupTest, WaitWithATimeoutReturnsControlToTheCaller) {
 // place, in order (chains and siblings alike); a failure reaches every
 // continuation's Work without running it; a continuation that throws fails
 // its own Work only; waiting on one honours its timeout.
+//
+// The order is only defined for continuations registered before the
+// collective finishes (one registered on a finished Work runs at once), so
+// the ranks that check it register before the collective can finish: the
+// other ranks issue their part only once the checkers have registered.
+// Two rounds, rank 0 checking in the first and ranks 1 and 2 in the second.
 TEST_P(ProcessGroupTest, ContinuationsRunInOrderAfterTheCollective) {
   ThreadWorld world(3, GetParam());
-  world.run([](int, ProcessGroup& pg) {
-    std::vector<float> data(1 << 18, 1.0f);
-    std::vector<std::string> order;  // written by whichever thread completes the Work, one at a time
-    auto reduced = pg.allreduce(view(std::span(data)));
-    auto first = reduced->then([&](const Work& w) {
-      EXPECT_TRUE(w.error() == nullptr);
-      EXPECT_EQ(data.front(), 3.0f);
-      EXPECT_EQ(data.back(), 3.0f);
-      order.push_back("first");
-    });
-    auto sibling = reduced->then([&](const Work&) { order.push_back("sibling"); });
-    auto second = first->then([&](const Work&) { order.push_back("second"); });
-    second->wait();
-    sibling->wait();
-    EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "sibling"}));
-    EXPECT_EQ(second->seq(), reduced->seq());
-    EXPECT_TRUE(reduced->done());
-    EXPECT_GE(second->finished_us(), reduced->finished_us());
+  std::latch rank0_registered(1), ranks12_registered(2);
+  world.run([&](int rank, ProcessGroup& pg) {
+    for (int round = 0; round < 2; ++round) {
+      const bool checker = round == 0 ? rank == 0 : rank != 0;
+      std::latch& registered = round == 0 ? rank0_registered : ranks12_registered;
+      if (!checker) registered.wait();
+      std::vector<float> data(1 << 18, 1.0f);
+      std::vector<std::string> order;  // written by whichever thread completes the Work, one at a time
+      auto reduced = pg.allreduce(view(std::span(data)));
+      auto first = reduced->then([&](const Work& w) {
+        EXPECT_TRUE(w.error() == nullptr);
+        EXPECT_EQ(data.front(), 3.0f);
+        EXPECT_EQ(data.back(), 3.0f);
+        order.push_back("first");
+      });
+      auto sibling = reduced->then([&](const Work&) { order.push_back("sibling"); });
+      auto second = first->then([&](const Work&) { order.push_back("second"); });
+      if (checker) registered.count_down();
+      second->wait();
+      sibling->wait();
+      if (checker) EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "sibling"})) << "round " << round;
+      EXPECT_EQ(second->seq(), reduced->seq());
+      EXPECT_TRUE(reduced->done());
+      EXPECT_GE(second->finished_us(), reduced->finished_us());
+    }
   });
 }
 

@@ -224,10 +224,11 @@ class Attempt {
 
   // The rank that failed first. A rank that records its error (PyTorch's
   // @record, lockstep::record_error) writes the file before it exits and
-  // so before its peers can notice it is gone: the earliest error file
-  // among the ranks failed so far names the cause even when a peer's
-  // process happened to end sooner (torchrun's rule too, on the files'
-  // timestamps). Without error files, or with equal times (the kernel
+  // so before its peers can notice it is gone: when the first rank to exit
+  // recorded an error, the earliest error file among the ranks failed so
+  // far names the cause, even if a peer's process happened to end sooner
+  // (torchrun's rule too, on the files' timestamps). When the first to
+  // exit recorded none (killed, crashed), or with equal times (the kernel
   // stamps files at the resolution of its tick), the first to exit.
   std::size_t first_to_fail() const {
     const auto written = [&](std::size_t i) -> std::optional<std::filesystem::file_time_type> {
@@ -239,6 +240,9 @@ class Attempt {
     };
     auto first = static_cast<std::size_t>(pending_failure_);
     std::optional<std::filesystem::file_time_type> earliest = written(first);
+    // The first to exit wrote no error file: it crashed or was killed, and
+    // a peer's later error file is that peer noticing it.
+    if (!earliest) return first;
     for (std::size_t i = 0; i < ranks_.size(); ++i) {
       if (ranks_[i].running() || ranks_[i].status().ok()) continue;
       const auto time = written(i);
