@@ -92,8 +92,9 @@ TEST(CliOptions, SimulateRefusesSizesBelowOneAndNumbersThatAreNotFinite) {
   };
   expect_refused({{simulate({"--bucket-cap-mb", "nan"}), "--bucket-cap-mb: 'nan' is not a number above 0"},
                   {simulate({"--bucket-cap-mb", "-1"}), "--bucket-cap-mb: '-1' is not a number above 0"},
-                  {simulate({"--jitter", "nan"}), "--jitter: 'nan' is not a finite number of 0 or more"},
-                  {simulate({"--jitter", "-1"}), "--jitter: '-1' is not a finite number of 0 or more"},
+                  {simulate({"--jitter", "nan"}), "--jitter: 'nan' is not a number from 0 to 1"},
+                  {simulate({"--jitter", "-1"}), "--jitter: '-1' is not a number from 0 to 1"},
+                  {simulate({"--jitter", "1.5"}), "--jitter: '1.5' is not a number from 0 to 1"},
                   {simulate({"--batch", "-5"}), "--batch: '-5' is not a whole number of 1 or more"},
                   {simulate({"--ms-per-sample", "nan"}), "--ms-per-sample: 'nan' is not a finite number above 0"},
                   {simulate({"--data-ms", "nan"}), "--data-ms: 'nan' is not a finite number of 0 or more"},
