@@ -4,6 +4,7 @@
 // still gets the right answer, and on other backends it is plain memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -71,20 +72,31 @@ TEST_P(SharedBuffers, ARankWithOrdinaryMemoryStillGetsTheRightAnswer) {
 }
 
 TEST_P(SharedBuffers, RepeatedUseOfOneBufferNeverReadsStaleData) {
-  // The caller overwrites its buffer right after each allreduce returns:
-  // peers must be done reading it by then.
-  ThreadWorld world(2, GetParam());
-  world.run([&](int rank, ProcessGroup& pg) {
-    const std::size_t count = 3 << 20;
-    auto shared = pg.allocate_shared(count * sizeof(std::int32_t));
-    auto* v = reinterpret_cast<std::int32_t*>(shared.get());
-    for (int i = 0; i < 20; ++i) {
-      std::fill(v, v + count, (rank + 1) * (i + 1));
-      pg.allreduce(Buffer{v, count, DType::i32})->wait();
-      ASSERT_EQ(v[count / 2], 3 * (i + 1)) << "iteration " << i;
-      ASSERT_EQ(v[count - 1], 3 * (i + 1)) << "iteration " << i;
+  // The caller overwrites its buffers right after each allreduce returns:
+  // peers must be done reading them, and done writing results into them
+  // (each chunk's owner writes the reduced chunk into every rank's output),
+  // in place and out of place. Every element is checked: a late write lands
+  // anywhere.
+  for (int n : {2, 3}) {
+    for (const bool in_place : {true, false}) {
+      ThreadWorld world(n, GetParam());
+      world.run([&](int rank, ProcessGroup& pg) {
+        const std::size_t count = 3 << 20;
+        auto input_memory = pg.allocate_shared(count * sizeof(std::int32_t));
+        auto output_memory = pg.allocate_shared(count * sizeof(std::int32_t));
+        auto* in = reinterpret_cast<std::int32_t*>(input_memory.get());
+        auto* out = in_place ? in : reinterpret_cast<std::int32_t*>(output_memory.get());
+        const std::int32_t ranks_sum = n * (n + 1) / 2;
+        for (int i = 0; i < 20; ++i) {
+          std::fill(in, in + count, (rank + 1) * (i + 1));
+          if (!in_place) std::fill(out, out + count, -1);
+          pg.allreduce(ConstBuffer{in, count, DType::i32}, Buffer{out, count, DType::i32})->wait();
+          const auto wrong = std::count_if(out, out + count, [&](std::int32_t x) { return x != ranks_sum * (i + 1); });
+          ASSERT_EQ(wrong, 0) << n << " ranks, " << (in_place ? "in place" : "out of place") << ", iteration " << i;
+        }
+      });
     }
-  });
+  }
 }
 
 TEST_P(SharedBuffers, MemoryIsZeroedAlignedAndMayOutliveTheGroup) {

@@ -178,7 +178,10 @@ class Bench {
   // Runs one collective on the current buffers.
   void once(Collective c, std::size_t count) {
     switch (c) {
-      case Collective::allreduce: finish(pg_.allreduce(at(a_, count), op_)); break;
+      case Collective::allreduce:
+        // Out of place when there is an output buffer (--out-of-place).
+        finish(b_.size > 0 ? pg_.allreduce(at(a_, count), at(b_, count), op_) : pg_.allreduce(at(a_, count), op_));
+        break;
       case Collective::broadcast: finish(pg_.broadcast(at(a_, count), o_.root)); break;
       case Collective::reduce: finish(pg_.reduce(at(a_, count), o_.root, op_)); break;
       case Collective::allgather:
@@ -226,13 +229,19 @@ class Bench {
     std::int64_t wrong = 0;
     switch (c) {
       case Collective::allreduce:
-      case Collective::reduce:
+      case Collective::reduce: {
         fill(a_.data(), dtype_, count, r_);
         run_checked(c, count);
         if (c == Collective::reduce && r_ != o_.root) break;
         if (!checkable(op_, dtype_, n_)) break;
-        for (std::size_t i = 0; i < count; ++i) wrong += value_at(a_.data(), dtype_, i) != expected(dtype_, op_, n_, i);
+        Buf& result = b_.size > 0 ? b_ : a_;
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += value_at(result.data(), dtype_, i) != expected(dtype_, op_, n_, i);
+        // Out of place, the input must come back untouched.
+        if (&result == &b_)
+          for (std::size_t i = 0; i < count; ++i) wrong += value_at(a_.data(), dtype_, i) != input(r_, i);
         break;
+      }
       case Collective::broadcast:
         fill(a_.data(), dtype_, count, r_);
         run_checked(c, count);
@@ -302,6 +311,7 @@ class Bench {
       case Collective::allgather_v:
       case Collective::gather: allocate(a_, block); allocate(b_, block * n); break;
       case Collective::all_to_all: allocate(a_, block * n); allocate(b_, block * n); break;
+      case Collective::allreduce: allocate(a_, block); allocate(b_, o_.out_of_place ? block : 0); break;
       default: allocate(a_, block); allocate(b_, 0); break;
     }
     if (o_.check) row.wrong = check(c, row.count);
@@ -435,6 +445,10 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
                                         o.op));
     ops = {*c};
   }
+  if (o.out_of_place && ops != std::vector<Collective>{Collective::allreduce})
+    throw InvalidArgument(fmt::format("--out-of-place measures allreduce only (--op {}); the other collectives "
+                                      "already write into a buffer of their own",
+                                      o.op));
   // This rank's index on its host, from whichever launcher started it
   // (under mpirun LOCAL_RANK is not set, and every rank would pick the
   // first core).
@@ -457,9 +471,9 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
                            {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
   if (device) report["device"] = to_string(device->device());
   if (printer) {
-    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers%s\n",
+    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers, %s%s\n",
                 pg->size(), pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off",
-                o.shared_buffers ? "shared" : "ordinary",
+                o.shared_buffers ? "shared" : "ordinary", o.out_of_place ? "out of place" : "in place",
                 device ? fmt::format(" in {} memory", to_string(device->device())).c_str() : "");
     std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
                 "busbw", "#wrong");
@@ -514,6 +528,7 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     // two hosts is 1, not the world's 2.
     report["ranks_per_host"] = std::max(1, config.launcher.local_world_size);
     report["shared_buffers"] = o.shared_buffers;
+    report["out_of_place"] = o.out_of_place;
     if (sixteen) {
       std::printf("# %s hook conversions  : narrow %.3f GB/s, widen %.3f GB/s of fp32 per rank\n",
                   std::string(to_string(*dtype)).c_str(), convert.narrow, convert.widen);
@@ -576,6 +591,9 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   b->add_flag("--shared-buffers", o.shared_buffers,
               "Allocate buffers with ProcessGroup::allocate_shared (single copy on the shm backend)");
+  b->add_flag("--out-of-place", o.out_of_place,
+              "allreduce from one buffer into another (DDP's default reducer) instead of in place (its "
+              "gradient_as_bucket_view)");
 }
 
 int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {

@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string json_path;
   bool pin = true;
   bool shared_buffers = false;  // place buffers in the backend's shared memory when it has some
+  bool out_of_place = false;    // allreduce from one buffer into another (nccl-tests' out-of-place column)
   std::string device = "host";  // host or cuda
 };
 
