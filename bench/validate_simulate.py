@@ -34,7 +34,8 @@ at random on this machine, at --bench-ranks ranks over shm: model, batch per
 rank, bucket cap, hook (none, fp16, bf16) and gradient_as_bucket_view. (The
 link rate is not drawn: the emulated links need root, network namespaces
 and tc.) It follows docs/scaling.md's quick start: one calibration from
-`lockstep bench --json` in fp32 on shared buffers and in half and bfloat16
+`lockstep bench --json` in fp32 on shared buffers, in place and out of place
+(--out-of-place: the default reducer's all-reduce), and in half and bfloat16
 on ordinary buffers (the hooks' own memory); for every (model, batch) drawn,
 a one-rank trace (the buckets) and an N-rank no_sync trace (the compute),
 given with --trace-batch. Every configuration is predicted before any is
@@ -257,13 +258,14 @@ def validate_random(a):
     for c in configs:
         print(config_name(c), file=sys.stderr)
 
-    # 1. Calibration: fp32 on shared buffers (DDP's buckets), 16-bit on
-    # ordinary ones (the hooks reduce a copy in memory of their own).
+    # 1. Calibration: fp32 on shared buffers (DDP's buckets) in place
+    # (gradient_as_bucket_view) and out of place (the default reducer),
+    # 16-bit on ordinary ones (the hooks reduce a copy in memory of their own).
     benches = []
-    for dtype, shared in (("float", True), ("half", False), ("bfloat16", False)):
-        path = os.path.join(out_dir, f"bench-{dtype}.json")
-        run([lockstep, "bench", "-np", str(n)] + bench_sizes() + ["-n", "20", "-d", dtype, "--json", path] +
-            (["--shared-buffers"] if shared else []))
+    for dtype, flags in (("float", ["--shared-buffers"]), ("float", ["--shared-buffers", "--out-of-place"]),
+                         ("half", []), ("bfloat16", [])):
+        path = os.path.join(out_dir, f"bench-{dtype}{'-out-of-place' if '--out-of-place' in flags else ''}.json")
+        run([lockstep, "bench", "-np", str(n)] + bench_sizes() + ["-n", "20", "-d", dtype, "--json", path] + flags)
         benches.append(path)
     proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(benches), "--calibrate-min-bytes",
                            a.calibrate_min_bytes, "--out", out_dir], capture_output=True, text=True)

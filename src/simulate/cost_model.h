@@ -70,6 +70,18 @@ struct Cluster {
   };
   Hook16 fp16;
   Hook16 bf16;
+  // The fp32 all-reduce out of place, where calibrated from `lockstep bench
+  // --out-of-place --shared-buffers`: DDP's default reducer reduces from
+  // the set of buckets backward wrote into the other set, and on the shm
+  // backend that runs at another rate than in place (gradient_as_bucket_view,
+  // one set), which the links above are fitted to. Not calibrated: both
+  // modes take the links above.
+  struct OutOfPlace {
+    bool calibrated = false;
+    Link link;
+    double gamma_us_per_byte = 0;
+  };
+  OutOfPlace out_of_place;
   // The calibration's mean relative error (0: not calibrated), so that a
   // poor fit is reported wherever the cluster is used.
   double fit_error = 0;

@@ -145,7 +145,16 @@ CpuCosts cpu_costs(const Scenario& s, int ranks) {
 double bucket_allreduce_ms(const Scenario& s, int ranks, double bytes) {
   const double wire = wire_bytes(bytes, s.hook);
   const Cluster::Hook16* h = hook16(s);
-  if (h == nullptr || ranks <= 1) return allreduce_us(s.cluster, ranks, wire) / 1000;
+  if (h == nullptr || ranks <= 1) {
+    // Without a hook the reducer reduces out of place unless the gradients
+    // are bucket views.
+    if (s.bucket_view || !s.cluster.out_of_place.calibrated || ranks <= 1)
+      return allreduce_us(s.cluster, ranks, wire) / 1000;
+    Cluster out_of_place = s.cluster;
+    out_of_place.intra = out_of_place.inter = s.cluster.out_of_place.link;
+    out_of_place.gamma_us_per_byte = s.cluster.out_of_place.gamma_us_per_byte;
+    return allreduce_us(out_of_place, ranks, wire) / 1000;
+  }
   Cluster sixteen = s.cluster;
   sixteen.intra = sixteen.inter = h->link;
   sixteen.gamma_us_per_byte = h->gamma_us_per_byte;
@@ -178,6 +187,8 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   double latency_ms = 0;
   Scenario latency_scenario = s;
   latency_scenario.cluster = latency_only;
+  latency_scenario.cluster.out_of_place.link.beta_us_per_byte = 0;
+  latency_scenario.cluster.out_of_place.gamma_us_per_byte = 0;
   for (auto* h : {&latency_scenario.cluster.fp16, &latency_scenario.cluster.bf16}) {
     h->link.beta_us_per_byte = h->gamma_us_per_byte = 0;
     h->widen_gb_per_s = 0;

@@ -705,6 +705,55 @@ TEST(Calibration, HalfAndBfloat16RowsCalibrateTheHooks) {
   EXPECT_THROW(calibrate_cluster(half, "", -1, 0), InvalidArgument);
 }
 
+// DDP's default reducer reduces out of place, gradient_as_bucket_view in
+// place; on the shm backend the two run at different rates, so each mode
+// takes its own fit when bench measured both.
+TEST(Calibration, OutOfPlaceRowsCalibrateTheDefaultReducerAndViewsKeepTheInPlaceLinks) {
+  auto rows = bench_json("float", Link::from_bandwidth(4, 10), 0, 2);
+  auto out = bench_json("float", Link::from_bandwidth(4, 5), 0, 2);
+  for (auto& r : out) r.out_of_place = true;
+  rows.insert(rows.end(), out.begin(), out.end());
+  const Calibration c = calibrate_cluster(rows, "", -1, 0);
+  ASSERT_TRUE(c.cluster.out_of_place.calibrated);
+  const double in_place_us = cost_us(flat_terms(Algorithm::shm, 2, 16e6), Link::from_bandwidth(4, 10), 0, 16e6);
+  const double out_of_place_us = cost_us(flat_terms(Algorithm::shm, 2, 16e6), Link::from_bandwidth(4, 5), 0, 16e6);
+  Scenario s;
+  s.cluster = c.cluster;
+  s.bucket_view = true;
+  EXPECT_NEAR(bucket_allreduce_ms(s, 2, 16e6), in_place_us / 1000, 0.02 * in_place_us / 1000);
+  s.bucket_view = false;
+  EXPECT_NEAR(bucket_allreduce_ms(s, 2, 16e6), out_of_place_us / 1000, 0.02 * out_of_place_us / 1000);
+  EXPECT_TRUE(mentions(c.notes, "out of place (DDP's default reducer)"));
+  // The cluster file keeps it.
+  const Cluster back = parse_cluster_json(cluster_json(c.cluster));
+  ASSERT_TRUE(back.out_of_place.calibrated);
+  EXPECT_NEAR(back.out_of_place.link.gb_per_s(), c.cluster.out_of_place.link.gb_per_s(), 1e-9);
+  // Without out-of-place rows both modes take the in-place links, and say so.
+  const Calibration only_in = calibrate_cluster(bench_json("float", Link::from_bandwidth(4, 10), 0, 2), "", -1, 0);
+  EXPECT_FALSE(only_in.cluster.out_of_place.calibrated);
+  EXPECT_TRUE(mentions(only_in.notes, "out of place: no rows"));
+  s.cluster = only_in.cluster;
+  EXPECT_NEAR(bucket_allreduce_ms(s, 2, 16e6), in_place_us / 1000, 0.02 * in_place_us / 1000);
+  // Out-of-place rows alone fit the links, for both modes.
+  const Calibration only_out = calibrate_cluster(out, "", -1, 0);
+  EXPECT_FALSE(only_out.cluster.out_of_place.calibrated);
+  EXPECT_TRUE(mentions(only_out.notes, "in place: no rows"));
+  s.cluster = only_out.cluster;
+  s.bucket_view = true;
+  EXPECT_NEAR(bucket_allreduce_ms(s, 2, 16e6), out_of_place_us / 1000, 0.02 * out_of_place_us / 1000);
+  // bench's output says which it measured.
+  const auto parsed = cli::parse_bench_output(
+      R"({"backend": "shm", "ranks": 2, "out_of_place": true, "results": [{"op": "allreduce", "size": 1024, "time_us": 10}]})");
+  ASSERT_EQ(parsed.size(), 1u);
+  EXPECT_TRUE(parsed[0].out_of_place);
+  const auto table = cli::parse_bench_output(
+      "# lockstep bench: 2 ranks, backend shm, 20 iterations after 5 warm-up, check on, shared buffers, out of place\n"
+      "     1048576       262144    float    sum     -1      60.00    17.48    17.48       0\n");
+  ASSERT_EQ(table.size(), 1u);
+  EXPECT_TRUE(table[0].out_of_place);
+  EXPECT_TRUE(table[0].shared_buffers);
+}
+
 TEST(Calibration, BenchJsonCarriesDtypeRanksPerHostAndConversionRates) {
   const auto rows = cli::parse_bench_output(
       R"({"backend": "shm", "ranks": 2, "dtype": "half", "ranks_per_host": 1, "shared_buffers": false,

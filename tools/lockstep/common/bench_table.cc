@@ -22,6 +22,7 @@ std::vector<BenchRow> parse_json(const nlohmann::json& j) {
     row.dtype = j.value("dtype", "float");
     row.ranks_per_host = j.value("ranks_per_host", 0);
     row.shared_buffers = j.value("shared_buffers", false);
+    row.out_of_place = j.value("out_of_place", false);
     row.narrow_gb_per_s = j.value("narrow_gbps", 0.0);
     row.widen_gb_per_s = j.value("widen_gbps", 0.0);
     rows.push_back(row);
@@ -34,7 +35,7 @@ std::vector<BenchRow> parse_table(const std::string& text) {
   std::istringstream in(text);
   int ranks = 0;
   std::string backend, op = "allreduce";
-  bool shared = false;
+  bool shared = false, out_of_place = false;
   for (std::string line; std::getline(in, line);) {
     int n = 0;
     char name[64] = {0};
@@ -42,6 +43,7 @@ std::vector<BenchRow> parse_table(const std::string& text) {
       ranks = n;
       backend = name;
       shared = line.find(" shared buffers") != std::string::npos;
+      out_of_place = line.find(" out of place") != std::string::npos;
       continue;
     }
     if (std::sscanf(line.c_str(), "# %63s", name) == 1 && line.find(' ', 2) == std::string::npos) {
@@ -56,6 +58,7 @@ std::vector<BenchRow> parse_table(const std::string& text) {
       BenchRow row{ranks, backend, op, bytes, time};
       row.dtype = type;
       row.shared_buffers = shared;
+      row.out_of_place = out_of_place;
       rows.push_back(row);
     }
   }

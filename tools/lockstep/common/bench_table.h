@@ -29,6 +29,8 @@ struct BenchRow {
   std::string dtype = "float";
   int ranks_per_host = 0;
   bool shared_buffers = false;
+  // allreduce from one buffer into another (--out-of-place), not in place.
+  bool out_of_place = false;
   double narrow_gb_per_s = 0;
   double widen_gb_per_s = 0;
 };

@@ -214,10 +214,41 @@ void calibrate_hook(const std::vector<cli::BenchRow>& rows, const char* hook, Ca
 
 }  // namespace
 
+// The rows measured in place (in_place) or out of place (bench --out-of-place).
+std::vector<cli::BenchRow> placed(const std::vector<cli::BenchRow>& rows, bool out_of_place) {
+  std::vector<cli::BenchRow> out;
+  for (const auto& r : rows)
+    if (r.out_of_place == out_of_place) out.push_back(r);
+  return out;
+}
+
+// DDP's default reducer reduces out of place: its own fit where the files
+// have such fp32 rows besides in-place ones.
+void calibrate_out_of_place(const std::vector<cli::BenchRow>& rows, Calibration& c) {
+  if (rows.empty()) {
+    c.notes.push_back("out of place: no rows (bench --out-of-place --shared-buffers); DDP's default reducer is taken "
+                      "to reduce at the in-place rate of gradient_as_bucket_view");
+    return;
+  }
+  const Fit fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
+  c.cluster.out_of_place = {true, fit.link, fit.gamma_us_per_byte};
+  c.notes.push_back(fmt::format("out of place (DDP's default reducer): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; "
+                                "mean error {:.1f}%, max {:.1f}%",
+                                fit.rows, fit.link.alpha_us, fit.link.gb_per_s(), 100 * fit.mean_error,
+                                100 * fit.max_error));
+  const std::string poor = poor_fit_warning(fit.mean_error, "fp32 all-reduce out of place");
+  if (!poor.empty()) c.warnings.push_back(poor);
+  c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
+}
+
 Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::string& algorithm_name,
                               double min_bytes, int ranks_per_host) {
   Calibration c;
-  const std::vector<cli::BenchRow> rows = rows_of(all, "float");
+  const std::vector<cli::BenchRow> fp32 = rows_of(all, "float");
+  // The links are fitted to the in-place rows (gradient_as_bucket_view,
+  // and the hooks' own all-reduces); out-of-place rows alone serve too.
+  const std::vector<cli::BenchRow> in_place = placed(fp32, false);
+  const std::vector<cli::BenchRow> rows = in_place.empty() ? fp32 : in_place;
   if (rows.empty())
     throw InvalidArgument("calibrate: no fp32 (float) all-reduce rows; the links are fitted to DDP's plain "
                           "all-reduce: lockstep bench -np 2 -b 256K -e 64M -f 2 --shared-buffers --json FILE");
@@ -255,6 +286,11 @@ Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::
                          "and out; DDP's buckets are shared buffers: bench with --shared-buffers");
   const std::string poor = poor_fit_warning(c.fit.mean_error, "fp32 all-reduce");
   if (!poor.empty()) c.warnings.push_back(poor);
+  if (!in_place.empty())
+    calibrate_out_of_place(placed(fp32, true), c);
+  else
+    c.notes.push_back("in place: no rows (bench --shared-buffers without --out-of-place); gradient_as_bucket_view "
+                      "is taken to reduce at the out-of-place rate of DDP's default reducer");
   calibrate_hook(rows_of(all, "half"), "fp16", c);
   calibrate_hook(rows_of(all, "bfloat16"), "bf16", c);
   return c;
@@ -281,6 +317,10 @@ std::string cluster_json(const Cluster& c) {
                       {"fit_error", c.fit_error}};
   if (c.fp16.calibrated) j["fp16"] = hook(c.fp16);
   if (c.bf16.calibrated) j["bf16"] = hook(c.bf16);
+  if (c.out_of_place.calibrated) {
+    j["out_of_place"] = link(c.out_of_place.link);
+    j["out_of_place"]["gamma_gb_per_s"] = c.out_of_place.gamma_us_per_byte > 0 ? 1e-3 / c.out_of_place.gamma_us_per_byte : 0;
+  }
   return j.dump(1) + "\n";
 }
 
@@ -315,6 +355,12 @@ Cluster parse_cluster_json(const std::string& text) {
     h->gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
     h->narrow_gb_per_s = j[key].value("narrow_gb_per_s", 0.0);
     h->widen_gb_per_s = j[key].value("widen_gb_per_s", 0.0);
+  }
+  if (j.contains("out_of_place")) {
+    c.out_of_place.calibrated = true;
+    c.out_of_place.link = link("out_of_place");
+    const double g = j["out_of_place"].value("gamma_gb_per_s", 0.0);
+    c.out_of_place.gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
   }
   if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0)
     throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}: the rate and "
