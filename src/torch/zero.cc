@@ -14,6 +14,7 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
+#include "zero_pieces.h"
 
 namespace lockstep::torch {
 namespace {
@@ -44,14 +45,6 @@ constexpr const char* kNotInTheJoin =
     "ZeroRedundancyOptimizer::step: the shards' all-gather did not pair with the other ranks' collectives. If a "
     "rank ran out of inputs under a Join, this optimizer must be in the Join too: Join({ddp, zero})";
 
-// Moves each state entry of `params` from `from` into `to` (a copy).
-void copy_state(::torch::optim::Optimizer& from, ::torch::optim::Optimizer& to, const std::vector<Tensor>& params) {
-  for (const auto& p : params) {
-    const auto it = from.state().find(libtorch::optimizer_state_key(p));
-    if (it != from.state().end()) to.state()[libtorch::optimizer_state_key(p)] = it->second->clone();
-  }
-}
-
 // Each group's options of `from`, into the same group of `to`.
 void copy_options(const std::vector<::torch::optim::OptimizerParamGroup>& from,
                   std::vector<::torch::optim::OptimizerParamGroup>& to) {
@@ -72,6 +65,59 @@ std::unique_ptr<::torch::optim::OptimizerOptions> checked_defaults(
   return make_optimizer(std::move(all))->defaults().clone();
 }
 
+// Said when add_param_group() meets the balanced_elements partition.
+constexpr const char* kNoGroupsLater =
+    "ZeroRedundancyOptimizer: add_param_group() cannot be used with ZeroPartition::balanced_elements: the new "
+    "parameters would move every rank's range of elements, and the optimizer state with it. Pass every group to "
+    "the constructor, or use ZeroPartition::by_tensor";
+
+// Where the pieces of one dtype sit in the buffer the all-gather fills:
+// one block per rank, in rank order, each rank's pieces in order in its
+// block. `padded`: every block as long as the longest (one allgather of
+// equal blocks); else each as long as its pieces (an allgather with
+// per-rank counts, no memory wasted).
+struct GatherLayout {
+  std::vector<std::size_t> pieces;    // indices into the pieces, of this dtype
+  std::vector<std::int64_t> offsets;  // by entry of `pieces`
+  std::vector<std::int64_t> block_begin, block_count;  // by rank
+  std::int64_t size = 0;
+  bool equal_blocks() const {
+    return std::adjacent_find(block_count.begin(), block_count.end(), std::not_equal_to<>()) == block_count.end();
+  }
+};
+
+GatherLayout gather_layout(const std::vector<detail::ZeroPiece>& pieces, const std::vector<Tensor>& params,
+                           ::torch::ScalarType type, int ranks, bool padded) {
+  GatherLayout layout;
+  layout.block_count.assign(static_cast<std::size_t>(ranks), 0);
+  std::vector<std::int64_t> position;  // of each entry in its rank's block
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    if (params[pieces[k].param].scalar_type() != type) continue;
+    layout.pieces.push_back(k);
+    auto& count = layout.block_count[static_cast<std::size_t>(pieces[k].owner)];
+    position.push_back(count);
+    count += pieces[k].count;
+  }
+  if (padded) {
+    const std::int64_t longest = *std::max_element(layout.block_count.begin(), layout.block_count.end());
+    std::fill(layout.block_count.begin(), layout.block_count.end(), longest);
+  }
+  for (const auto count : layout.block_count) {
+    layout.block_begin.push_back(layout.size);
+    layout.size += count;
+  }
+  for (std::size_t e = 0; e < layout.pieces.size(); ++e)
+    layout.offsets.push_back(layout.block_begin[static_cast<std::size_t>(pieces[layout.pieces[e]].owner)] +
+                             position[e]);
+  return layout;
+}
+
+// A parameter's elements [begin, begin + count), flattened: the parameter
+// must be contiguous (checked where tensors are cut).
+Tensor elements_of(const Tensor& param, std::int64_t begin, std::int64_t count) {
+  return param.detach().view({-1}).narrow(0, begin, count);
+}
+
 std::string serialized(::torch::optim::Optimizer& optimizer) {
   ::torch::serialize::OutputArchive archive;
   optimizer.save(archive);
@@ -83,16 +129,26 @@ std::string serialized(::torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters, std::shared_ptr<ProcessGroup> group,
-                                                 OptimizerFactory make_optimizer)
+                                                 OptimizerFactory make_optimizer, ZeroOptions zero_options)
     : ZeroRedundancyOptimizer(std::vector<ParamGroup>{ParamGroup(std::move(parameters))}, std::move(group),
-                              std::move(make_optimizer)) {}
+                              std::move(make_optimizer), zero_options) {}
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups,
-                                                 std::shared_ptr<ProcessGroup> group, OptimizerFactory make_optimizer)
+                                                 std::shared_ptr<ProcessGroup> group, OptimizerFactory make_optimizer,
+                                                 ZeroOptions zero_options)
     : Optimizer(param_groups, checked_defaults(param_groups, make_optimizer)),
       group_(std::move(group)),
-      make_optimizer_(std::move(make_optimizer)) {
+      make_optimizer_(std::move(make_optimizer)),
+      zero_options_(zero_options) {
   if (!group_) throw InvalidArgument("ZeroRedundancyOptimizer needs a process group (lockstep::init_process_group())");
+  if (zero_options_.partition == ZeroPartition::balanced_elements) {
+    const Tensor probe = ::torch::zeros({1}, param_groups_[0].params().at(0).options().requires_grad(false));
+    if (!zero_pieces::steps_elementwise(*make_optimizer_({probe})))
+      throw InvalidArgument(
+          "ZeroRedundancyOptimizer: ZeroPartition::balanced_elements steps cuts of tensors, which only optimizers "
+          "that update each element on its own allow: the factory must make exactly torch::optim::SGD, Adam, AdamW, "
+          "Adagrad or RMSprop (or pass their Options). Use ZeroPartition::by_tensor for any other optimizer");
+  }
   load_.assign(static_cast<std::size_t>(group_->size()), 0);
   sync_groups();
 }
@@ -102,6 +158,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> param_g
 // rank's part of each to its optimizer (made once it has a parameter).
 void ZeroRedundancyOptimizer::sync_groups() {
   if (groups_seen_ == param_groups_.size()) return;
+  const bool balanced = zero_options_.partition == ZeroPartition::balanced_elements;
+  if (balanced && groups_seen_ > 0) throw InvalidArgument(kNoGroupsLater);
+  const std::size_t first_new = groups_seen_;
   for (std::size_t g = groups_seen_; g < param_groups_.size(); ++g) {
     const auto& params = param_groups_[g].params();
     for (const auto& p : params) {
@@ -117,17 +176,103 @@ void ZeroRedundancyOptimizer::sync_groups() {
                                           "module->to(device) before building the optimizer)",
                                           c10::str(first.device()), i, c10::str(p.device())));
       if (parameters_.empty()) buffer_of(p, "a parameter of ZeroRedundancyOptimizer");  // a device lockstep uses
+      if (balanced && !p.is_contiguous())
+        throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is not contiguous; "
+                                          "ZeroPartition::balanced_elements cuts parameters as flat ranges (make it "
+                                          "contiguous, or use ZeroPartition::by_tensor)",
+                                          i));
       parameters_.push_back(p);
       group_of_.push_back(g);
     }
     for (const int owner : partition(params, load_)) owners_.push_back(owner);
-    if (local_) local_->add_param_group(ParamGroup(shard_of(group_->rank(), g), param_groups_[g].options().clone()));
   }
   groups_seen_ = param_groups_.size();
+  share_out();
+  // The buffers before the cuts: a cut is a view of its parameter's memory.
+  if (zero_options_.parameters_as_bucket_view) make_bucket_views();
+  make_piece_tensors();
+  if (local_)
+    for (std::size_t g = first_new; g < param_groups_.size(); ++g)
+      local_->add_param_group(ParamGroup(shard_of(group_->rank(), g), param_groups_[g].options().clone()));
   if (!local_ && !shard_of(group_->rank()).empty()) local_ = optimizer_over(group_->rank());
 }
 
+// The pieces: each parameter whole to its owner (by_tensor), or each
+// dtype's parameters cut into equal ranges (balanced_elements; owners_
+// then names the owner of each parameter's first element).
+void ZeroRedundancyOptimizer::share_out() {
+  pieces_.clear();
+  if (zero_options_.partition == ZeroPartition::by_tensor) {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) pieces_.push_back({i, 0, parameters_[i].numel(), owners_[i]});
+    return;
+  }
+  std::map<::torch::ScalarType, std::vector<std::size_t>> by_type;  // ordered: the same on every rank
+  for (std::size_t i = 0; i < parameters_.size(); ++i) by_type[parameters_[i].scalar_type()].push_back(i);
+  for (const auto& [type, indices] : by_type) {
+    std::vector<std::int64_t> numels;
+    for (const auto i : indices) numels.push_back(parameters_[i].numel());
+    std::int64_t last = -1;
+    for (auto piece : zero_pieces::partition_balanced(numels, group_->size())) {
+      piece.param = indices[piece.param];
+      if (static_cast<std::int64_t>(piece.param) != last) owners_[piece.param] = piece.owner;
+      last = static_cast<std::int64_t>(piece.param);
+      pieces_.push_back(piece);
+    }
+  }
+}
+
+// parameters_as_bucket_view: copies each dtype's parameters into one
+// buffer laid out as the all-gather fills it, and makes each parameter a
+// view of its place. set_data() keeps the tensor object, so the model,
+// DDP's autograd hooks and the optimizers' state keys stay with it. A
+// parameter's pieces are adjacent in both layouts, so it is one view.
+void ZeroRedundancyOptimizer::make_bucket_views() {
+  ::torch::NoGradGuard no_grad;
+  std::map<::torch::ScalarType, Tensor> buckets;
+  for (const auto& p : parameters_) buckets.emplace(p.scalar_type(), Tensor());
+  for (auto& [type, bucket] : buckets) {
+    const auto layout = gather_layout(pieces_, parameters_, type, group_->size(), bucket_padded());
+    bucket = ::torch::zeros({layout.size}, parameters_[pieces_[layout.pieces[0]].param].options().requires_grad(false));
+    for (std::size_t e = 0; e < layout.pieces.size(); ++e) {
+      const auto& piece = pieces_[layout.pieces[e]];
+      if (piece.begin != 0) continue;  // the parameter's view starts at its first piece
+      Tensor& p = parameters_[piece.param];
+      Tensor view = bucket.narrow(0, layout.offsets[e], p.numel()).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
+    }
+  }
+  buckets_ = std::move(buckets);
+}
+
+// Whether each bucket pads every rank's block to the longest: with
+// balanced_elements the blocks differ by less than one element per rank;
+// with by_tensor one dominant tensor would make the padding most of the
+// buffer, so the blocks are exact and the all-gather takes counts.
+bool ZeroRedundancyOptimizer::bucket_padded() const {
+  return zero_options_.partition == ZeroPartition::balanced_elements;
+}
+
+// A whole piece is stepped as its parameter; a cut one as a flat view of
+// its elements, a leaf of its own (its gradient is set before each step).
+void ZeroRedundancyOptimizer::make_piece_tensors() {
+  piece_tensors_.clear();
+  for (const auto& piece : pieces_) {
+    const Tensor& p = parameters_[piece.param];
+    if (piece.begin == 0 && piece.count == p.numel()) {
+      piece_tensors_.push_back(p);
+    } else {
+      piece_tensors_.push_back(elements_of(p, piece.begin, piece.count).requires_grad_(p.requires_grad()));
+    }
+  }
+}
+
+bool ZeroRedundancyOptimizer::is_cut(std::size_t piece) const {
+  return pieces_[piece].count != parameters_[pieces_[piece].param].numel();
+}
+
 void ZeroRedundancyOptimizer::add_param_group(const ParamGroup& param_group) {
+  if (zero_options_.partition == ZeroPartition::balanced_elements) throw InvalidArgument(kNoGroupsLater);
   Optimizer::add_param_group(param_group);
   sync_groups();
 }
@@ -153,24 +298,19 @@ std::unique_ptr<::torch::optim::Optimizer> ZeroRedundancyOptimizer::optimizer_ov
 
 std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank) const {
   std::vector<Tensor> shard;
-  for (std::size_t i = 0; i < parameters_.size(); ++i)
-    if (owners_[i] == rank) shard.push_back(parameters_[i]);
+  for (std::size_t k = 0; k < pieces_.size(); ++k)
+    if (pieces_[k].owner == rank) shard.push_back(piece_tensors_[k]);
   return shard;
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::shard_of(int rank, std::size_t group) const {
   std::vector<Tensor> shard;
-  for (std::size_t i = 0; i < parameters_.size(); ++i)
-    if (owners_[i] == rank && group_of_[i] == group) shard.push_back(parameters_[i]);
+  for (std::size_t k = 0; k < pieces_.size(); ++k)
+    if (pieces_[k].owner == rank && group_of_[pieces_[k].param] == group) shard.push_back(piece_tensors_[k]);
   return shard;
 }
 
-// Per dtype: every rank packs its shard into a block of the largest
-// shard's size (padding the rest), one allgather brings all blocks, and each
-// rank copies the other ranks' blocks into their parameters. On a GPU the
-// packing, the allgather and the copies out are ordered by the current
-// stream (the allgather runs after the packing queued there; wait() makes
-// the stream wait for it): the host never waits for the device.
+// Steps the shard, then one allgather per dtype (gather()).
 Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // Under a Join whose first joinable this is (no DDP in it): tells joined
   // ranks to shadow this step.
@@ -205,44 +345,79 @@ void ZeroRedundancyOptimizer::step_shard_and_gather() {
   if (local_) {
     // A scheduler (or the user) changes the options of param_groups().
     copy_options(param_groups_, local_->param_groups());
+    give_cut_pieces_their_gradients();
     local_->step();
   }
-  const int ranks = group_->size(), me = group_->rank();
+  const int ranks = group_->size();
   if (ranks == 1) return;
   ::torch::NoGradGuard no_grad;
-  std::map<::torch::ScalarType, std::vector<std::size_t>> by_type;  // ordered: the same on every rank
-  for (std::size_t i = 0; i < parameters_.size(); ++i) by_type[parameters_[i].scalar_type()].push_back(i);
-  for (const auto& [type, indices] : by_type) {
-    std::vector<std::int64_t> elements(static_cast<std::size_t>(ranks), 0);
-    for (const auto i : indices) elements[static_cast<std::size_t>(owners_[i])] += parameters_[i].numel();
-    const std::int64_t block = *std::max_element(elements.begin(), elements.end());
-    if (block == 0) continue;
-    Tensor packed = ::torch::zeros({block}, parameters_[indices[0]].options().requires_grad(false));
-    std::int64_t offset = 0;
-    for (const auto i : indices) {
-      if (owners_[i] != me) continue;
-      packed.slice(0, offset, offset + parameters_[i].numel()).copy_(parameters_[i].detach().reshape({-1}));
-      offset += parameters_[i].numel();
+  std::map<::torch::ScalarType, int> types;  // ordered: the same on every rank
+  for (const auto& p : parameters_) types.emplace(p.scalar_type(), 0);
+  for (const auto& [type, unused] : types) gather(type);
+}
+
+// A cut piece's gradient: the same elements of its parameter's gradient
+// (a view, no copy, where DDP left it contiguous); none where it has none.
+void ZeroRedundancyOptimizer::give_cut_pieces_their_gradients() {
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].owner != group_->rank() || !is_cut(k)) continue;
+    const Tensor& grad = parameters_[pieces_[k].param].grad();
+    piece_tensors_[k].mutable_grad() =
+        grad.defined() ? grad.detach().reshape({-1}).narrow(0, pieces_[k].begin, pieces_[k].count) : Tensor();
+  }
+}
+
+// One dtype's all-gather (gather_layout). With bucket views the buffer is
+// the parameters' memory: this rank's block is copied out as the send
+// buffer (backends do not all take an input inside the output) and the
+// others' blocks land in their parameters. Else every rank packs its
+// pieces into a block, the blocks are gathered into a new buffer and the
+// other ranks' pieces copied out into the parameters. On a GPU the copies
+// and the allgather are ordered by the current stream (wait() makes it
+// wait for the allgather): the host never waits for the device.
+void ZeroRedundancyOptimizer::gather(::torch::ScalarType type) {
+  const int me = group_->rank();
+  const bool in_bucket = zero_options_.parameters_as_bucket_view;
+  const auto layout = gather_layout(pieces_, parameters_, type, group_->size(), !in_bucket || bucket_padded());
+  if (layout.size == 0) return;
+  const auto mine = static_cast<std::size_t>(me);
+  Tensor all, send;
+  if (in_bucket) {
+    all = buckets_.at(type);
+    send = all.narrow(0, layout.block_begin[mine], layout.block_count[mine]).clone();
+  } else {
+    all = ::torch::empty({layout.size}, parameters_[pieces_[layout.pieces[0]].param].options().requires_grad(false));
+    send = ::torch::zeros({layout.block_count[mine]}, all.options());
+    for (std::size_t e = 0; e < layout.pieces.size(); ++e) {
+      const std::size_t k = layout.pieces[e];
+      if (pieces_[k].owner != me) continue;
+      send.narrow(0, layout.offsets[e] - layout.block_begin[mine], pieces_[k].count)
+          .copy_(piece_tensors_[k].detach().reshape({-1}));
     }
-    Tensor all = ::torch::empty({block * ranks}, packed.options());
-    try {
-      group_->allgather(buffer_of(packed, "a parameter of ZeroRedundancyOptimizer"),
-                        buffer_of(all, "a parameter of ZeroRedundancyOptimizer"))
-          ->wait();
-    } catch (const TimeoutError& e) {
-      if (join_config().enable) throw;
-      throw TimeoutError(fmt::format("{}\n{}", e.what(), kNotInTheJoin), e.peer());
-    } catch (const MismatchError& e) {
-      if (join_config().enable) throw;
-      throw MismatchError(fmt::format("{}\n{}", e.what(), kNotInTheJoin));
+  }
+  try {
+    const auto what = "a parameter of ZeroRedundancyOptimizer";
+    if (layout.equal_blocks()) {
+      group_->allgather(buffer_of(send, what), buffer_of(all, what))->wait();
+    } else {
+      std::vector<std::size_t> counts(layout.block_count.begin(), layout.block_count.end());
+      group_->allgather(buffer_of(send, what), buffer_of(all, what), std::move(counts))->wait();
     }
-    std::vector<std::int64_t> cursor(static_cast<std::size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) cursor[static_cast<std::size_t>(r)] = r * block;
-    for (const auto i : indices) {
-      auto& at = cursor[static_cast<std::size_t>(owners_[i])];
-      if (owners_[i] != me) parameters_[i].detach().copy_(all.slice(0, at, at + parameters_[i].numel()).view_as(parameters_[i]));
-      at += parameters_[i].numel();
-    }
+  } catch (const TimeoutError& e) {
+    if (join_config().enable) throw;
+    throw TimeoutError(fmt::format("{}\n{}", e.what(), kNotInTheJoin), e.peer());
+  } catch (const MismatchError& e) {
+    if (join_config().enable) throw;
+    throw MismatchError(fmt::format("{}\n{}", e.what(), kNotInTheJoin));
+  }
+  if (in_bucket) return;
+  for (std::size_t e = 0; e < layout.pieces.size(); ++e) {
+    const auto& piece = pieces_[layout.pieces[e]];
+    if (piece.owner == me) continue;
+    const Tensor got = all.narrow(0, layout.offsets[e], piece.count);
+    Tensor& p = parameters_[piece.param];
+    if (is_cut(layout.pieces[e])) elements_of(p, piece.begin, piece.count).copy_(got);
+    else p.detach().copy_(got.view_as(p));
   }
 }
 
@@ -277,7 +452,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     return;
   }
   auto full = optimizer_over(-1);
-  if (local_) copy_state(*local_, *full, shard_of(me));
+  PieceStates states(pieces_.size());
+  if (local_) collect_states(*local_, me, states);
   for (int r = 0; r < ranks; ++r) {
     if (r == me) continue;
     std::int64_t size = 0;
@@ -291,8 +467,9 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     // GPU of this host, perhaps).
     archive.load_from(bytes.data(), bytes.size(), parameters_[0].device());
     theirs->load(archive);
-    copy_state(*theirs, *full, shard_of(r));
+    collect_states(*theirs, r, states);
   }
+  put_whole_states(states, *full);
   consolidated_ = std::move(full);
 }
 
@@ -319,8 +496,47 @@ void ZeroRedundancyOptimizer::load(::torch::serialize::InputArchive& archive) {
   full->load(archive);
   copy_options(full->param_groups(), param_groups_);
   if (local_) {
-    copy_state(*full, *local_, shard_of(group_->rank()));
+    take_piece_states(*full);
     copy_options(param_groups_, local_->param_groups());
+  }
+}
+
+// The state `from` (an optimizer over `rank`'s shard) holds for each of
+// that rank's pieces, copied into `states`.
+void ZeroRedundancyOptimizer::collect_states(::torch::optim::Optimizer& from, int rank, PieceStates& states) const {
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].owner != rank) continue;
+    const auto it = from.state().find(libtorch::optimizer_state_key(piece_tensors_[k]));
+    if (it != from.state().end()) states[k] = it->second->clone();
+  }
+}
+
+// Each parameter's state into `full` (an optimizer over all parameters):
+// a whole piece's as it is, a cut parameter's merged from its pieces'
+// (none if a piece has none: it was never stepped).
+void ZeroRedundancyOptimizer::put_whole_states(PieceStates& states, ::torch::optim::Optimizer& full) const {
+  std::vector<std::vector<std::size_t>> pieces_of(parameters_.size());
+  for (std::size_t k = 0; k < pieces_.size(); ++k) pieces_of[pieces_[k].param].push_back(k);
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    std::vector<const ::torch::optim::OptimizerParamState*> parts;
+    for (const auto k : pieces_of[i])
+      if (states[k]) parts.push_back(states[k].get());
+    if (parts.empty() || parts.size() != pieces_of[i].size()) continue;
+    const auto key = libtorch::optimizer_state_key(parameters_[i]);
+    if (parts.size() == 1 && !is_cut(pieces_of[i][0])) full.state()[key] = std::move(states[pieces_of[i][0]]);
+    else full.state()[key] = zero_pieces::merge_states(parts, parameters_[i].sizes());
+  }
+}
+
+// This rank's pieces' state from `full` (an optimizer over all
+// parameters, as loaded): a cut piece takes its elements of each entry.
+void ZeroRedundancyOptimizer::take_piece_states(::torch::optim::Optimizer& full) {
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].owner != group_->rank()) continue;
+    const auto it = full.state().find(libtorch::optimizer_state_key(parameters_[pieces_[k].param]));
+    if (it == full.state().end()) continue;
+    local_->state()[libtorch::optimizer_state_key(piece_tensors_[k])] =
+        is_cut(k) ? zero_pieces::slice_state(*it->second, pieces_[k].begin, pieces_[k].count) : it->second->clone();
   }
 }
 

@@ -58,6 +58,7 @@ struct Case {
   std::string optimizer;     // "sgd" or "adam"
   bool zero_listed_first = false;
   JoinOptions join;
+  ZeroOptions zero;  // the layout of the shards
 };
 
 std::unique_ptr<::torch::optim::Optimizer> unsharded(const std::string& name, std::vector<Tensor> params) {
@@ -140,7 +141,7 @@ void train_in_processes(const Case& c, const Batches& batches, const std::string
         auto pg = init_process_group();
         auto net = make_mlp();
         DistributedDataParallel ddp(net, pg, small_buckets());
-        ZeroRedundancyOptimizer zero(net->parameters(), pg, factory(c.optimizer));
+        ZeroRedundancyOptimizer zero(net->parameters(), pg, factory(c.optimizer), c.zero);
         {
           std::optional<Join> join;
           if (c.zero_listed_first) join.emplace(std::vector<std::reference_wrapper<Joinable>>{zero, ddp}, c.join);
@@ -242,6 +243,21 @@ INSTANTIATE_TEST_SUITE_P(ZeroJoin, UnevenBatches,
 TEST(ZeroJoin, ARankWithNoBatchesStepsItsShardFromTheStart) { expect_reference({{0, 3, 5}, "adam"}); }
 
 TEST(ZeroJoin, ListingTheOptimizerBeforeDdpShadowsAlike) { expect_reference({{5, 2}, "sgd", true}); }
+
+// The joined rank's shadow steps move its pieces and fill the buckets as a
+// training rank's do.
+TEST(ZeroJoin, BucketViewsShadowAlike) {
+  Case c{{3, 6}, "sgd"};
+  c.zero.parameters_as_bucket_view = true;
+  expect_reference(c);
+}
+
+TEST(ZeroJoin, BalancedElementsInBucketViewsShadowAlike) {
+  Case c{{4, 2, 6}, "adam"};
+  c.zero.parameters_as_bucket_view = true;
+  c.zero.partition = ZeroPartition::balanced_elements;
+  expect_reference(c);
+}
 
 TEST(ZeroJoin, DividedByTheRanksStillTraining) {
   JoinOptions join;

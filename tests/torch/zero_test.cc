@@ -16,6 +16,7 @@
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/zero.h"
 #include "torch/libtorch_version.h"
+#include "torch/zero_pieces.h"
 
 namespace lockstep::torch {
 namespace {
@@ -138,11 +139,21 @@ void train_sharded(DistributedDataParallel<nn::SequentialImpl>& ddp, ZeroRedunda
   }
 }
 
-class Equivalence : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+// The ways ZeroOptions lays out the shards, by name (for test names).
+ZeroOptions zero_options(const std::string& mode) {
+  ZeroOptions o;
+  o.parameters_as_bucket_view = mode.find("bucket_view") != std::string::npos;
+  if (mode.find("balanced") != std::string::npos) o.partition = ZeroPartition::balanced_elements;
+  return o;
+}
+const auto kModes = ::testing::Values("by_tensor", "bucket_view", "balanced", "balanced_bucket_view");
+
+class Equivalence : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
 
 TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
   const int ranks = std::get<0>(GetParam());
   const Factory make = std::get<1>(GetParam()) == "sgd" ? sgd() : adam();
+  const ZeroOptions options = zero_options(std::get<2>(GetParam()));
   Reference ref{make_mlp(7), nullptr};
   ref.opt = make(ref.net->parameters());
   train_reference(ref, 0, kSteps);
@@ -154,8 +165,11 @@ TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
   const int to = ranks - 1;  // consolidate on the last rank, not only rank 0
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
-    DistributedDataParallel ddp(net, borrow(pg));
-    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), make);
+    // DDP's gradients in its buckets beside ZeRO's parameters in its own.
+    DDPOptions ddp_options;
+    ddp_options.gradient_as_bucket_view = options.parameters_as_bucket_view;
+    DistributedDataParallel ddp(net, borrow(pg), ddp_options);
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), make, options);
     train_sharded(ddp, opt, rank, ranks, 0, kSteps);
     params[static_cast<std::size_t>(rank)] = values(net->parameters());
     opt.consolidate_state_dict(to);
@@ -172,15 +186,19 @@ TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndOptimizers, Equivalence,
-                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam")),
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam"), kModes),
                          [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param) + "_" +
+                                  std::get<2>(info.param);
                          });
 
 // A checkpoint written by the unsharded optimizer after 2 steps, loaded into
 // the shards (and the consolidated state saved by the shards, loaded into
-// an unsharded optimizer), goes on training exactly as the reference.
-TEST(ZeroRedundancyOptimizer, CheckpointsInterchangeWithTheUnshardedOptimizer) {
+// an unsharded optimizer), goes on training exactly as the reference; in
+// every layout (a cut tensor's state is split on load and merged on save).
+class Checkpoints : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Checkpoints, InterchangeWithTheUnshardedOptimizer) {
   constexpr int kRanks = 3;
   Reference ref{make_mlp(7), nullptr};
   ref.opt = adam()(ref.net->parameters());
@@ -206,7 +224,8 @@ TEST(ZeroRedundancyOptimizer, CheckpointsInterchangeWithTheUnshardedOptimizer) {
       for (std::size_t i = 0; i < params_after_2.size(); ++i) net->parameters()[i].copy_(params_after_2[i]);
     }
     DistributedDataParallel ddp(net, borrow(pg));
-    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::AdamOptions(0.01));
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::AdamOptions(0.01),
+                                zero_options(GetParam()));
     ::torch::serialize::InputArchive in;
     const std::string bytes = saved_by_reference.str();
     in.load_from(bytes.data(), bytes.size());
@@ -231,6 +250,8 @@ TEST(ZeroRedundancyOptimizer, CheckpointsInterchangeWithTheUnshardedOptimizer) {
   reloaded->load(in);
   expect_same_state(*reloaded, reloaded_net->parameters(), *ref.opt, ref.net->parameters());
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Checkpoints, kModes);
 
 // Adam's state (two moments per element) of 8 x Linear(512, 512): each of 4
 // ranks holds about a quarter of it; the shards together hold all of it.
@@ -485,6 +506,226 @@ TEST(ZeroRedundancyOptimizer, SavesAndLoadsThroughTorchSaveAndLoad) {
   });
   for (int r = 0; r < kRanks; ++r)
     expect_params(params[static_cast<std::size_t>(r)], values(ref_net->parameters()), "rank " + std::to_string(r));
+}
+
+// ---- Layouts: parameters_as_bucket_view and ZeroPartition ----------------
+
+// parameters_as_bucket_view changes where the parameters live, not what a
+// step computes: every rank's parameters equal the default layout's bit for
+// bit after every step, at 1, 2 and 3 ranks, with SGD (momentum) and Adam,
+// under either partition. The parameters stay the model's tensors and share
+// one buffer.
+class BucketView : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
+
+TEST_P(BucketView, EqualsTheDefaultLayoutBitForBit) {
+  const int ranks = std::get<0>(GetParam());
+  const Factory make = std::get<1>(GetParam()) == "sgd" ? sgd() : adam();
+  ZeroOptions plain = zero_options(std::get<2>(GetParam())), viewed = plain;
+  viewed.parameters_as_bucket_view = true;
+  Reference ref{make_mlp(7), nullptr};
+  ref.opt = make(ref.net->parameters());
+  train_reference(ref, 0, kSteps);
+  std::vector<nn::Sequential> plain_nets, viewed_nets;
+  for (int r = 0; r < ranks; ++r) plain_nets.push_back(make_mlp(7)), viewed_nets.push_back(make_mlp(7));
+  std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
+  ThreadWorld world(ranks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto plain_net = plain_nets[static_cast<std::size_t>(rank)], viewed_net = viewed_nets[static_cast<std::size_t>(rank)];
+    const auto model_params = viewed_net->parameters();
+    ZeroRedundancyOptimizer plain_opt(plain_net->parameters(), borrow(pg), make, plain);
+    ZeroRedundancyOptimizer viewed_opt(model_params, borrow(pg), make, viewed);
+    for (std::size_t i = 0; i < model_params.size(); ++i) {
+      EXPECT_TRUE(viewed_net->parameters()[i].is_same(model_params[i])) << "parameter " << i;
+      EXPECT_TRUE(model_params[i].is_alias_of(model_params[0])) << "parameter " << i << " is not in the bucket";
+    }
+    for (int s = 0; s < kSteps; ++s) {
+      local_step(plain_net, plain_opt, s);
+      local_step(viewed_net, viewed_opt, s);
+      for (std::size_t i = 0; i < model_params.size(); ++i)
+        EXPECT_TRUE(viewed_net->parameters()[i].equal(plain_net->parameters()[i])) << "step " << s << " parameter " << i;
+    }
+    params[static_cast<std::size_t>(rank)] = values(viewed_net->parameters());
+  });
+  for (int r = 0; r < ranks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref.net->parameters()), "rank " + std::to_string(r));
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksOptimizersPartitions, BucketView,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values("sgd", "adam"),
+                                            ::testing::Values("by_tensor", "balanced")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param) + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+// With by_tensor, add_param_group() moves the parameters into new buffers:
+// the groups still train as torch::optim::SGD's, and every parameter is in
+// the bucket.
+TEST(BucketView, ParameterGroupsAddedLaterJoinTheBuffer) {
+  constexpr int kRanks = 2;
+  const auto split = [](nn::Sequential& net) {
+    const auto p = net->parameters();
+    return std::make_pair(std::vector<Tensor>(p.begin(), p.begin() + 4), std::vector<Tensor>(p.begin() + 4, p.end()));
+  };
+  auto ref_net = make_mlp(7);
+  auto [ref_first, ref_later] = split(ref_net);
+  ::torch::optim::SGD ref_opt(ref_first, ::torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int s = 0; s < kSteps; ++s) {
+    if (s == 2) ref_opt.add_param_group(::torch::optim::OptimizerParamGroup(ref_later));
+    local_step(ref_net, ref_opt, s);
+  }
+  std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)};
+  std::vector<std::vector<Tensor>> params(kRanks);
+  ThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    auto [first, later] = split(net);
+    ZeroOptions o;
+    o.parameters_as_bucket_view = true;
+    ZeroRedundancyOptimizer opt(first, borrow(pg), ::torch::optim::SGDOptions(0.1).momentum(0.9), o);
+    for (int s = 0; s < kSteps; ++s) {
+      if (s == 2) opt.add_param_group(::torch::optim::OptimizerParamGroup(later));
+      local_step(net, opt, s);
+    }
+    for (const auto& p : net->parameters()) EXPECT_TRUE(p.is_alias_of(net->parameters()[0]));
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+  });
+  for (int r = 0; r < kRanks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], values(ref_net->parameters()), "rank " + std::to_string(r));
+}
+
+// The balanced partition cuts at equal ranges of the end-to-end elements.
+TEST(ZeroPartition, BalancedElementsCutAtEqualRanges) {
+  using Piece = detail::ZeroPiece;
+  const auto pieces = zero_pieces::partition_balanced({10, 1, 5}, 3);  // 16 elements: 6, 6, 4
+  const std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t, int>> want{
+      {0, 0, 6, 0}, {0, 6, 4, 1}, {1, 0, 1, 1}, {2, 0, 1, 1}, {2, 1, 4, 2}};
+  ASSERT_EQ(pieces.size(), want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const Piece& p = pieces[k];
+    EXPECT_EQ(std::make_tuple(p.param, p.begin, p.count, p.owner), want[k]) << "piece " << k;
+  }
+  // More ranks than elements, and an empty tensor: every element placed once.
+  const auto few = zero_pieces::partition_balanced({2, 0}, 4);
+  ASSERT_EQ(few.size(), 3u);
+  EXPECT_EQ(few[0].owner, 0);
+  EXPECT_EQ(few[1].owner, 1);
+  EXPECT_EQ(few[2].count, 0);
+}
+
+// One Linear(1024, 1024) beside small layers: its weight is 85% of the
+// elements. by_tensor (PyTorch's rule) gives it, and its Adam state, to one
+// rank; balanced_elements gives each rank 1/N. Both train as the unsharded
+// Adam (to 1e-6), and the balanced consolidated state is Adam's own.
+nn::Sequential make_dominant(int seed) {
+  ::torch::manual_seed(seed);
+  return nn::Sequential(nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 160), nn::ReLU(), nn::Linear(160, 128),
+                        nn::ReLU(), nn::Linear(128, 10));
+}
+
+struct Shares {
+  double elements = 0, state = 0;  // the largest rank's, as a fraction of the whole
+};
+
+Shares train_dominant(int ranks, ZeroPartition partition, const std::vector<Tensor>& want_params,
+                      ::torch::optim::Optimizer& want_opt, const std::vector<Tensor>& want_keys,
+                      const std::pair<Tensor, Tensor>& data, int steps) {
+  std::vector<nn::Sequential> nets;
+  for (int r = 0; r < ranks; ++r) nets.push_back(make_dominant(5));
+  std::vector<std::int64_t> elements(static_cast<std::size_t>(ranks));
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
+  ThreadWorld world(ranks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
+    ZeroOptions o;
+    o.partition = partition;
+    ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::AdamOptions(1e-3), o);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      ::torch::mse_loss(net->forward(data.first), data.second).backward();
+      opt.step();
+    }
+    ASSERT_NE(opt.local_optimizer(), nullptr);
+    for (const auto& group : opt.local_optimizer()->param_groups())
+      for (const auto& p : group.params()) elements[static_cast<std::size_t>(rank)] += p.numel();
+    bytes[static_cast<std::size_t>(rank)] = optimizer_state_bytes(*opt.local_optimizer());
+    params[static_cast<std::size_t>(rank)] = values(net->parameters());
+    opt.consolidate_state_dict(0);
+    if (rank == 0) expect_same_state(opt.consolidated(), net->parameters(), want_opt, want_keys);
+  });
+  for (int r = 0; r < ranks; ++r)
+    expect_params(params[static_cast<std::size_t>(r)], want_params, "rank " + std::to_string(r));
+  std::int64_t total_elements = 0;
+  std::size_t total_bytes = 0;
+  for (const auto e : elements) total_elements += e;
+  for (const auto b : bytes) total_bytes += b;
+  EXPECT_EQ(total_bytes, optimizer_state_bytes(want_opt));
+  return {static_cast<double>(*std::max_element(elements.begin(), elements.end())) / static_cast<double>(total_elements),
+          static_cast<double>(*std::max_element(bytes.begin(), bytes.end())) / static_cast<double>(total_bytes)};
+}
+
+class DominantTensor : public ::testing::TestWithParam<int> {};
+
+TEST_P(DominantTensor, BalancedElementsGiveEachRankItsShare) {
+  const int ranks = GetParam();
+  constexpr int kDominantSteps = 3;
+  ::torch::manual_seed(9);
+  const std::pair<Tensor, Tensor> data{::torch::randn({8, 1024}), ::torch::randn({8, 10})};
+  auto ref_net = make_dominant(5);
+  ::torch::optim::Adam ref_opt(ref_net->parameters(), ::torch::optim::AdamOptions(1e-3));
+  for (int s = 0; s < kDominantSteps; ++s) {
+    ref_opt.zero_grad();
+    ::torch::mse_loss(ref_net->forward(data.first), data.second).backward();
+    ref_opt.step();
+  }
+  const auto want = values(ref_net->parameters());
+  std::int64_t total = 0;
+  for (const auto& p : ref_net->parameters()) total += p.numel();
+  const auto before =
+      train_dominant(ranks, ZeroPartition::by_tensor, want, ref_opt, ref_net->parameters(), data, kDominantSteps);
+  const auto after = train_dominant(ranks, ZeroPartition::balanced_elements, want, ref_opt, ref_net->parameters(),
+                                    data, kDominantSteps);
+  std::printf("Linear(1024, 1024) beside small layers (its weight %.1f%% of %lld elements), Adam, %d ranks: the "
+              "largest rank holds %.3f of the elements and %.3f of Adam's state with by_tensor, %.3f and %.3f with "
+              "balanced_elements\n",
+              100.0 * 1024 * 1024 / static_cast<double>(total), static_cast<long long>(total), ranks, before.elements,
+              before.state, after.elements, after.state);
+  EXPECT_GT(before.state, 0.84);
+  EXPECT_LE(after.elements, 1.0 / ranks + 1e-5);
+  EXPECT_LE(after.state, 1.0 / ranks + 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DominantTensor, ::testing::Values(2, 3));
+
+TEST(ZeroPartition, BalancedElementsRefuseWhatCannotStepCuts) {
+  ThreadWorld world(2, "shm");
+  world.run([&](int, ProcessGroup& pg) {
+    auto net = make_mlp(1);
+    ZeroOptions o;
+    o.partition = ZeroPartition::balanced_elements;
+    const Factory lbfgs = [](std::vector<Tensor> p) {
+      return std::make_unique<::torch::optim::LBFGS>(std::move(p), ::torch::optim::LBFGSOptions(1));
+    };
+    try {
+      ZeroRedundancyOptimizer refused(net->parameters(), borrow(pg), lbfgs, o);
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("exactly torch::optim::SGD, Adam, AdamW, Adagrad or RMSprop"),
+                std::string::npos)
+          << e.what();
+    }
+    // A factory that makes one of them is as good as its Options.
+    const auto params = net->parameters();
+    ZeroRedundancyOptimizer opt(std::vector<Tensor>(params.begin(), params.begin() + 4), borrow(pg), adam(), o);
+    try {
+      opt.add_param_group(::torch::optim::OptimizerParamGroup(std::vector<Tensor>(params.begin() + 4, params.end())));
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("add_param_group() cannot be used"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(opt.param_groups().size(), 1u);
+  });
 }
 
 }  // namespace

@@ -15,15 +15,17 @@
 // parameter from its own gradient and state (SGD, Adam, AdamW, Adagrad,
 // RMSprop). Shards are assigned greedily, group by group, largest
 // parameter first, to the rank with the fewest elements so far (the same on
-// every rank). step() is collective: every rank calls it, with the same
-// parameters.
+// every rank), or as equal ranges of elements (ZeroPartition). step() is
+// collective: every rank calls it, with the same parameters.
 //
 // Thread-safety: drive it from one thread, like a torch optimizer.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -53,7 +55,48 @@ inline std::unique_ptr<::torch::optim::Optimizer> optimizer_for(std::vector<::to
                                                                const ::torch::optim::RMSpropOptions& o) {
   return std::make_unique<::torch::optim::RMSprop>(std::move(p), o);
 }
+// A contiguous range of a parameter's elements (flattened) that one rank
+// updates: the whole parameter, or a cut of it (ZeroPartition::balanced_elements).
+struct ZeroPiece {
+  std::size_t param = 0;  // the parameter's index
+  std::int64_t begin = 0;
+  std::int64_t count = 0;
+  int owner = 0;
+};
 }  // namespace detail
+
+// How the parameters are shared out among the ranks.
+enum class ZeroPartition {
+  // PyTorch's rule: whole tensors, largest first, each to the rank with the
+  // fewest elements so far. One dominant tensor makes one rank hold its
+  // whole state (a Linear(1024, 1024) beside small layers: 85%).
+  by_tensor,
+  // Every dtype's parameters laid end to end and cut into equal ranges, one
+  // per rank (DeepSpeed ZeRO-1's layout): each rank holds 1/N of the
+  // elements and of the state, whatever the sizes. A tensor crossing a
+  // boundary is stepped in pieces (views of its elements, each with its own
+  // state), so only optimizers that update each element on its own may do
+  // this: exactly SGD, Adam, AdamW, Adagrad or RMSprop (InvalidArgument
+  // otherwise); and no add_param_group() after construction (every range
+  // would move). Consolidated and loaded state is the unsharded optimizer's.
+  balanced_elements,
+};
+
+// What PyTorch's ZeroRedundancyOptimizer takes besides the optimizer's own
+// options (its keyword arguments), with the same defaults.
+struct ZeroOptions {
+  // Keep the parameters in one contiguous buffer per dtype, each rank's
+  // shard a block of it (the parameters become views of it: the same
+  // tensors, so the model and DDP see them), so the all-gather writes the
+  // other ranks' shards straight into the parameters: no packing and no
+  // copying out. With by_tensor, add_param_group() rebuilds the buffers.
+  bool parameters_as_bucket_view = false;
+  // Step each shard as DDP's all-reduce of its bucket completes, from a comm
+  // hook, instead of in step().
+  bool overlap_with_ddp = false;
+  // Not in PyTorch (its partition is by_tensor): see ZeroPartition.
+  ZeroPartition partition = ZeroPartition::by_tensor;
+};
 
 // A torch::optim::Optimizer: learning-rate schedulers drive it
 // (torch::optim::StepLR sched(zero, 10, 0.5)), torch::save(zero, ...) and
@@ -82,22 +125,22 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
 
   // Throws InvalidArgument for an empty parameter list. Not collective.
   ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
-                          OptimizerFactory make_optimizer);
+                          OptimizerFactory make_optimizer, ZeroOptions zero_options = {});
   // Parameter groups; a group without options takes the factory's defaults.
   ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups, std::shared_ptr<ProcessGroup> group,
-                          OptimizerFactory make_optimizer);
+                          OptimizerFactory make_optimizer, ZeroOptions zero_options = {});
   // With a torch optimizer's options: SGDOptions, AdamOptions, AdamWOptions,
   // AdagradOptions or RMSpropOptions pick that optimizer.
   template <typename Options,
             typename = decltype(detail::optimizer_for({}, std::declval<const Options&>()))>
   ZeroRedundancyOptimizer(std::vector<::torch::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
-                          const Options& options)
-      : ZeroRedundancyOptimizer(std::move(parameters), std::move(group), factory_for(options)) {}
+                          const Options& options, ZeroOptions zero_options = {})
+      : ZeroRedundancyOptimizer(std::move(parameters), std::move(group), factory_for(options), zero_options) {}
   template <typename Options,
             typename = decltype(detail::optimizer_for({}, std::declval<const Options&>()))>
   ZeroRedundancyOptimizer(std::vector<ParamGroup> param_groups, std::shared_ptr<ProcessGroup> group,
-                          const Options& options)
-      : ZeroRedundancyOptimizer(std::move(param_groups), std::move(group), factory_for(options)) {}
+                          const Options& options, ZeroOptions zero_options = {})
+      : ZeroRedundancyOptimizer(std::move(param_groups), std::move(group), factory_for(options), zero_options) {}
 
   // Evaluates `closure` (if any, with gradients enabled) and returns its
   // loss; updates this rank's shard from its gradients, with each group's
@@ -129,7 +172,8 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
   // torch::load(zero, ...) calls it.
   void load(::torch::serialize::InputArchive& archive) override;
 
-  // The rank that owns (updates) parameter `index` of parameters().
+  // The rank that owns (updates) parameter `index` of parameters(); with
+  // ZeroPartition::balanced_elements, the owner of its first element.
   int owner(std::size_t index);
   // This rank's optimizer (null when its shard is empty: more ranks than
   // parameters). Its groups' options are set from param_groups() at every
@@ -138,6 +182,7 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
   // Every parameter, group after group.
   const std::vector<::torch::Tensor>& parameters() const { return parameters_; }
   ProcessGroup& group() const { return *group_; }
+  const ZeroOptions& zero_options() const { return zero_options_; }
 
   // For lockstep::torch::Join: a joined rank's step (shard and all-gather).
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
@@ -150,16 +195,34 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
   static OptimizerFactory factory_for(const Options& options) {
     return [options](std::vector<::torch::Tensor> p) { return detail::optimizer_for(std::move(p), options); };
   }
+  using PieceStates = std::vector<std::unique_ptr<::torch::optim::OptimizerParamState>>;  // by piece
   void step_shard_and_gather();
+  void give_cut_pieces_their_gradients();
+  void gather(::torch::ScalarType type);
   void sync_groups();
+  void share_out();
+  void make_bucket_views();
+  bool bucket_padded() const;
+  void make_piece_tensors();
+  bool is_cut(std::size_t piece) const;
+  void collect_states(::torch::optim::Optimizer& from, int rank, PieceStates& states) const;
+  void put_whole_states(PieceStates& states, ::torch::optim::Optimizer& full) const;
+  void take_piece_states(::torch::optim::Optimizer& full);
   std::unique_ptr<::torch::optim::Optimizer> optimizer_over(int rank) const;
   std::vector<::torch::Tensor> shard_of(int rank) const;
   std::vector<::torch::Tensor> shard_of(int rank, std::size_t group) const;
   std::shared_ptr<ProcessGroup> group_;
   OptimizerFactory make_optimizer_;
+  ZeroOptions zero_options_;
   std::vector<::torch::Tensor> parameters_;  // every group's, in order
   std::vector<std::size_t> group_of_;        // by parameter index
-  std::vector<int> owners_;                  // by parameter index
+  std::vector<int> owners_;                  // by parameter index (of its first element)
+  // What each rank steps, in order of dtype then parameter; with its tensor
+  // (the parameter itself, or a view of the cut elements).
+  std::vector<detail::ZeroPiece> pieces_;
+  std::vector<::torch::Tensor> piece_tensors_;
+  // parameters_as_bucket_view: the buffer of each dtype's parameters.
+  std::map<::torch::ScalarType, ::torch::Tensor> buckets_;
   std::vector<std::int64_t> load_;           // elements owned, by rank
   std::size_t groups_seen_ = 0;              // of param_groups(), shared out so far
   std::unique_ptr<::torch::optim::Optimizer> local_;
