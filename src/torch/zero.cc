@@ -14,6 +14,7 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
+#include "zero_overlap_state.h"
 #include "zero_pieces.h"
 
 namespace lockstep::torch {
@@ -342,7 +343,11 @@ std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&)
 
 void ZeroRedundancyOptimizer::step_shard_and_gather() {
   sync_groups();
-  if (local_) {
+  if (zero_options_.overlap_with_ddp && group_->size() > 1) {
+    // hook_with_zero_step stepped the shard during backward, bucket by
+    // bucket (a world of one has no reductions, so no hook runs there).
+    detail::ZeroOverlap::finish_step(*this);
+  } else if (local_) {
     // A scheduler (or the user) changes the options of param_groups().
     copy_options(param_groups_, local_->param_groups());
     give_cut_pieces_their_gradients();

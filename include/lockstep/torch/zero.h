@@ -63,6 +63,9 @@ struct ZeroPiece {
   std::int64_t count = 0;
   int owner = 0;
 };
+// What hook_with_zero_step (lockstep/torch/zero_overlap.h) shares with the
+// optimizer whose shard it steps.
+class ZeroOverlap;
 }  // namespace detail
 
 // How the parameters are shared out among the ranks.
@@ -191,6 +194,7 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
 
  private:
   class JoinedStep;
+  friend class detail::ZeroOverlap;
   template <typename Options>
   static OptimizerFactory factory_for(const Options& options) {
     return [options](std::vector<::torch::Tensor> p) { return detail::optimizer_for(std::move(p), options); };
@@ -227,6 +231,8 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
   std::size_t groups_seen_ = 0;              // of param_groups(), shared out so far
   std::unique_ptr<::torch::optim::Optimizer> local_;
   std::unique_ptr<::torch::optim::Optimizer> consolidated_;
+  // overlap_with_ddp: what its hook_with_zero_step stepped (null before one is made).
+  std::shared_ptr<detail::ZeroOverlap> overlap_;
 };
 
 // Bytes held in an optimizer's per-parameter state tensors (momentum
