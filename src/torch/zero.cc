@@ -352,6 +352,9 @@ void ZeroRedundancyOptimizer::step_shard_and_gather() {
     copy_options(param_groups_, local_->param_groups());
     give_cut_pieces_their_gradients();
     local_->step();
+    // Views of the gradients: kept, they would keep a gradient that
+    // zero_grad(true) drops alive until the next step.
+    drop_cut_pieces_gradients();
   }
   const int ranks = group_->size();
   if (ranks == 1) return;
@@ -370,6 +373,11 @@ void ZeroRedundancyOptimizer::give_cut_pieces_their_gradients() {
     piece_tensors_[k].mutable_grad() =
         grad.defined() ? grad.detach().reshape({-1}).narrow(0, pieces_[k].begin, pieces_[k].count) : Tensor();
   }
+}
+
+void ZeroRedundancyOptimizer::drop_cut_pieces_gradients() {
+  for (std::size_t k = 0; k < pieces_.size(); ++k)
+    if (is_cut(k)) piece_tensors_[k].mutable_grad().reset();
 }
 
 // One dtype's all-gather (gather_layout). With bucket views the buffer is

@@ -647,8 +647,14 @@ Shares train_dominant(int ranks, ZeroPartition partition, const std::vector<Tens
       opt.step();
     }
     ASSERT_NE(opt.local_optimizer(), nullptr);
+    const auto model_params = net->parameters();
     for (const auto& group : opt.local_optimizer()->param_groups())
-      for (const auto& p : group.params()) elements[static_cast<std::size_t>(rank)] += p.numel();
+      for (const auto& p : group.params()) {
+        elements[static_cast<std::size_t>(rank)] += p.numel();
+        // A cut piece lets go of its view of the gradient after the step.
+        const bool cut = std::none_of(model_params.begin(), model_params.end(), [&](const Tensor& m) { return m.is_same(p); });
+        if (cut) EXPECT_FALSE(p.grad().defined());
+      }
     bytes[static_cast<std::size_t>(rank)] = optimizer_state_bytes(*opt.local_optimizer());
     params[static_cast<std::size_t>(rank)] = values(net->parameters());
     opt.consolidate_state_dict(0);

@@ -202,6 +202,7 @@ class ZeroRedundancyOptimizer : public ::torch::optim::Optimizer, public Joinabl
   using PieceStates = std::vector<std::unique_ptr<::torch::optim::OptimizerParamState>>;  // by piece
   void step_shard_and_gather();
   void give_cut_pieces_their_gradients();
+  void drop_cut_pieces_gradients();
   void gather(::torch::ScalarType type);
   void sync_groups();
   void share_out();
