@@ -338,6 +338,13 @@ class ZeroRedundancyOptimizer::JoinedStep final : public JoinHook {
 };
 
 std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&) {
+  // DDP rescales the averages for the ranks that joined only after every
+  // bucket's hook has run, so a shard stepped inside the hook would use
+  // averages over the whole group.
+  if (zero_options_.overlap_with_ddp)
+    throw InvalidArgument(
+        "ZeroRedundancyOptimizer with overlap_with_ddp cannot take part in a Join (uneven inputs); build it without "
+        "overlap_with_ddp to train under Join");
   return std::make_unique<JoinedStep>(*this);
 }
 

@@ -13,6 +13,7 @@
 #include "harness/thread_world.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
+#include "lockstep/torch/join.h"
 #include "lockstep/torch/zero.h"
 #include "lockstep/torch/zero_overlap.h"
 #include "torch/libtorch_version.h"
@@ -323,7 +324,9 @@ TEST(HookWithZeroStep, RefusesASecondHookForTheSameOptimizer) {
   world.run([&](int, ProcessGroup& pg) {
     auto net = make_mlp(7);
     DistributedDataParallel ddp(net, borrow(pg));
-    ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd(), overlapping());
+    // The form docs/torch.md shows: options, then ZeroOptions.
+    ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), ::torch::optim::SGDOptions(0.1),
+                                 {.overlap_with_ddp = true});
     ddp.register_comm_hook(hook_with_zero_step(allreduce_hook(), ddp, zero));
     expect_refused([&] { hook_with_zero_step_interleaved(allreduce_hook(), ddp, zero); },
                    "hook_with_zero_step: this ZeroRedundancyOptimizer is already stepped by another "
@@ -362,6 +365,19 @@ TEST(HookWithZeroStep, StepWithoutABackwardIsRefused) {
                    "ZeroRedundancyOptimizer::step: built with overlap_with_ddp, step() only all-gathers what DDP's "
                    "comm hook stepped, but 8 of 8 parameters were in no bucket reduced since the last step(); run "
                    "the backward of the DDP module's output before each step()");
+  });
+}
+
+// DDP rescales for joined ranks after the hooks ran: refused, not wrong.
+TEST(HookWithZeroStep, JoinIsRefused) {
+  ThreadWorld world(1, "shm");
+  world.run([&](int, ProcessGroup& pg) {
+    auto net = make_mlp(7);
+    DistributedDataParallel ddp(net, borrow(pg));
+    ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd(), overlapping());
+    expect_refused([&] { Join join({ddp, zero}); },
+                   "ZeroRedundancyOptimizer with overlap_with_ddp cannot take part in a Join (uneven inputs); build "
+                   "it without overlap_with_ddp to train under Join");
   });
 }
 

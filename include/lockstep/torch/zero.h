@@ -95,7 +95,9 @@ struct ZeroOptions {
   // copying out. With by_tensor, add_param_group() rebuilds the buffers.
   bool parameters_as_bucket_view = false;
   // Step each shard as DDP's all-reduce of its bucket completes, from a comm
-  // hook, instead of in step().
+  // hook, instead of in step(): register hook_with_zero_step(hook, ddp, zero)
+  // (lockstep/torch/zero_overlap.h); step() then only all-gathers. Not
+  // under Join.
   bool overlap_with_ddp = false;
   // Not in PyTorch (its partition is by_tensor): see ZeroPartition.
   ZeroPartition partition = ZeroPartition::by_tensor;
