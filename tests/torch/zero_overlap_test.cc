@@ -114,12 +114,14 @@ struct Variant {
   ZeroStepSchedule schedule = ZeroStepSchedule::after_backward;
   bool gradient_as_bucket_view = false;
   bool fp16 = false;
+  std::string backend = "shm";  // tcp: the reductions finish on the progress thread, not inline
 };
 Variant variant(const std::string& name) {
   Variant v;
   if (name.find("interleaved") != std::string::npos) v.schedule = ZeroStepSchedule::interleaved;
   v.gradient_as_bucket_view = name.find("grad_view") != std::string::npos;
   v.fp16 = name.find("fp16") != std::string::npos;
+  if (name.find("tcp") != std::string::npos) v.backend = "tcp";
   return v;
 }
 std::shared_ptr<CommHook> inner_hook(const Variant& v) { return v.fp16 ? fp16_compress_hook() : allreduce_hook(); }
@@ -142,7 +144,7 @@ TEST_P(Equivalence, OverlappedTrainingEqualsDdpWithTheUnshardedOptimizer) {
   std::vector<Tensor> want;
   std::unique_ptr<::torch::optim::Optimizer> want_optimizer;
   {
-    ThreadWorld world(ranks, "shm");
+    ThreadWorld world(ranks, v.backend);
     std::vector<nn::Sequential> nets;
     for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7));
     std::vector<std::unique_ptr<::torch::optim::Optimizer>> opts(static_cast<std::size_t>(ranks));
@@ -166,7 +168,7 @@ TEST_P(Equivalence, OverlappedTrainingEqualsDdpWithTheUnshardedOptimizer) {
   for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7 + r));  // DDP makes them equal
   std::vector<std::vector<Tensor>> got(static_cast<std::size_t>(ranks));
   std::vector<std::size_t> buckets(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, "shm");
+  ThreadWorld world(ranks, v.backend);
   const int to = ranks - 1;
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
@@ -205,7 +207,8 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<int, std::string
 INSTANTIATE_TEST_SUITE_P(RanksOptimizersSchedules, Equivalence,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values("sgd", "adam"),
                                             ::testing::Values("after_backward", "interleaved",
-                                                              "interleaved_grad_view", "after_backward_fp16")),
+                                                              "interleaved_grad_view", "after_backward_fp16",
+                                                              "after_backward_tcp", "interleaved_tcp")),
                          case_name);
 
 // Two parameter groups with their own learning rates, and a StepLR on the
