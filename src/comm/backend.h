@@ -29,6 +29,8 @@ namespace detail {
 class StreamOrder;  // comm/device_memory.h
 }
 
+class PendingCompletion;
+
 // What one operation is, for error messages and deadlines.
 struct OpContext {
   std::uint64_t seq = 0;
@@ -46,6 +48,12 @@ struct OpContext {
   // CUDA memory: the operation's place on the device's streams (see
   // comm/device_memory.h). Null for host memory.
   detail::StreamOrder* streams = nullptr;
+  // Where a backend that has queued the operation's work (on a device
+  // stream) may leave its completion instead of waiting for it: the
+  // progress engine then starts the next operation at once and polls this
+  // one until it is done (see PendingCompletion). Null: the backend must
+  // finish the operation before returning (inline runs, host memory).
+  std::unique_ptr<PendingCompletion>* defer = nullptr;
 
   // "allreduce #12 (float x 1000, sum)"
   std::string description() const { return describe(info, seq); }
@@ -53,6 +61,19 @@ struct OpContext {
   // Whether the deadline has passed, on the group's clock (a virtual call
   // and a clock read: for slow paths, not for every spin of a wait).
   bool expired() const { return lockstep::expired(*clock, deadline); }
+};
+
+// An operation whose work is queued but not done (an NCCL call on a
+// stream). The progress engine polls it from its thread, in the order the
+// operations were issued, with the operation's context: poll() returns
+// true once the operation is done (and anything finishing it needs, done),
+// throws its error, and does not block for long. Past the operation's
+// deadline, or once the group aborts, the engine fails it if poll() has
+// not. Polled on one thread at a time.
+class PendingCompletion {
+ public:
+  virtual ~PendingCompletion() = default;
+  virtual bool poll(const OpContext& op) = 0;
 };
 
 // Thrown by a backend that stopped waiting because its operation was

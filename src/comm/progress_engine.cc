@@ -70,11 +70,24 @@ std::exception_ptr ProgressEngine::refusal(const Work& work) const {
       Error(fmt::format("{}: {} issued while the group is being destroyed", self_, work.description())));
 }
 
+// How often outstanding operations are polled while nothing else is to be
+// done: a device collective takes tens of microseconds at the least.
+constexpr auto kPollInterval = std::chrono::microseconds(50);
+
 void ProgressEngine::run() {
   std::unique_lock lock(mutex_);
+  const auto startable = [&] { return !queue_.empty() && !running_; };
   for (;;) {
-    wake_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
-    if (queue_.empty()) return;  // stopping and drained
+    if (!outstanding_.empty()) {
+      wake_.wait_for(lock, kPollInterval, startable);
+      lock.unlock();
+      poll_outstanding();
+      lock.lock();
+      if (!startable()) continue;
+    } else {
+      wake_.wait(lock, [&] { return (stopping_ && !running_) || startable(); });
+      if (queue_.empty()) return;  // stopping and drained
+    }
     Item item = std::move(queue_.front());
     queue_.pop_front();
     if (abort_error_) {
@@ -87,7 +100,7 @@ void ProgressEngine::run() {
     }
     running_ = true;
     lock.unlock();
-    execute(*item.work, item.task, clock_.now());
+    execute(item.work, item.task, clock_.now());
     lock.lock();
   }
 }
@@ -106,7 +119,7 @@ bool is_cancellation(const std::exception_ptr& error) {
 
 }  // namespace
 
-void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_point finished_at) {
+std::exception_ptr ProgressEngine::conclude(const Work& work, std::exception_ptr error, Clock::time_point finished_at) {
   if (error && on_abort_ && !aborted()) error = on_abort_(error, work.seq(), work.info());
   const std::int64_t finished = to_us(finished_at);
   if (recorder_) recorder_->finished(work.seq(), !error, finished);
@@ -115,11 +128,17 @@ void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_po
     tracer_->event(work.description() + (label.empty() ? "" : " [" + label + "]"), "collectives", work.started_us(),
                    finished);
   }
+  std::lock_guard lock(mutex_);
+  if (error && !abort_error_) abort_error_ = error;
+  if (error && abort_error_ && is_cancellation(error)) error = abort_error_;
+  return error;
+}
+
+void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_point finished_at) {
+  error = conclude(work, error, finished_at);
   bool queued = false;
   {
     std::lock_guard lock(mutex_);
-    if (error && !abort_error_) abort_error_ = error;
-    if (error && abort_error_ && is_cancellation(error)) error = abort_error_;
     running_ = false;
     queued = !queue_.empty() || stopping_;
   }
@@ -127,7 +146,63 @@ void ProgressEngine::finish(Work& work, std::exception_ptr error, Clock::time_po
   // the next operation. Wake the progress thread only if it has work: an
   // idle wake-up costs a context switch on the caller's core.
   if (queued) wake_.notify_one();
-  work.complete(error, finished);
+  work.complete(error, to_us(finished_at));
+}
+
+bool ProgressEngine::leave_outstanding(const std::shared_ptr<Work>& work, const OpContext& op,
+                                       std::unique_ptr<PendingCompletion> pending, std::exception_ptr error,
+                                       Clock::time_point finished) {
+  std::lock_guard lock(mutex_);
+  // A failed call completes now (its error aborts the engine); a finished
+  // one only if nothing before it is outstanding.
+  if (error) pending.reset();
+  if (!pending && outstanding_.empty()) return false;
+  outstanding_.push_back({work, op, std::move(pending), error, finished});
+  running_ = false;  // the progress thread, the caller, takes the next operation itself
+  return true;
+}
+
+void ProgressEngine::poll_outstanding() {
+  for (;;) {
+    Outstanding* front = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (outstanding_.empty()) return;
+      front = &outstanding_.front();  // only this thread pops or pushes
+    }
+    if (front->pending) {
+      bool done = false;
+      try {
+        done = front->pending->poll(front->op);
+      } catch (...) {
+        front->error = std::current_exception();
+        done = true;
+      }
+      if (!done) {
+        if (aborted()) {
+          std::lock_guard lock(mutex_);
+          front->error = abort_error_;
+        } else if (front->op.expired()) {
+          front->error = std::make_exception_ptr(TimeoutError(fmt::format(
+              "{}: {} was not done on the device {} ms after it started (LOCKSTEP_TIMEOUT); a peer may be stuck, or "
+              "have died before issuing it",
+              self_, front->op.description(),
+              std::chrono::duration_cast<std::chrono::milliseconds>(front->op.timeout).count())));
+        } else {
+          return;
+        }
+      }
+      front->finished = clock_.now();
+    }
+    Outstanding item;
+    {
+      std::lock_guard lock(mutex_);
+      item = std::move(outstanding_.front());
+      outstanding_.pop_front();
+    }
+    const std::exception_ptr error = conclude(*item.work, item.error, item.finished);
+    item.work->complete(error, to_us(item.finished));
+  }
 }
 
 }  // namespace lockstep::detail

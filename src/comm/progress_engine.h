@@ -10,6 +10,15 @@
 // the caller's work, and so do operations on CUDA memory, whatever their
 // size (the caller's stream orders them; the host does not wait).
 //
+// Deferred completion: a backend that queues an operation's work on a
+// device stream (nccl) may leave a PendingCompletion (OpContext::defer)
+// instead of waiting for the device. The engine then starts the next
+// operation at once, so the device receives bucket after bucket with no
+// host wait between them, and polls the outstanding ones from its thread,
+// completing their Works in issue order (an operation that finishes at
+// once behind an outstanding one waits its turn). Each is failed past its
+// deadline or when the group aborts, if its poll has not said so first.
+//
 // Failure policy: the first operation that fails aborts the engine; every
 // queued and later operation completes at once with that same error, so no
 // rank waits on a collective its group can no longer finish.
@@ -61,7 +70,7 @@ class ProgressEngine {
     // and the peers, a host synchronisation the stream contract exists to
     // avoid, on a thread that may be autograd's device thread, which every
     // rank of a process shares.
-    const bool run_here = queue_.empty() && !running_ && !abort_error_ && !stopping_ &&
+    const bool run_here = queue_.empty() && !running_ && outstanding_.empty() && !abort_error_ && !stopping_ &&
                           info.bytes() <= inline_max_bytes_ && !info.device.is_cuda();
     // An operation run here starts as it is issued.
     auto work = std::make_shared<Work>(next_seq_++, info, now_us, run_here ? now_us : 0);
@@ -75,7 +84,7 @@ class ProgressEngine {
     if (run_here) {
       running_ = true;
       lock.unlock();
-      execute(*work, fn, now, /*on_issuing_thread=*/true);
+      execute(work, fn, now, /*on_issuing_thread=*/true);
       return work;
     }
     queue_.push_back({work, Task(std::forward<Fn>(fn))});
@@ -100,17 +109,29 @@ class ProgressEngine {
     std::shared_ptr<Work> work;
     Task task;
   };
+  // An operation started but not completed: its work still on the device
+  // (pending), or finished behind one that is (pending null; its error and
+  // end time kept).
+  struct Outstanding {
+    std::shared_ptr<Work> work;
+    OpContext op;
+    std::unique_ptr<PendingCompletion> pending;
+    std::exception_ptr error;
+    Clock::time_point finished;
+  };
 
   // Runs one operation on this thread (running_ is already set), completes
-  // its Work and releases the engine.
+  // its Work (or leaves it outstanding) and releases the engine.
   // `on_issuing_thread`: run inline; the Work and the recorder already
-  // know it started.
+  // know it started, and nothing may be left outstanding.
   template <typename Fn>
-  void execute(Work& work, Fn& fn, Clock::time_point started, bool on_issuing_thread = false) {
-    const OpContext op = context_for(work, started);
+  void execute(const std::shared_ptr<Work>& work, Fn& fn, Clock::time_point started, bool on_issuing_thread = false) {
+    OpContext op = context_for(*work, started);
+    std::unique_ptr<PendingCompletion> pending;
     if (!on_issuing_thread) {
-      work.mark_started(to_us(started));
-      if (recorder_) recorder_->started(work.seq(), to_us(started));
+      op.defer = &pending;
+      work->mark_started(to_us(started));
+      if (recorder_) recorder_->started(work->seq(), to_us(started));
     }
     std::exception_ptr error;
     try {
@@ -118,12 +139,26 @@ class ProgressEngine {
     } catch (...) {
       error = std::current_exception();
     }
-    finish(work, error, on_issuing_thread && !precise_issue_ ? clock_.coarse_now() : clock_.now());
+    op.defer = nullptr;
+    const auto finished = on_issuing_thread && !precise_issue_ ? clock_.coarse_now() : clock_.now();
+    if (on_issuing_thread || !leave_outstanding(work, op, std::move(pending), error, finished))
+      finish(*work, error, finished);
   }
 
   OpContext context_for(const Work& work, Clock::time_point started) const;
   std::exception_ptr refusal(const Work& work) const;
+  // Records the end of an operation (recorder, timeline, the engine's
+  // first error) and returns the error its Work completes with.
+  std::exception_ptr conclude(const Work& work, std::exception_ptr error, Clock::time_point finished);
   void finish(Work& work, std::exception_ptr error, Clock::time_point finished);
+  // Keeps an operation outstanding, releasing the engine, when its work is
+  // pending or operations before it still are; false when neither.
+  bool leave_outstanding(const std::shared_ptr<Work>& work, const OpContext& op,
+                         std::unique_ptr<PendingCompletion> pending, std::exception_ptr error,
+                         Clock::time_point finished);
+  // Completes the outstanding operations that are done, in order; stops at
+  // the first still running.
+  void poll_outstanding();
   void run();
 
   const std::string self_;
@@ -137,6 +172,7 @@ class ProgressEngine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Item> queue_;
+  std::deque<Outstanding> outstanding_;  // changed under mutex_, by the progress thread only
   std::uint64_t next_seq_ = 0;
   bool running_ = false;  // an operation is executing (on some thread)
   bool stopping_ = false;

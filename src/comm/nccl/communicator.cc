@@ -110,20 +110,22 @@ void Communicator::settle(ncclResult_t result, const OpContext& op, std::string_
 }
 
 void Communicator::wait(const cuda::Event& done, const OpContext& op, std::string_view what) {
-  for (;;) {
-    const ncclResult_t state = async_state();
-    if (state != ncclSuccess && state != ncclInProgress) fail(state, op, what);
-    bool finished = false;
-    try {
-      finished = done.query();
-    } catch (const Error& e) {
-      abort(fmt::format("the device failed during {}", op.description()));
-      throw Error(fmt::format("{}: {} {}: {}", who(), op.description(), what, e.what()));
-    }
-    if (finished) return;
-    if (op.cancelled() || op.deadline.expired()) fail_waiting(op, what);
-    std::this_thread::sleep_for(kPollInterval);
+  while (!poll(done, op, what)) std::this_thread::sleep_for(kPollInterval);
+}
+
+bool Communicator::poll(const cuda::Event& done, const OpContext& op, std::string_view what) {
+  const ncclResult_t state = async_state();
+  if (state != ncclSuccess && state != ncclInProgress) fail(state, op, what);
+  bool finished = false;
+  try {
+    finished = done.query();
+  } catch (const Error& e) {
+    abort(fmt::format("the device failed during {}", op.description()));
+    throw Error(fmt::format("{}: {} {}: {}", who(), op.description(), what, e.what()));
   }
+  if (finished) return true;
+  if (op.cancelled() || op.deadline.expired()) fail_waiting(op, what);
+  return false;
 }
 
 void Communicator::fail(ncclResult_t state, const OpContext& op, std::string_view what) {

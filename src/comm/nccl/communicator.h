@@ -47,6 +47,9 @@ class Communicator {
   // watching for asynchronous NCCL errors, the deadline and cancellation;
   // on any of them aborts the communicator and throws.
   void wait(const cuda::Event& done, const OpContext& op, std::string_view what);
+  // One look: whether the work before `done` is finished; throws as wait()
+  // does on an error, the deadline or cancellation.
+  bool poll(const cuda::Event& done, const OpContext& op, std::string_view what);
 
   // Clean end: finalize (flushes outstanding work) and destroy, polled up to
   // `deadline`; aborts instead when that fails. Never throws.

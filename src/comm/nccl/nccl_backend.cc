@@ -59,7 +59,7 @@ bool NcclBackend::supports(Collective collective, DType dtype, ReduceOp op) cons
 
 Placement NcclBackend::place(const OpContext& op) {
   return Placement(PlacementResources{device_, host_stream_->get(), &input_scratch_, &output_scratch_, done_.get(),
-                                      comm_.get()},
+                                      comm_.get(), &last_deferred_},
                    op);
 }
 
@@ -67,9 +67,9 @@ void NcclBackend::barrier(const OpContext& op) {
   cuda::DeviceGuard guard(device_);
   ncclComm_t comm = comm_->get(op);
   void* word = barrier_word_.reserve(sizeof(float));
-  comm_->settle(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, comm, host_stream_->get()), op,
-                "queueing the barrier");
-  done_->record(host_stream_->get());
+  const Placement p = place(op);  // on the backend's stream, after any deferred operation
+  comm_->settle(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, comm, p.stream()), op, "queueing the barrier");
+  done_->record(p.stream());
   comm_->wait(*done_, op, "waiting for the other ranks at the barrier");
 }
 

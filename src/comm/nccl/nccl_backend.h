@@ -8,9 +8,11 @@
 //                 are NCCL's; gather, scatter, all_to_all, allgather_v,
 //                 send and recv are grouped ncclSend/ncclRecv; barrier is a
 //                 one-element allreduce on device scratch
-//   completion    each operation returns when its device work is done
-//                 (placement.h): the progress thread waits, the issuing
-//                 thread does not
+//   completion    an operation on CUDA memory returns once queued, its
+//                 completion polled by the progress engine (so the device
+//                 gets bucket after bucket with no host wait between
+//                 them); one on host memory returns when its device work
+//                 is done (placement.h). The issuing thread never waits
 //   host memory   copied through device scratch on the backend's stream
 //
 // Not thread-safe: one operation at a time, on the group's progress thread.
@@ -62,6 +64,7 @@ class NcclBackend final : public Backend {
   // Created with device_ current; destroyed in reverse order.
   std::unique_ptr<cuda::Stream> host_stream_;
   std::unique_ptr<cuda::Event> done_;
+  std::shared_ptr<cuda::Event> last_deferred_;  // the end of the last operation left to the engine
   DeviceScratch input_scratch_;
   DeviceScratch output_scratch_;
   DeviceScratch barrier_word_;

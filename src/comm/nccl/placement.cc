@@ -6,14 +6,40 @@
 #include "comm/device_memory.h"
 
 namespace lockstep::nccl {
+namespace {
+
+// A deferred operation's end: polled by the progress engine.
+class DeviceCompletion final : public PendingCompletion {
+ public:
+  DeviceCompletion(std::shared_ptr<cuda::Event> done, Communicator* comm, int device, std::string what)
+      : done_(std::move(done)), comm_(comm), device_(device), what_(std::move(what)) {}
+  bool poll(const OpContext& op) override {
+    cuda::DeviceGuard guard(device_);
+    return comm_->poll(*done_, op, what_);
+  }
+
+ private:
+  std::shared_ptr<cuda::Event> done_;
+  Communicator* comm_;
+  int device_;
+  std::string what_;
+};
+
+}  // namespace
 
 Placement::Placement(const PlacementResources& resources, const OpContext& op) : resources_(resources), op_(op) {
   if (op.streams != nullptr) {
     check_device(op.streams->device(), "buffers");
     stream_ = static_cast<cudaStream_t>(op.streams->stream());
-  } else {
-    stream_ = resources.host_stream;
+    return;
   }
+  stream_ = resources.host_stream;
+  // NCCL runs a communicator's operations in the order they are queued
+  // only within a stream: behind deferred operations on other streams,
+  // the backend's stream waits for the last of them on the device.
+  if (resources.last_deferred != nullptr && *resources.last_deferred)
+    cuda::check(cudaStreamWaitEvent(stream_, (*resources.last_deferred)->get(), 0),
+                "ordering a host-memory nccl operation after the device operations before it");
 }
 
 void Placement::check_device(Device device, const char* name) const {
@@ -59,6 +85,14 @@ void Placement::wait(std::string_view what) {
 // block the calling thread until it is done, which must not happen while
 // the collective can still hang.
 void Placement::finish(std::string_view what) {
+  if (!on_host() && op_.defer != nullptr) {
+    auto done = std::make_shared<cuda::Event>();
+    done->record(stream_);
+    if (resources_.last_deferred != nullptr) *resources_.last_deferred = done;
+    *op_.defer = std::make_unique<DeviceCompletion>(std::move(done), resources_.comm, resources_.device,
+                                                    std::string(what));
+    return;
+  }
   wait(what);
   if (copy_back_.empty()) return;
   for (const auto& [host, scratch] : copy_back_)

@@ -5,15 +5,20 @@
 // is copied into the backend's device scratch on the backend's own stream,
 // and the results copied back once NCCL is done.
 //
-// Either way finish() returns only when the device work is done (polled,
-// with the operation's deadline), so nothing the backend owns is in use
-// when it returns.
+// On CUDA memory, where the engine lets it (OpContext::defer), finish()
+// leaves a completion that polls the device instead of waiting, so the
+// next operation is queued on the stream at once: nothing the backend owns
+// is in use by then. On host memory finish() returns only when the device
+// work is done (polled, with the operation's deadline), and its work is
+// queued after every deferred operation's (its stream waits for the last).
 //
 // Not thread-safe: one Placement per operation, on the thread running it.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/backend.h"
@@ -31,6 +36,9 @@ struct PlacementResources {
   DeviceScratch* output = nullptr;
   cuda::Event* done = nullptr;
   Communicator* comm = nullptr;
+  // The end of the last deferred operation, which host-memory operations
+  // are ordered after; null until one is deferred.
+  std::shared_ptr<cuda::Event>* last_deferred = nullptr;
 };
 
 class Placement {
@@ -50,7 +58,8 @@ class Placement {
   void* output(Buffer b, bool copy_in, bool copy_back = true);
 
   // Waits for the operation's device work (and for host memory the copies
-  // back). `what` says what the operation was doing, for messages.
+  // back), or on CUDA memory leaves its completion to the engine. `what`
+  // says what the operation was doing, for messages.
   void finish(std::string_view what);
 
  private:
