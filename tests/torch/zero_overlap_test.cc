@@ -1,6 +1,7 @@
 // ZeroRedundancyOptimizer with overlap_with_ddp and hook_with_zero_step:
 // training equals DDP with the unsharded optimizer (the same hook, the same
-// data), whichever schedule, bucket sizes, gradient layout and world size,
+// data), whichever schedule, bucket sizes, gradient or parameter layout,
+// backend and world size,
 // with parameter groups and a scheduler too; the consolidated state is the
 // unsharded optimizer's; misuse is refused with a clear message. Ranks are
 // threads (every collective has the ThreadWorld's deadline).
@@ -114,6 +115,7 @@ struct Variant {
   ZeroStepSchedule schedule = ZeroStepSchedule::after_backward;
   bool gradient_as_bucket_view = false;
   bool fp16 = false;
+  bool parameters_as_bucket_view = false;  // ZeRO's option
   std::string backend = "shm";  // tcp: the reductions finish on the progress thread, not inline
 };
 Variant variant(const std::string& name) {
@@ -122,6 +124,7 @@ Variant variant(const std::string& name) {
   v.gradient_as_bucket_view = name.find("grad_view") != std::string::npos;
   v.fp16 = name.find("fp16") != std::string::npos;
   if (name.find("tcp") != std::string::npos) v.backend = "tcp";
+  v.parameters_as_bucket_view = name.find("param_view") != std::string::npos;
   return v;
 }
 std::shared_ptr<CommHook> inner_hook(const Variant& v) { return v.fp16 ? fp16_compress_hook() : allreduce_hook(); }
@@ -173,7 +176,9 @@ TEST_P(Equivalence, OverlappedTrainingEqualsDdpWithTheUnshardedOptimizer) {
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg), small_buckets(v.gradient_as_bucket_view));
-    ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), make, overlapping());
+    ZeroOptions options = overlapping();
+    options.parameters_as_bucket_view = v.parameters_as_bucket_view;
+    ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), make, options);
     ddp.register_comm_hook(zero_hook(v, ddp, zero));
     for (int s = 0; s < kSteps; ++s) {
       zero.zero_grad();
@@ -208,7 +213,8 @@ INSTANTIATE_TEST_SUITE_P(RanksOptimizersSchedules, Equivalence,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values("sgd", "adam"),
                                             ::testing::Values("after_backward", "interleaved",
                                                               "interleaved_grad_view", "after_backward_fp16",
-                                                              "after_backward_tcp", "interleaved_tcp")),
+                                                              "after_backward_tcp", "interleaved_tcp",
+                                                              "interleaved_param_view")),
                          case_name);
 
 // Two parameter groups with their own learning rates, and a StepLR on the
