@@ -11,6 +11,20 @@ nothing of libtorch). Where that library comes from:
                             python/build/lockstep (two minutes on two cores;
                             the Debian packages of scripts/install-deps.sh
                             --run).
+
+  LOCKSTEP_WITH_CUDA=1      the CUDA build: the backend also takes CUDA
+                            tensors (lockstep's staging through pinned host
+                            memory, on the tensors' current streams). The
+                            extension is compiled against the CUDA toolkit
+                            PyTorch's tooling finds (CUDA_HOME, else nvcc on
+                            the PATH, else /usr/local/cuda) and links
+                            libtorch's CUDA libraries; liblockstep must take
+                            CUDA memory (built here into
+                            python/build/lockstep-cuda with that toolkit, or
+                            a LOCKSTEP_BUILD_DIR whose liblockstep links the
+                            CUDA runtime). Unset or 0: the CPU build, where a
+                            CUDA tensor is refused with a message naming
+                            this variable.
 """
 
 import os
@@ -21,11 +35,27 @@ from pathlib import Path
 
 import torch.utils
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LIBRARIES = ["lockstep", "fmt"]
+
+
+def with_cuda() -> bool:
+    value = os.environ.get("LOCKSTEP_WITH_CUDA", "0")
+    if value not in ("0", "1"):
+        sys.exit(f"lockstep_torch: LOCKSTEP_WITH_CUDA={value!r}: 1 for the CUDA build, 0 (or unset) for the CPU one")
+    if value == "1" and CUDA_HOME is None:
+        sys.exit("lockstep_torch: LOCKSTEP_WITH_CUDA=1 but PyTorch's tooling finds no CUDA toolkit; set CUDA_HOME "
+                 "(the directory with bin/nvcc and include/cuda_runtime.h)")
+    return value == "1"
+
+
+def links_cuda(library: Path) -> bool:
+    """Whether a liblockstep takes CUDA memory: it then links the CUDA runtime."""
+    dynamic = subprocess.run(["readelf", "-d", str(library)], check=True, capture_output=True, text=True).stdout
+    return "libcudart" in dynamic
 
 
 def lockstep_build_dir() -> Path:
@@ -35,15 +65,24 @@ def lockstep_build_dir() -> Path:
         if not (build / "src" / "liblockstep.so").exists():
             sys.exit(f"lockstep_torch: LOCKSTEP_BUILD_DIR={build} has no src/liblockstep.so; "
                      "build it first (make build) or unset LOCKSTEP_BUILD_DIR to build here")
+        if WITH_CUDA and not links_cuda(build / "src" / "liblockstep.so"):
+            sys.exit(f"lockstep_torch: LOCKSTEP_WITH_CUDA=1 but the liblockstep of LOCKSTEP_BUILD_DIR={build} was "
+                     "built without CUDA (its configure step says 'CUDA memory disabled'); configure it with "
+                     "the CUDA toolkit, or unset LOCKSTEP_BUILD_DIR to build one here")
         return build
-    build = HERE / "build" / "lockstep"
+    build = HERE / "build" / ("lockstep-cuda" if WITH_CUDA else "lockstep")
     build.mkdir(parents=True, exist_ok=True)
+    cuda_flags = [f"-DCUDAToolkit_ROOT={CUDA_HOME}", f"-DCMAKE_CUDA_COMPILER={Path(CUDA_HOME) / 'bin' / 'nvcc'}",
+                  "-DLOCKSTEP_WITH_CUDA=ON"] if WITH_CUDA else ["-DLOCKSTEP_WITH_CUDA=OFF"]
     subprocess.check_call([
         "cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DLOCKSTEP_BUILD_TESTS=OFF", "-DLOCKSTEP_BUILD_TOOLS=OFF", "-DLOCKSTEP_WITH_MPI=OFF",
-        "-DLOCKSTEP_WITH_CUDA=OFF", "-DLOCKSTEP_WITH_TORCH=OFF",
+        "-DLOCKSTEP_WITH_TORCH=OFF", *cuda_flags,
     ])
     subprocess.check_call(["cmake", "--build", str(build), "--target", "lockstep"])
+    if WITH_CUDA and not links_cuda(build / "src" / "liblockstep.so"):
+        sys.exit(f"lockstep_torch: LOCKSTEP_WITH_CUDA=1 but CMake did not enable CUDA in {build} (see its "
+                 "'-- lockstep: CUDA memory' line above)")
     return build
 
 
@@ -67,11 +106,18 @@ def soname(library: Path) -> str:
     return library.name
 
 
+WITH_CUDA = with_cuda()
 BUILD = lockstep_build_dir()
+# The CUDA build: CUDAExtension adds the toolkit's headers and libtorch's
+# CUDA libraries (c10_cuda for the current stream); no .cu files, since
+# lockstep's device work lives in liblockstep.
+Extension = CUDAExtension if WITH_CUDA else CppExtension
+# Source lines in messages relative to the repository, as in the CMake build.
+CXX_FLAGS = ["-std=c++20", "-O2", f"-fmacro-prefix-map={REPO}/="]
 
 setup(
     ext_modules=[
-        CppExtension(
+        Extension(
             "lockstep_torch._C",
             # csrc/frontend.cc includes the frontend's sources from src/torch.
             sources=[str(p.relative_to(HERE)) for p in sorted((HERE / "lockstep_torch" / "csrc").glob("*.cc"))],
@@ -82,10 +128,13 @@ setup(
                           str(HERE / "lockstep_torch" / "csrc")],
             library_dirs=[str(BUILD / "src")],
             libraries=list(LIBRARIES),  # a copy: CppExtension appends torch's own
-            # Source lines in messages relative to the repository, as in the CMake build.
-            extra_compile_args=["-std=c++20", "-O2", f"-fmacro-prefix-map={REPO}/="],
+            define_macros=[("LOCKSTEP_TORCH_WITH_CUDA", "1" if WITH_CUDA else "0")],
+            extra_compile_args=CXX_FLAGS,
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
     ],
     cmdclass={"build_ext": BuildWithLibraries},
+    # Apart from the CPU build's objects, which setuptools would otherwise
+    # take as up to date when only LOCKSTEP_WITH_CUDA changed.
+    options={"build": {"build_base": "build/cuda"}} if WITH_CUDA else {},
 )

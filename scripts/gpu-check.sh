@@ -20,6 +20,9 @@
 #   test      every test except those needing network namespaces (netns, root)
 #   torchtest only the tests of the libtorch frontend and the examples
 #   gpu       the gpu-labelled tests and the GPU benchmarks
+#   python    the torch.distributed backend's CUDA build (LOCKSTEP_WITH_CUDA=1 pip install
+#             ./python, against $BUILD's liblockstep, into $BUILD/python) and its CUDA tests
+#             (python/tests/test_cuda.py, 2 ranks sharing the GPU; needs pytest; estimated 2-3 minutes)
 #   memcheck  compute-sanitizer's memcheck over DDP on CUDA in a world of one
 #             (at most $MEMCHECK_LIMIT seconds, default 90)
 #   sanitize  compute-sanitizer's memcheck and racecheck over every DDP-on-CUDA case (long)
@@ -102,6 +105,25 @@ configure() {
 step_build() {
   configure
   cmake --build "$BUILD" -j "$(nproc)"
+}
+
+# The torch.distributed backend "lockstep" built for CUDA tensors (python/,
+# docs/python.md, "CUDA tensors") against this build's liblockstep (after
+# gpubuild; else only that library is built), and its CUDA tests: every
+# collective on CUDA tensors against the same on CPU tensors, the stream
+# semantics, and PyTorch's DDP on the GPU against DDP on the CPU over Gloo.
+step_python() {
+  [ -e "$BUILD/src/liblockstep.so" ] || { configure; cmake --build "$BUILD" -j "$(nproc)" --target lockstep; }
+  offline_env
+  "$PYTHON" -c 'import pytest' 2>/dev/null || { log "python: $PYTHON has no pytest"; exit 1; }
+  # fmt of the unpacked packages, which the extension links.
+  export LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  local build
+  build=$(cd "$BUILD" && pwd)
+  LOCKSTEP_WITH_CUDA=1 LOCKSTEP_BUILD_DIR="$build" MAX_JOBS="$(nproc)" "$PYTHON" -m pip install \
+    --disable-pip-version-check -q --no-build-isolation --no-deps --upgrade --target "$build/python" ./python
+  (cd python/tests && PYTHONPATH="$build/python" "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1) \
+    | tee "$OUT/python-cuda.log" | tail -30
 }
 
 # What step_gpu and step_memcheck run, and nothing else (a full build is
@@ -294,9 +316,9 @@ steps=()
 for step in "$@"; do
   case "$step" in
     figures) steps+=(gpubuild gpu memcheck) ;;
-    build|gpubuild|test|torchtest|gpu|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
+    build|gpubuild|test|torchtest|gpu|python|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
       steps+=("$step") ;;
-    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, memcheck, sanitize, allreduce," \
+    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, python, memcheck, sanitize, allreduce," \
            "shmspin, smallmsg, staging, gpuddp, single, ddp, doctor)"; exit 2 ;;
   esac
 done

@@ -285,6 +285,10 @@ def main():
         import ddp_worker
         ddp_worker.run(*args)
         return
+    if case == "cuda":
+        import cuda_worker
+        cuda_worker.run(*args)
+        return
     {"collectives": case_collectives, "wrong_input": case_wrong_input, "mismatch": case_mismatch,
      "killed_rank": case_killed_rank}[case](*args)
 

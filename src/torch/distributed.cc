@@ -12,6 +12,7 @@
 
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
+#include "cuda_stream.h"
 
 namespace lockstep::torch {
 namespace {
@@ -28,10 +29,9 @@ std::string sizes_of(const Tensor& t) {
 // the lockstep dtype.
 DType check_tensor(const Tensor& t, const char* fn, const char* what) {
   if (!t.defined()) throw InvalidArgument(fmt::format("{}: {} is an undefined tensor", fn, what));
-  if (!t.device().is_cpu())
-    throw InvalidArgument(fmt::format("{}: {} is on {}, but the shm, tcp and mpi backends move host memory; pass a CPU "
-                                      "tensor (.cpu()) and copy the result back",
-                                      fn, what, t.device().str()));
+  if (!t.device().is_cpu() && !t.device().is_cuda())
+    throw InvalidArgument(fmt::format("{}: {} is on {}; lockstep takes CPU and CUDA tensors", fn, what,
+                                      t.device().str()));
   if (t.layout() != ::torch::kStrided)
     throw InvalidArgument(fmt::format("{}: {} is a sparse or otherwise non-strided tensor; pass a dense one (.to_dense())",
                                       fn, what));
@@ -41,6 +41,23 @@ DType check_tensor(const Tensor& t, const char* fn, const char* what) {
     throw InvalidArgument(fmt::format("{}: {}: {}", fn, what, e.what()));
   }
 }
+
+// A buffer over `count` elements at `data` on the tensor's device: for a
+// CUDA tensor, its device and the current stream (the one its producers and
+// readers are ordered on), which lockstep's stream contract takes.
+template <typename B, typename P>
+B located(const Tensor& t, P data, std::size_t count, DType dtype, const char* fn, const char* what) {
+  if (t.device().is_cpu()) return B{data, count, dtype};
+  try {
+    return B{data, count, dtype, Device::cuda(t.device().index()), current_stream(t.device())};
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {}: {}", fn, what, e.what()));
+  }
+}
+
+// Whether results copied out of a temporary like `t` are in CUDA memory,
+// where finish() copies them on this thread after a host wait.
+bool on_device(const Tensor& t) { return t.device().is_cuda(); }
 
 // int8 and bool travel as bytes but are not uint8 numbers: refuse to reduce them.
 void check_reducible(const Tensor& t, const char* fn) {
@@ -59,7 +76,7 @@ Buffer written(const Tensor& t, const char* fn, const char* what, bool elementwi
     throw InvalidArgument(fmt::format("{}: {} (sizes {}) is not contiguous, and the collective writes it in place; pass "
                                       "a contiguous tensor (.contiguous()) and copy the result back",
                                       fn, what, sizes_of(t)));
-  return Buffer{t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype};
+  return located<Buffer>(t, t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype, fn, what);
 }
 
 // A tensor a collective only reads: a contiguous copy when it is not
@@ -68,7 +85,8 @@ ConstBuffer read(const Tensor& t, const char* fn, const char* what, std::vector<
   const DType dtype = check_tensor(t, fn, what);
   Tensor c = t.is_contiguous() ? t : t.contiguous();
   keep.push_back(c);
-  return ConstBuffer{c.data_ptr(), static_cast<std::size_t>(c.numel()), dtype};
+  return located<ConstBuffer>(c, static_cast<const void*>(c.data_ptr()), static_cast<std::size_t>(c.numel()), dtype,
+                              fn, what);
 }
 
 void check_same_type(const Tensor& a, const Tensor& b, const char* fn, const char* what_a, const char* what_b) {
@@ -84,10 +102,14 @@ void check_list_size(const std::vector<Tensor>& list, int n, const char* fn, con
 
 // Blocking: waits and returns the finished Work. Async: keeps the tensors
 // alive until the Work is done, then runs `then` (copies out of a
-// temporary) if the operation succeeded.
+// temporary) if the operation succeeded. Copies out of a temporary in CUDA
+// memory (`device`) are queued on the current stream after wait() ordered
+// it after the collective, on this thread, so the call blocks the host
+// until the collective's host side is done; its device side is not waited
+// for.
 WorkHandle finish(WorkHandle work, bool async_op, std::vector<Tensor> keep,
-                  std::function<void()> then = nullptr) {
-  if (!async_op) {
+                  std::function<void()> then = nullptr, bool device = false) {
+  if (!async_op || (then && device)) {
     work->wait();
     if (then) then();
     return work;
@@ -151,11 +173,12 @@ WorkHandle all_gather(ProcessGroup& group, std::vector<Tensor>& tensor_list, con
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   Tensor flat = ::torch::empty({static_cast<std::int64_t>(total)}, tensor.options());
   keep.push_back(flat);
-  const Buffer out{flat.data_ptr(), total, in.dtype};
+  const Buffer out{flat.data_ptr(), total, in.dtype, in.device, in.stream};
   const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == in.count; });
   auto work = equal ? group.allgather(in, out) : group.allgather(in, out, counts);
   auto list = tensor_list;  // shallow handles: copying into them fills the caller's tensors
-  return finish(work, async_op, std::move(keep), [list, flat]() mutable { copy_into(list, flat); });
+  return finish(work, async_op, std::move(keep), [list, flat]() mutable { copy_into(list, flat); },
+                on_device(tensor));
 }
 
 WorkHandle all_gather_into_tensor(ProcessGroup& group, const Tensor& output, const Tensor& input, bool async_op) {
@@ -186,7 +209,8 @@ WorkHandle gather(ProcessGroup& group, const Tensor& tensor, std::vector<Tensor>
     if (!gather_list.empty())
       throw InvalidArgument(fmt::format("{}: only the destination rank {} passes a gather_list; this is rank {}", fn, dst,
                                         group.rank()));
-    return finish(group.gather(in, Buffer{nullptr, 0, in.dtype}, dst), async_op, std::move(keep));
+    return finish(group.gather(in, Buffer{nullptr, 0, in.dtype, in.device, in.stream}, dst), async_op,
+                  std::move(keep));
   }
   check_list_size(gather_list, group.size(), fn, "gather_list");
   for (const auto& t : gather_list) {
@@ -198,9 +222,11 @@ WorkHandle gather(ProcessGroup& group, const Tensor& tensor, std::vector<Tensor>
   }
   Tensor flat = ::torch::empty({static_cast<std::int64_t>(in.count) * group.size()}, tensor.options());
   keep.push_back(flat);
-  auto work = group.gather(in, Buffer{flat.data_ptr(), static_cast<std::size_t>(flat.numel()), in.dtype}, dst);
+  auto work = group.gather(
+      in, Buffer{flat.data_ptr(), static_cast<std::size_t>(flat.numel()), in.dtype, in.device, in.stream}, dst);
   auto list = gather_list;
-  return finish(work, async_op, std::move(keep), [list, flat]() mutable { copy_into(list, flat); });
+  return finish(work, async_op, std::move(keep), [list, flat]() mutable { copy_into(list, flat); },
+                on_device(tensor));
 }
 
 WorkHandle scatter(ProcessGroup& group, const Tensor& tensor, const std::vector<Tensor>& scatter_list, int src,
@@ -212,7 +238,8 @@ WorkHandle scatter(ProcessGroup& group, const Tensor& tensor, const std::vector<
     if (!scatter_list.empty())
       throw InvalidArgument(fmt::format("{}: only the source rank {} passes a scatter_list; this is rank {}", fn, src,
                                         group.rank()));
-    return finish(group.scatter(ConstBuffer{nullptr, 0, out.dtype}, out, src), async_op, std::move(keep));
+    return finish(group.scatter(ConstBuffer{nullptr, 0, out.dtype, out.device, out.stream}, out, src), async_op,
+                  std::move(keep));
   }
   check_list_size(scatter_list, group.size(), fn, "scatter_list");
   for (const auto& t : scatter_list) {
@@ -224,8 +251,8 @@ WorkHandle scatter(ProcessGroup& group, const Tensor& tensor, const std::vector<
   }
   Tensor flat = flat_cat(scatter_list);
   keep.push_back(flat);
-  return finish(group.scatter(ConstBuffer{flat.data_ptr(), static_cast<std::size_t>(flat.numel()), out.dtype}, out, src),
-                async_op, std::move(keep));
+  const ConstBuffer in{flat.data_ptr(), static_cast<std::size_t>(flat.numel()), out.dtype, out.device, out.stream};
+  return finish(group.scatter(in, out, src), async_op, std::move(keep));
 }
 
 namespace {
@@ -302,10 +329,12 @@ WorkHandle all_to_all(ProcessGroup& group, std::vector<Tensor>& output_list, con
   Tensor in = flat_cat(input_list);
   const std::size_t total = std::accumulate(recvs.begin(), recvs.end(), std::size_t{0});
   Tensor out = ::torch::empty({static_cast<std::int64_t>(total)}, input_list.front().options());
-  auto work = group.all_to_all(ConstBuffer{in.data_ptr(), static_cast<std::size_t>(in.numel()), dtype}, std::move(sends),
-                               Buffer{out.data_ptr(), total, dtype}, std::move(recvs));
+  const Buffer out_buffer = located<Buffer>(out, out.data_ptr(), total, dtype, fn, "output_list");
+  const ConstBuffer in_buffer{in.data_ptr(), static_cast<std::size_t>(in.numel()), dtype, out_buffer.device,
+                              out_buffer.stream};
+  auto work = group.all_to_all(in_buffer, std::move(sends), out_buffer, std::move(recvs));
   auto list = output_list;
-  return finish(work, async_op, {in, out}, [list, out]() mutable { copy_into(list, out); });
+  return finish(work, async_op, {in, out}, [list, out]() mutable { copy_into(list, out); }, on_device(out));
 }
 
 void send(ProcessGroup& group, const Tensor& tensor, int dst, int tag) { isend(group, tensor, dst, tag)->wait(); }

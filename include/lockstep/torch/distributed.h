@@ -15,9 +15,15 @@
 // tensors are kept alive until the Work is done; do not read or write them
 // before wait().
 //
-// Tensors must be CPU tensors (the shm, tcp and mpi backends move host
-// memory) of a type lockstep moves (float, double, half, bfloat16, int32,
-// int64, uint8; int8 and bool too where nothing is reduced). A tensor the
+// Tensors must be CPU or CUDA tensors of a type lockstep moves (float,
+// double, half, bfloat16, int32, int64, uint8; int8 and bool too where
+// nothing is reduced). CUDA tensors (a libtorch with CUDA) are handed to the
+// group with the current stream, under its stream contract (docs/gpu.md):
+// the collective is ordered after the work queued there, and wait() orders
+// that stream after the collective. Where results are copied from a
+// temporary into a list (all_gather, gather, all_to_all), the call on CUDA
+// tensors waits for the collective's host side even with async_op = true,
+// then queues the copies on the current stream. A tensor the
 // collective only reads may be non-contiguous: it is copied to a
 // contiguous one first, as PyTorch does. A tensor the collective writes
 // must be contiguous (elementwise collectives — all_reduce, broadcast,

@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "backend.h"
+#include "cuda_support.h"
 
 namespace {
 
@@ -26,4 +27,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("transport", &lockstep_torch::LockstepBackend::transport,
                              "the lockstep backend underneath: shm, tcp or hier");
   m.def("_create_backend", &create_backend, py::arg("options"), py::arg("backend_options"));
+  m.attr("with_cuda") = lockstep_torch::kWithCuda;
+  m.def("_without_cuda_message", &lockstep_torch::without_cuda_message, py::arg("device"),
+        "what the CPU build says of a tensor on `device`");
 }

@@ -1,17 +1,27 @@
 // The c10d::Work a lockstep collective returns to PyTorch: it completes when
 // the lockstep operations behind it do (one, or several for the coalesced
-// forms), and completes a Future
-// that DDP's communication hooks chain on. Thread-safe.
+// forms), and completes a Future that DDP's communication hooks chain on.
+//
+// CUDA tensors follow c10d's CUDA semantics: the operations were issued on
+// the tensors' current stream (the "issue stream"); wait() makes the
+// caller's current stream wait for their device work, without blocking the
+// host on it; the Future is CUDA-aware (c10::ivalue::Future with the
+// tensors' device), marked completed with the issue stream ordered after
+// the device work, so its value(), wait() and then() order the stream that
+// uses the result after the collective, as ProcessGroupNCCL's does.
+// Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "lockstep/process_group.h"
@@ -57,10 +67,14 @@ class LockstepWork final : public c10d::Work {
 
  private:
   void finish_parts();
+  // CUDA: on the group's thread once `last` counts as done.
+  void complete_on_device(lockstep::Work& last);
 
   const std::vector<std::shared_ptr<lockstep::Work>> parts_;
   const std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_alive_;
+  // The CUDA device of the tensors and the issue stream, or none (CPU).
+  const std::optional<c10::Stream> issue_stream_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> finished_{false};
   std::exception_ptr error_;  // set before finished_
