@@ -6,8 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "lockstep/error.h"
 #include "zero_overlap_state.h"

@@ -1,10 +1,10 @@
 // ZeroRedundancyOptimizer with overlap_with_ddp and hook_with_zero_step:
 // training equals DDP with the unsharded optimizer (the same hook, the same
 // data), whichever schedule, bucket sizes, gradient or parameter layout,
-// backend and world size,
-// with parameter groups and a scheduler too; the consolidated state is the
-// unsharded optimizer's; misuse is refused with a clear message. Ranks are
-// threads (every collective has the ThreadWorld's deadline).
+// backend and world size, with parameter groups and a scheduler too; the
+// consolidated state is the unsharded optimizer's; misuse is refused with a
+// clear message. Ranks are threads (every collective has the ThreadWorld's
+// deadline).
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
