@@ -71,6 +71,14 @@ bool eventually(const std::function<bool()>& done, std::chrono::milliseconds lim
   return true;
 }
 
+// Whether `n` operations have started, within 10 s.
+bool started_within(std::vector<int>& started, std::mutex& mutex, std::size_t n) {
+  return eventually([&] {
+    std::lock_guard lock(mutex);
+    return started.size() == n;
+  });
+}
+
 TEST(DeferredCompletion, LaterOperationsStartWhileEarlierOnesAreOutstandingAndCompleteInIssueOrder) {
   ProgressEngine engine("test", 30s, 0);
   std::vector<std::shared_ptr<Work>> works;
@@ -110,10 +118,7 @@ TEST(DeferredCompletion, ADeviceErrorFailsItsOperationAndTheOnesAfterIt) {
   std::mutex mutex;
   auto first = submit_deferred(engine, works, started, mutex, 0);
   auto second = submit_deferred(engine, works, started, mutex, 1);
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard lock(mutex);
-    return started.size() == 2;
-  }));
+  ASSERT_TRUE(started_within(started, mutex, 2));
   first->store(2);
   EXPECT_THROW(works[0]->wait(10s), Error);
   // The engine is aborted: the outstanding one fails with the first error
@@ -153,10 +158,7 @@ TEST(DeferredCompletion, AnAbortFailsWhatIsOutstandingAndStoppingWaitsForIt) {
     std::vector<int> started;
     std::mutex mutex;
     auto stuck = submit_deferred(engine, works, started, mutex, 0);
-    ASSERT_TRUE(eventually([&] {
-      std::lock_guard lock(mutex);
-      return started.size() == 1;
-    }));
+    ASSERT_TRUE(started_within(started, mutex, 1));
     engine.abort(std::make_exception_ptr(PeerError("rank 1 died")));
     try {
       works[0]->wait(10s);
@@ -194,10 +196,7 @@ TEST(DeferredCompletion, OperationsRunOnTheIssuingThreadCannotDefer) {
   std::vector<int> started;
   std::mutex mutex;
   auto outstanding = submit_deferred(engine, works, started, mutex, 0);
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard lock(mutex);
-    return started.size() == 1;
-  }));
+  ASSERT_TRUE(started_within(started, mutex, 1));
   const auto issuer = std::this_thread::get_id();
   std::atomic<bool> ran_inline{true};
   auto small_work = engine.submit(small, [&](const OpContext&) { ran_inline = std::this_thread::get_id() == issuer; });

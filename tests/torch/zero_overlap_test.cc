@@ -12,6 +12,7 @@
 #include <string>
 
 #include "harness/thread_world.h"
+#include "zero_fixtures.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
@@ -26,43 +27,15 @@ using lockstep::testing::ThreadWorld;
 namespace nn = ::torch::nn;
 using ::torch::Tensor;
 
-std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+using zero_fixtures::adam;
+using zero_fixtures::batch;
+using zero_fixtures::borrow;
+using zero_fixtures::Factory;
+using zero_fixtures::kGlobalBatch;
+using zero_fixtures::make_mlp;
+using zero_fixtures::sgd;
 
-nn::Sequential make_mlp(int seed) {
-  ::torch::manual_seed(seed);
-  return nn::Sequential(nn::Linear(8, 32), nn::ReLU(), nn::Linear(32, 24), nn::Tanh(), nn::Linear(24, 16), nn::ReLU(),
-                        nn::Linear(16, 4));
-}
-
-constexpr int kGlobalBatch = 24;
 constexpr int kSteps = 5;
-
-// Drawn once, before any rank thread runs (one generator per process).
-std::pair<Tensor, Tensor> batch(int step) {
-  static const std::vector<std::pair<Tensor, Tensor>> batches = [] {
-    std::vector<std::pair<Tensor, Tensor>> out;
-    for (int s = 0; s < kSteps; ++s) {
-      ::torch::manual_seed(100 + s);
-      auto x = ::torch::randn({kGlobalBatch, 8});
-      out.emplace_back(x, ::torch::randn({kGlobalBatch, 4}));
-    }
-    return out;
-  }();
-  return batches.at(static_cast<std::size_t>(step));
-}
-
-using Factory = ZeroRedundancyOptimizer::OptimizerFactory;
-
-Factory sgd() {
-  return [](std::vector<Tensor> p) {
-    return std::make_unique<::torch::optim::SGD>(std::move(p), ::torch::optim::SGDOptions(0.05).momentum(0.9));
-  };
-}
-Factory adam() {
-  return [](std::vector<Tensor> p) {
-    return std::make_unique<::torch::optim::Adam>(std::move(p), ::torch::optim::AdamOptions(0.01));
-  };
-}
 
 ZeroOptions overlapping() {
   ZeroOptions o;
