@@ -21,6 +21,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -237,6 +238,34 @@ std::string failure_line(const RankFailure& f, int node_rank) {
   if (!f.error_file.empty())
     return fmt::format("rank {} on node {} failed: {}: {}", f.rank, node_rank, f.status.describe(), f.error_file);
   return fmt::format("rank {} on node {} failed: {}", f.rank, node_rank, f.status.describe());
+}
+
+// Where each node's launcher reports its own ranks' failure in a round
+// (besides the first report of the job, which the others stop for).
+std::string node_failed_key(int round, int node_rank) { return fmt::format("launcher/{}/failed/{}", round, node_rank); }
+
+// The failures the other nodes' launchers report for this round, printed as
+// they arrive, for up to `patience`: each host's log then names every
+// node's failure (a rank killed on one host makes its peers on the others
+// fail too, and which node's report reaches the store first is a race).
+void print_other_nodes_failures(Store& store, const Round& round, Duration patience) {
+  std::vector<bool> seen(static_cast<std::size_t>(round.nnodes), false);
+  seen[static_cast<std::size_t>(round.node_rank)] = true;
+  const Deadline give_up = Deadline::after(patience);
+  try {
+    for (;;) {
+      for (int n = 0; n < round.nnodes; ++n) {
+        const std::string key = node_failed_key(round.number, n);
+        if (seen[static_cast<std::size_t>(n)] || !store.check({key})) continue;
+        std::fprintf(stderr, "lockstep run: another node reported: %s\n", store.get(key).c_str());
+        seen[static_cast<std::size_t>(n)] = true;
+      }
+      if (std::all_of(seen.begin(), seen.end(), [](bool b) { return b; }) || give_up.expired()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const Error&) {
+    // The store's host has gone: what it had is printed.
+  }
 }
 
 // The store's host waits for every node to finish before exiting.
@@ -682,8 +711,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       continue;
     }
     const RankFailure& f = *result.first_failure;
-    if (!single && f.reported_by.empty()) {
+    const bool failed_here = !single && f.reported_by.empty();
+    if (failed_here) {
       try {
+        store.set(node_failed_key(round.number, round.node_rank), failure_line(f, round.node_rank));
         store.compare_set(failed_key, "", failure_line(f, round.node_rank));
       } catch (const Error& e) {
         if (!elastic) throw;
@@ -693,6 +724,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       }
     }
     print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+    if (failed_here && !store_lost) print_other_nodes_failures(store, round, std::chrono::seconds(1));
     if (failures >= o.max_restarts || store_lost) {
       // The failed rank's own code; a failure on another node has none here.
       return f.reported_by.empty() ? f.status.as_exit_code() : 1;
