@@ -217,6 +217,14 @@ class PyTorchZeroJoin : public ::testing::TestWithParam<std::string> {
     dir_ = name;
     const auto r = testing::run_program(python, {PYTORCH_ZERO_JOIN, dir_, GetParam()}, testing::EnvMap{}, 90s);
     if (r.exit_code == 3) GTEST_SKIP() << python << " cannot import torch.distributed: " << r.output;
+    // The script is PyTorch alone (no lockstep in it): its gloo processes
+    // hung now and then on a loaded machine (rank 0 still running after
+    // 90 s, no output, with 2.11 and 1.13). Then there is nothing to
+    // compare with, which says nothing of lockstep: skipped, saying so.
+    if (r.hit_deadline)
+      GTEST_SKIP() << "PyTorch's own run of the script (no lockstep in it) did not finish within 90 s; nothing to "
+                      "compare with: "
+                   << testing::describe(r);
     ASSERT_EQ(r.exit_code, 0) << "PyTorch's side failed: " << testing::describe(r);
   }
   void TearDown() override {
