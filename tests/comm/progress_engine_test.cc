@@ -46,22 +46,6 @@ OpInfo large_allreduce() {
   return info;
 }
 
-// Submits an operation that leaves a Switch behind and records when it
-// started; returns its state.
-std::shared_ptr<std::atomic<int>> submit_deferred(ProgressEngine& engine, std::vector<std::shared_ptr<Work>>& works,
-                                                  std::vector<int>& started, std::mutex& mutex, int id) {
-  auto state = std::make_shared<std::atomic<int>>(0);
-  works.push_back(engine.submit(large_allreduce(), [state, &started, &mutex, id](const OpContext& op) {
-    {
-      std::lock_guard lock(mutex);
-      started.push_back(id);
-    }
-    ASSERT_NE(op.defer, nullptr);
-    *op.defer = std::make_unique<Switch>(state);
-  }));
-  return state;
-}
-
 bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 10s) {
   const auto give_up = std::chrono::steady_clock::now() + limit;
   while (!done()) {
@@ -71,28 +55,49 @@ bool eventually(const std::function<bool()>& done, std::chrono::milliseconds lim
   return true;
 }
 
-// Whether `n` operations have started, within 10 s.
-bool started_within(std::vector<int>& started, std::mutex& mutex, std::size_t n) {
-  return eventually([&] {
-    std::lock_guard lock(mutex);
-    return started.size() == n;
-  });
-}
-
-TEST(DeferredCompletion, LaterOperationsStartWhileEarlierOnesAreOutstandingAndCompleteInIssueOrder) {
-  ProgressEngine engine("test", 30s, 0);
+// Operations submitted to one engine that each leave a Switch behind, the
+// Works they return, and the order they started in.
+struct DeferredOps {
+  explicit DeferredOps(ProgressEngine& e) : engine(e) {}
+  // Submits one (`id` recorded when it starts); returns its state.
+  std::shared_ptr<std::atomic<int>> submit(int id) {
+    auto state = std::make_shared<std::atomic<int>>(0);
+    works.push_back(engine.submit(large_allreduce(), [this, state, id](const OpContext& op) {
+      {
+        std::lock_guard lock(mutex);
+        started.push_back(id);
+      }
+      ASSERT_NE(op.defer, nullptr);
+      *op.defer = std::make_unique<Switch>(state);
+    }));
+    return state;
+  }
+  // Whether `n` operations have started, within 10 s.
+  bool started_within(std::size_t n) {
+    return eventually([&] {
+      std::lock_guard lock(mutex);
+      return started.size() == n;
+    });
+  }
+  ProgressEngine& engine;
   std::vector<std::shared_ptr<Work>> works;
   std::vector<int> started;
   std::mutex mutex;
-  auto first = submit_deferred(engine, works, started, mutex, 0);
-  auto second = submit_deferred(engine, works, started, mutex, 1);
+};
+
+TEST(DeferredCompletion, LaterOperationsStartWhileEarlierOnesAreOutstandingAndCompleteInIssueOrder) {
+  ProgressEngine engine("test", 30s, 0);
+  DeferredOps ops(engine);
+  auto& works = ops.works;
+  auto first = ops.submit(0);
+  auto second = ops.submit(1);
   // A host operation that finishes at once, behind the two.
   std::atomic<bool> third_ran{false};
   works.push_back(engine.submit(large_allreduce(), [&](const OpContext&) { third_ran = true; }));
   ASSERT_TRUE(eventually([&] { return third_ran.load(); })) << "the third operation never started";
   {
-    std::lock_guard lock(mutex);
-    EXPECT_EQ(started, (std::vector<int>{0, 1}));
+    std::lock_guard lock(ops.mutex);
+    EXPECT_EQ(ops.started, (std::vector<int>{0, 1}));
   }
   // The device finishes the second first: nothing completes before the first.
   second->store(1);
@@ -102,23 +107,22 @@ TEST(DeferredCompletion, LaterOperationsStartWhileEarlierOnesAreOutstandingAndCo
   EXPECT_FALSE(works[2]->done()) << "an operation completed before one issued earlier";
   std::vector<std::uint64_t> completed;
   for (auto& w : works) w->on_complete([&](const Work& done) {
-    std::lock_guard lock(mutex);
+    std::lock_guard lock(ops.mutex);
     completed.push_back(done.seq());
   });
   first->store(1);
   for (auto& w : works) w->wait(10s);
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(ops.mutex);
   EXPECT_EQ(completed, (std::vector<std::uint64_t>{0, 1, 2}));
 }
 
 TEST(DeferredCompletion, ADeviceErrorFailsItsOperationAndTheOnesAfterIt) {
   ProgressEngine engine("test", 30s, 0);
-  std::vector<std::shared_ptr<Work>> works;
-  std::vector<int> started;
-  std::mutex mutex;
-  auto first = submit_deferred(engine, works, started, mutex, 0);
-  auto second = submit_deferred(engine, works, started, mutex, 1);
-  ASSERT_TRUE(started_within(started, mutex, 2));
+  DeferredOps ops(engine);
+  auto& works = ops.works;
+  auto first = ops.submit(0);
+  auto second = ops.submit(1);
+  ASSERT_TRUE(ops.started_within(2));
   first->store(2);
   EXPECT_THROW(works[0]->wait(10s), Error);
   // The engine is aborted: the outstanding one fails with the first error
@@ -137,10 +141,9 @@ TEST(DeferredCompletion, ADeviceErrorFailsItsOperationAndTheOnesAfterIt) {
 TEST(DeferredCompletion, AnOperationPastItsDeadlineFailsNamingItself) {
   ManualClock clock;
   ProgressEngine engine("rank 0", 2s, 0, {}, nullptr, nullptr, clock);
-  std::vector<std::shared_ptr<Work>> works;
-  std::vector<int> started;
-  std::mutex mutex;
-  auto never = submit_deferred(engine, works, started, mutex, 0);
+  DeferredOps ops(engine);
+  auto& works = ops.works;
+  auto never = ops.submit(0);
   ASSERT_TRUE(advance_until(clock, 100ms, [&] { return works[0]->done(); }));
   try {
     works[0]->wait(1s);
@@ -154,11 +157,10 @@ TEST(DeferredCompletion, AnOperationPastItsDeadlineFailsNamingItself) {
 TEST(DeferredCompletion, AnAbortFailsWhatIsOutstandingAndStoppingWaitsForIt) {
   {
     ProgressEngine engine("test", 30s, 0);
-    std::vector<std::shared_ptr<Work>> works;
-    std::vector<int> started;
-    std::mutex mutex;
-    auto stuck = submit_deferred(engine, works, started, mutex, 0);
-    ASSERT_TRUE(started_within(started, mutex, 1));
+    DeferredOps ops(engine);
+    auto& works = ops.works;
+    auto stuck = ops.submit(0);
+    ASSERT_TRUE(ops.started_within(1));
     engine.abort(std::make_exception_ptr(PeerError("rank 1 died")));
     try {
       works[0]->wait(10s);
@@ -169,10 +171,9 @@ TEST(DeferredCompletion, AnAbortFailsWhatIsOutstandingAndStoppingWaitsForIt) {
   }
   // Stopping a healthy engine completes what is outstanding first.
   auto engine = std::make_unique<ProgressEngine>("test", 30s, 0);
-  std::vector<std::shared_ptr<Work>> works;
-  std::vector<int> started;
-  std::mutex mutex;
-  auto slow = submit_deferred(*engine, works, started, mutex, 0);
+  DeferredOps ops(*engine);
+  auto& works = ops.works;
+  auto slow = ops.submit(0);
   std::thread device([slow] {
     std::this_thread::sleep_for(50ms);
     slow->store(1);
@@ -192,11 +193,10 @@ TEST(DeferredCompletion, OperationsRunOnTheIssuingThreadCannotDefer) {
   std::atomic<bool> had_slot{true};
   engine.submit(small, [&](const OpContext& op) { had_slot = op.defer != nullptr; })->wait(10s);
   EXPECT_FALSE(had_slot.load());
-  std::vector<std::shared_ptr<Work>> works;
-  std::vector<int> started;
-  std::mutex mutex;
-  auto outstanding = submit_deferred(engine, works, started, mutex, 0);
-  ASSERT_TRUE(started_within(started, mutex, 1));
+  DeferredOps ops(engine);
+  auto& works = ops.works;
+  auto outstanding = ops.submit(0);
+  ASSERT_TRUE(ops.started_within(1));
   const auto issuer = std::this_thread::get_id();
   std::atomic<bool> ran_inline{true};
   auto small_work = engine.submit(small, [&](const OpContext&) { ran_inline = std::this_thread::get_id() == issuer; });
