@@ -52,10 +52,21 @@ struct LauncherPlacement {
 
 struct Config {
   // Found by looking at RANK/WORLD_SIZE, then OMPI_COMM_WORLD_*, then SLURM_*.
+  // Read it through placement(), which refuses variables that contradict
+  // themselves.
   LauncherPlacement launcher;
   // LOCAL_RANK / LOCAL_WORLD_SIZE, for a rank given in GroupOptions.
   std::optional<int> local_rank;
   std::optional<int> local_world_size;
+  // What is wrong with the launcher's variables (half a RANK/WORLD_SIZE
+  // pair, a rank outside its world, a local rank outside its host, a value
+  // that is not a number), as the ConfigError it becomes; empty: nothing.
+  // Kept rather than thrown: it matters only to a group that takes its
+  // place from those variables. A group whose rank and size the program
+  // gives (torch.distributed hands them to a backend, with the launcher's
+  // WORLD_SIZE still set) ignores them; launcher, local_rank and
+  // local_world_size are then unset.
+  std::string launcher_problem;
   // OMPI_COMM_WORLD_SIZE is set: this process was started by mpirun.
   bool started_by_mpirun = false;
 
@@ -115,6 +126,10 @@ struct Config {
   static Config parse(const Lookup& lookup);
   // parse() over this process's environment.
   static Config from_environment();
+
+  // The launcher's placement of this process; ConfigError(launcher_problem)
+  // when its variables contradict themselves.
+  const LauncherPlacement& placement() const;
 };
 
 }  // namespace lockstep

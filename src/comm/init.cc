@@ -203,6 +203,9 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   spec.tracer = std::make_shared<diag::Tracer>(config.trace_prefix, launch.rank);
   if (options.os) spec.os = options.os;
   if (launch.source == LaunchSource::none) spec.log.info("no launcher environment found: running as a world of one");
+  if (!launch.ignored_variables.empty())
+    spec.log.warn("the launcher's variables are ignored, since the program gave this group's rank and size: {}",
+                  launch.ignored_variables);
 
   TcpStoreOptions store_options;
   store_options.token = launch.token;

@@ -33,6 +33,25 @@ void check_rank(int rank, int size, const std::string& how) {
                                   size, how, size - 1));
 }
 
+// The place on its host of a rank the program numbered itself: LOCAL_RANK
+// and LOCAL_WORLD_SIZE where they fit its world, else the whole world on
+// one host. The program's numbers win over the launcher's variables, which
+// describe the job's world and not, say, a subgroup's; variables that
+// contradict themselves are named in ignored_variables, never fatal.
+void place_on_host(const Config& config, LaunchInfo& info) {
+  info.local_rank = info.rank;
+  info.local_world_size = info.world_size;
+  if (!config.launcher_problem.empty()) {
+    info.ignored_variables = config.launcher_problem;
+    return;
+  }
+  const int local_size = config.local_world_size.value_or(info.world_size);
+  const int local_rank = config.local_rank.value_or(info.rank);
+  if (local_size > info.world_size || local_rank >= local_size) return;  // another group's numbers
+  info.local_rank = local_rank;
+  info.local_world_size = local_size;
+}
+
 }  // namespace
 
 LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
@@ -43,11 +62,10 @@ LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
     info.rank = options.rank;
     info.world_size = options.world_size;
     check_rank(info.rank, info.world_size, "GroupOptions");
-    info.local_rank = config.local_rank.value_or(info.rank);
-    info.local_world_size = config.local_world_size.value_or(info.world_size);
+    place_on_host(config, info);
     info.source = LaunchSource::options;
   } else {
-    const LauncherPlacement& p = config.launcher;
+    const LauncherPlacement& p = config.placement();
     if (p.source != LaunchSource::none)
       check_rank(p.rank, p.world_size, fmt::format("from {}", to_string(p.source)));
     info.rank = p.rank;

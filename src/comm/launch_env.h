@@ -31,6 +31,10 @@ struct LaunchInfo {
   Duration timeout{0};
   Duration connect_timeout{0};
   bool mpi_abort_on_failure = true;
+  // Launcher variables that contradicted themselves and were ignored
+  // because the options gave the rank and size (Config::launcher_problem);
+  // empty: none. init_process_group warns with it.
+  std::string ignored_variables;
 };
 
 // Options override `config`. Throws ConfigError naming the setting, its

@@ -147,13 +147,26 @@ DebugLevel read_debug(const VariableReader& vars) {
   throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, text));
 }
 
+// The launcher's variables, and LOCAL_RANK / LOCAL_WORLD_SIZE (which also
+// place a rank given in GroupOptions, where no launcher variables are
+// read: so they are checked against each other here too). A contradiction
+// is kept in launcher_problem, not thrown (see Config).
+void read_placement(const VariableReader& vars, Config& c) {
+  try {
+    c.launcher = read_launcher(vars);
+    c.local_rank = read_rank(vars, env::kLocalRank);
+    c.local_world_size = read_world_size(vars, env::kLocalWorldSize);
+    check_local_placement(setting(env::kLocalRank, c.local_rank), setting(env::kLocalWorldSize, c.local_world_size),
+                          std::nullopt);
+  } catch (const ConfigError& e) {
+    c.launcher = {};
+    c.local_rank.reset();
+    c.local_world_size.reset();
+    c.launcher_problem = e.what();
+  }
+}
+
 void read_rendezvous(const VariableReader& vars, Config& c) {
-  c.local_rank = read_rank(vars, env::kLocalRank);
-  c.local_world_size = read_world_size(vars, env::kLocalWorldSize);
-  // Checked against each other here too: they also place a rank given in
-  // GroupOptions, where no launcher variables were read.
-  check_local_placement(setting(env::kLocalRank, c.local_rank), setting(env::kLocalWorldSize, c.local_world_size),
-                        std::nullopt);
   c.started_by_mpirun = vars.string(env::kOmpiSize).has_value();
   c.master_addr = vars.string(env::kMasterAddr).value_or("");
   if (auto port = vars.integer(env::kMasterPort, 1, kMaxPort)) c.master_port = static_cast<int>(*port);
@@ -219,7 +232,7 @@ Config Config::parse(const Lookup& lookup) {
     return v;
   });
   Config c;
-  c.launcher = read_launcher(vars);
+  read_placement(vars, c);
   read_rendezvous(vars, c);
   c.timeout = vars.seconds(env::kTimeout);
   c.connect_timeout = vars.seconds(env::kConnectTimeout);
@@ -230,5 +243,10 @@ Config Config::parse(const Lookup& lookup) {
 }
 
 Config Config::from_environment() { return parse(environment_lookup); }
+
+const LauncherPlacement& Config::placement() const {
+  if (!launcher_problem.empty()) throw ConfigError(launcher_problem);
+  return launcher;
+}
 
 }  // namespace lockstep

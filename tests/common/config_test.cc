@@ -191,7 +191,9 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
     if (std::string(bad.name) == env::kOmpiRank) vars[env::kOmpiSize] = "2";
     if (std::string(bad.name) == env::kSlurmNtasks) vars[env::kSlurmProcId] = "0";
     try {
-      parse(vars);
+      // A launcher's variables are refused when the placement is read
+      // (see LauncherVariablesAreRefusedOnlyWhereThePlacementIsRead).
+      parse(vars).placement();
       ADD_FAILURE() << bad.name << "='" << bad.value << "' was accepted";
     } catch (const ConfigError& e) {
       const std::string what = e.what();
@@ -202,9 +204,9 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
 }
 
 TEST(Config, HalfALauncherPairOrARankOutsideTheWorldIsAClearError) {
-  EXPECT_THROW(parse({{env::kRank, "0"}}), ConfigError);
+  EXPECT_THROW(parse({{env::kRank, "0"}}).placement(), ConfigError);
   try {
-    parse({{env::kRank, "4"}, {env::kWorldSize, "4"}});
+    parse({{env::kRank, "4"}, {env::kWorldSize, "4"}}).placement();
     ADD_FAILURE() << "no ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 4 is outside the world of 4 ranks (RANK=4, WORLD_SIZE=4)"),
@@ -212,8 +214,23 @@ TEST(Config, HalfALauncherPairOrARankOutsideTheWorldIsAClearError) {
         << e.what();
   }
   EXPECT_THROW(parse({{env::kSlurmProcId, "0"}, {env::kSlurmNtasks, "2"}, {env::kSlurmNodeId, "3"},
-                      {env::kSlurmTasksPerNode, "1(x2)"}}),
+                      {env::kSlurmTasksPerNode, "1(x2)"}})
+                   .placement(),
                ConfigError);
+}
+
+// torch.distributed's test harness, like many scripts, passes rank= and
+// world_size= to init_process_group with only WORLD_SIZE exported: parsing
+// must not fail then, since a group given its rank never reads them.
+TEST(Config, LauncherVariablesAreRefusedOnlyWhereThePlacementIsRead) {
+  const Config c = parse({{env::kWorldSize, "2"}, {env::kLocalRank, "0"}, {env::kLogLevel, "info"}});
+  EXPECT_NE(c.launcher_problem.find("WORLD_SIZE is set but RANK is not"), std::string::npos) << c.launcher_problem;
+  EXPECT_EQ(c.launcher.source, LaunchSource::none);
+  EXPECT_FALSE(c.local_rank.has_value());
+  EXPECT_EQ(c.log_level, LogLevel::info);  // the rest is read as usual
+  EXPECT_THROW(c.placement(), ConfigError);
+  // Other variables' bad values are refused at once, as before.
+  EXPECT_THROW(parse({{env::kWorldSize, "2"}, {env::kLogLevel, "loud"}}), ConfigError);
 }
 
 // LOCAL_RANK=5 with LOCAL_WORLD_SIZE=1 used to be accepted, and the rank
@@ -238,7 +255,7 @@ TEST(Config, LocalVariablesThatContradictEachOtherOrTheWorldAreRefused) {
   };
   for (const auto& [vars, message] : cases) {
     try {
-      parse(vars);
+      parse(vars).placement();
       ADD_FAILURE() << message << ": accepted";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();

@@ -132,6 +132,45 @@ TEST(LaunchEnv, SlurmVariables) {
   EXPECT_EQ(slurm_tasks_on_node("2(x2),4", 1), 2);
 }
 
+// The program's rank and size win over the launcher's variables, whatever
+// they say: torch.distributed hands a backend the group's rank and size
+// with WORLD_SIZE (and maybe not RANK) in the environment, and a subgroup's
+// numbers never match the job's.
+TEST(LaunchEnv, RankAndSizeGivenByTheProgramWinOverTheLaunchersVariables) {
+  auto clean = clean_launcher_env();
+  GroupOptions options;
+  options.rank = 2;
+  options.world_size = 3;
+  options.master_addr = "127.0.0.1";
+  options.master_port = 29500;
+  {
+    ScopedEnv env({{"WORLD_SIZE", "2"}});  // half a pair: fatal without options
+    EXPECT_THROW(resolve_launch({}, Config::from_environment()), ConfigError);
+    const auto info = resolve_launch(options, Config::from_environment());
+    EXPECT_EQ(info.rank, 2);
+    EXPECT_EQ(info.world_size, 3);
+    EXPECT_EQ(info.source, LaunchSource::options);
+    EXPECT_NE(info.ignored_variables.find("WORLD_SIZE is set but RANK is not"), std::string::npos)
+        << info.ignored_variables;
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "6"}, {"LOCAL_WORLD_SIZE", "8"}});
+    const auto info = resolve_launch(options, Config::from_environment());
+    EXPECT_EQ(info.rank, 2);
+    EXPECT_EQ(info.world_size, 3);
+    // The job's 8 ranks on a host do not fit this group of 3: its own numbers.
+    EXPECT_EQ(info.local_rank, 2);
+    EXPECT_EQ(info.local_world_size, 3);
+    EXPECT_TRUE(info.ignored_variables.empty());
+  }
+  {
+    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+    const auto info = resolve_launch(options, Config::from_environment());
+    EXPECT_EQ(info.local_rank, 0);  // what fits is taken
+    EXPECT_EQ(info.local_world_size, 1);
+  }
+}
+
 void expect_config_error(const GroupOptions& options, const std::string& fragment) {
   try {
     resolve_launch(options, Config::from_environment());

@@ -454,8 +454,8 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
   // first core).
   // The cores this rank's host gives its ranks, before pinning narrows them.
   const double cores_per_rank =
-      static_cast<double>(usable_cores()) / std::max(1, config.launcher.local_world_size);
-  if (o.pin) pin_to_core_of_local_rank(config.launcher.local_rank);
+      static_cast<double>(usable_cores()) / std::max(1, config.placement().local_world_size);
+  if (o.pin) pin_to_core_of_local_rank(config.placement().local_rank);
   GroupOptions group;
   group.config = config;
   group.backend = o.backend;
@@ -463,7 +463,7 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
   const bool printer = pg->rank() == 0;
   if (o.device != "host" && o.device != "cuda")
     throw InvalidArgument(fmt::format("--device {}: use host or cuda", o.device));
-  const auto device = o.device == "cuda" ? open_device_memory(config.launcher.local_rank) : nullptr;
+  const auto device = o.device == "cuda" ? open_device_memory(config.placement().local_rank) : nullptr;
   check_sizes(o);
   const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
 
@@ -526,7 +526,7 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     report["cores_per_rank"] = cores_per_rank;
     // The ranks of this rank's host, from its launcher: one rank on each of
     // two hosts is 1, not the world's 2.
-    report["ranks_per_host"] = std::max(1, config.launcher.local_world_size);
+    report["ranks_per_host"] = std::max(1, config.placement().local_world_size);
     report["shared_buffers"] = o.shared_buffers;
     report["out_of_place"] = o.out_of_place;
     if (sixteen) {
@@ -600,7 +600,7 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
   check_sizes(o);
   // The one read of the environment for this command.
   const Config config = Config::from_environment();
-  const bool launched = config.launcher.source != LaunchSource::none;
+  const bool launched = config.placement().source != LaunchSource::none;
   if (o.nranks > 0 && !launched) {
     RunOptions run;
     run.nproc_per_node = std::to_string(o.nranks);
