@@ -49,7 +49,7 @@ def test_started_by_lockstep_run():
 
 def test_operations_it_cannot_do_are_refused_by_name():
     outputs = passed(run_world("wrong_input", 2))
-    assert outputs[0].count("refused") == 4, outputs[0]
+    assert outputs[0].count("refused") == 5, outputs[0]
 
 
 def test_mismatched_sizes_raise_on_every_rank():

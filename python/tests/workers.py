@@ -231,7 +231,8 @@ def case_wrong_input():
     for what, call in [("bool", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
                        ("BAND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64), op=dist.ReduceOp.BAND)),
                        ("strided", lambda: dist.all_reduce(torch.ones(8)[::2])),
-                       ("recv any source", lambda: dist.recv(torch.ones(4)))]:
+                       ("recv any source", lambda: dist.recv(torch.ones(4))),
+                       ("sparse MAX", lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=dist.ReduceOp.MAX))]:
         try:
             call()
             failures.append(f"{what}: accepted")

@@ -8,6 +8,8 @@
 
 #include "c10d_store.h"
 #include "lockstep/error.h"
+#include "lockstep/store.h"
+#include "sparse_allreduce.h"
 #include "work.h"
 
 namespace lockstep_torch {
@@ -79,7 +81,14 @@ LockstepBackend::LockstepBackend(const c10::intrusive_ptr<c10d::Store>& store, i
   lockstep::GroupOptions options;
   options.rank = rank;
   options.world_size = size;
-  options.store = std::make_shared<C10dStore>(store);
+  // A group of one meets nobody: it keeps its keys to itself. PyTorch may
+  // name two single-rank groups of different processes alike (new_subgroups
+  // with group= numbers them within each parent group), and their claims
+  // on a shared store would read as two processes started as one rank.
+  if (size == 1)
+    options.store = std::make_shared<lockstep::HashStore>();
+  else
+    options.store = std::make_shared<C10dStore>(store);
   if (timeout.count() > 0) options.timeout = lockstep::Duration(timeout.count());
   options.name = group_name.empty() ? "default" : group_name;
   group_ = translated("init_process_group", [&] { return lockstep::init_process_group(std::move(options)); });
@@ -90,6 +99,7 @@ LockstepBackend::~LockstepBackend() = default;
 c10::intrusive_ptr<c10d::Work> LockstepBackend::finish(c10d::OpType type, Parts parts,
                                                        std::vector<at::Tensor> outputs,
                                                        std::vector<at::Tensor> keep_alive) {
+  ++operations_;
   return LockstepWork::start(getRank(), type, std::move(parts), std::move(outputs), std::move(keep_alive));
 }
 
@@ -103,9 +113,26 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::broadcast(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = only_tensor(tensors, "all_reduce");
+  if (t.is_sparse()) return sparse_allreduce(t, opts);
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "all_reduce");
   auto work = translated("all_reduce", [&] { return dist::all_reduce(*group_, t, op, true); });
   return finish(c10d::OpType::ALLREDUCE, {work}, tensors);
+}
+
+// Sparse tensors: the sum only (as gloo), done before this returns; the
+// tensor then holds the coalesced sum.
+c10::intrusive_ptr<c10d::Work> LockstepBackend::sparse_allreduce(const at::Tensor& t,
+                                                                 const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
+                    "lockstep backend: all_reduce of a sparse tensor takes ReduceOp.SUM only (as gloo); "
+                    "call .to_dense() first for other reductions");
+  TORCH_CHECK_VALUE(t.layout() == at::kSparse && t.device().is_cpu(),
+                    "lockstep backend: all_reduce of a sparse tensor takes a sparse COO tensor on the CPU, got ",
+                    t.layout(), " on ", t.device());
+  at::Tensor sum = translated("all_reduce", [&] { return sparse_all_reduce_sum(*group_, t); });
+  at::Tensor target = t;
+  target.copy_(sum);
+  return finish(c10d::OpType::ALLREDUCE, {}, {target});
 }
 
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -125,22 +152,39 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::reduce(std::vector<at::Tensor>& 
   return finish(c10d::OpType::REDUCE, {work}, tensors);
 }
 
+// outputs[0]: one tensor per rank, for the one input.
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
-                                                          const c10d::AllgatherOptions& opts) {
+                                                          const c10d::AllgatherOptions&) {
   only_tensor(inputs, "all_gather");
-  return allgather_coalesced(outputs, inputs, opts);
+  check_pairs(outputs, inputs, "all_gather");
+  return gather_each_input("all_gather", outputs, inputs);
 }
 
+// outputs[r][i]: rank r's tensor i (torch.distributed.all_gather_coalesced's
+// layout, rank first), regrouped per input for one all_gather each.
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions&) {
-  check_pairs(outputs, inputs, "all_gather");
-  Parts parts = issue_each("all_gather", inputs.size(), [&](std::size_t i) {
-    return dist::all_gather(*group_, outputs[i], inputs[i], true);
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == getSize(), "lockstep backend: all_gather_coalesced: ",
+                    outputs.size(), " output lists for a world of ", getSize(), "; pass one list per rank");
+  std::vector<std::vector<at::Tensor>> per_input(inputs.size());
+  for (std::size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "lockstep backend: all_gather_coalesced: output list ", r,
+                      " has ", outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+    for (std::size_t i = 0; i < inputs.size(); ++i) per_input[i].push_back(outputs[r][i]);
+  }
+  return gather_each_input("all_gather_coalesced", per_input, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> LockstepBackend::gather_each_input(const char* op,
+                                                                  std::vector<std::vector<at::Tensor>>& per_input,
+                                                                  std::vector<at::Tensor>& inputs) {
+  Parts parts = issue_each(op, inputs.size(), [&](std::size_t i) {
+    return dist::all_gather(*group_, per_input[i], inputs[i], true);
   });
   std::vector<at::Tensor> flat;
-  for (const auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
+  for (const auto& list : per_input) flat.insert(flat.end(), list.begin(), list.end());
   return finish(c10d::OpType::ALLGATHER, std::move(parts), flat, inputs);
 }
 

@@ -78,6 +78,13 @@ class LockstepBackend final : public c10d::Backend {
   // (the lower rank of each pair sends first), so a ring exchange of large
   // messages cannot wait in a cycle. Collectives are issued at once.
   bool supportsCoalescing() const override { return true; }
+
+  // The number of operations this group has issued (c10d's sequence
+  // number, which TORCH_DISTRIBUTED_DEBUG=DETAIL's checks of every
+  // collective read; lockstep checks that the ranks agree on each
+  // operation in any case).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return operations_; }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
@@ -85,8 +92,14 @@ class LockstepBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> finish(c10d::OpType type, std::vector<std::shared_ptr<lockstep::Work>> parts,
                                         std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive = {});
   c10::intrusive_ptr<c10d::Work> point_to_point(lockstep::torch::P2POp op);
+  // One all_gather per input i into per_input[i] (a tensor per rank).
+  c10::intrusive_ptr<c10d::Work> gather_each_input(const char* op, std::vector<std::vector<at::Tensor>>& per_input,
+                                                   std::vector<at::Tensor>& inputs);
+
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts);
 
   std::shared_ptr<lockstep::ProcessGroup> group_;
+  uint64_t operations_ = 0;
   bool coalescing_ = false;
   std::vector<lockstep::torch::P2POp> held_;  // while coalescing
 };

@@ -40,7 +40,11 @@ std::exception_ptr to_torch_error(std::exception_ptr error, std::string_view cal
   } catch (const std::exception& e) {
     try {
       const std::string where = call.empty() ? "" : "torch.distributed." + std::string(call) + ": ";
-      C10_THROW_ERROR(DistBackendError, "lockstep: " + where + e.what());
+      // The words gloo's timeouts use, which programs and PyTorch's own
+      // tests look for in the message.
+      const bool timed_out = dynamic_cast<const lockstep::TimeoutError*>(&e) != nullptr;
+      const std::string what = timed_out ? "Timed out waiting for the other ranks. " + std::string(e.what()) : e.what();
+      C10_THROW_ERROR(DistBackendError, "lockstep: " + where + what);
     } catch (...) {
       return std::current_exception();
     }
