@@ -10,7 +10,12 @@ nothing of libtorch). Where that library comes from:
   (unset)                   it is built here first, with CMake, into
                             python/build/lockstep (two minutes on two cores;
                             the Debian packages of scripts/install-deps.sh
-                            --run).
+                            --run), with fmt compiled in, so that the package
+                            (a wheel: `pip wheel`, `make wheel`) needs nothing
+                            where it is installed but the torch it was built
+                            for. The version names that torch
+                            (0.1.0+pt211cpu) and the package requires exactly
+                            its release (torch==2.11.0).
 
   LOCKSTEP_WITH_CUDA=1      the CUDA build: the backend also takes CUDA
                             tensors (lockstep's staging through pinned host
@@ -39,7 +44,6 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-LIBRARIES = ["lockstep", "fmt"]
 
 
 def with_cuda() -> bool:
@@ -74,10 +78,12 @@ def lockstep_build_dir() -> Path:
     build.mkdir(parents=True, exist_ok=True)
     cuda_flags = [f"-DCUDAToolkit_ROOT={CUDA_HOME}", f"-DCMAKE_CUDA_COMPILER={Path(CUDA_HOME) / 'bin' / 'nvcc'}",
                   "-DLOCKSTEP_WITH_CUDA=ON"] if WITH_CUDA else ["-DLOCKSTEP_WITH_CUDA=OFF"]
+    # fmt compiled in: the package (a wheel, say) then needs no libfmt.so
+    # where it is installed.
     subprocess.check_call([
         "cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DLOCKSTEP_BUILD_TESTS=OFF", "-DLOCKSTEP_BUILD_TOOLS=OFF", "-DLOCKSTEP_WITH_MPI=OFF",
-        "-DLOCKSTEP_WITH_TORCH=OFF", *cuda_flags,
+        "-DLOCKSTEP_WITH_TORCH=OFF", "-DLOCKSTEP_FMT_HEADER_ONLY=ON", *cuda_flags,
     ])
     subprocess.check_call(["cmake", "--build", str(build), "--target", "lockstep"])
     if WITH_CUDA and not links_cuda(build / "src" / "liblockstep.so"):
@@ -97,17 +103,42 @@ class BuildWithLibraries(BuildExtension):
         shutil.copy2(library, package / soname(library))
 
 
+def dynamic_entries(library: Path, tag: str) -> list[str]:
+    """The values of one dynamic-section tag (NEEDED, SONAME) of a library."""
+    dynamic = subprocess.run(["readelf", "-d", str(library)], check=True, capture_output=True, text=True).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in dynamic.splitlines() if f"({tag})" in line]
+
+
 def soname(library: Path) -> str:
     """The name the loader looks for (DT_SONAME), e.g. liblockstep.so.0.1."""
-    dynamic = subprocess.run(["readelf", "-d", str(library)], check=True, capture_output=True, text=True).stdout
-    for line in dynamic.splitlines():
-        if "(SONAME)" in line:
-            return line.split("[", 1)[1].split("]", 1)[0]
-    return library.name
+    names = dynamic_entries(library, "SONAME")
+    return names[0] if names else library.name
 
 
+def links_libfmt(library: Path) -> bool:
+    """Whether a liblockstep links libfmt (a CMake build of the repository)
+    or has fmt compiled in (LOCKSTEP_FMT_HEADER_ONLY, this file's own build):
+    the extension then does the same."""
+    return any(name.startswith("libfmt.") for name in dynamic_entries(library, "NEEDED"))
+
+
+def torch_release() -> str:
+    """The PyTorch release the extension is compiled against (2.11.0 of
+    2.11.0+cu130): its C++ ABI binds the package to exactly that release."""
+    return torch.__version__.split("+", 1)[0]
+
+
+def package_version() -> str:
+    """lockstep's version with the PyTorch it was built for as the local
+    label, as compiled PyTorch extensions name theirs (0.1.0+pt211cpu)."""
+    major, minor = torch_release().split(".")[:2]
+    return f"{LOCKSTEP_VERSION}+pt{major}{minor}{'cu' + torch.version.cuda.replace('.', '') if WITH_CUDA else 'cpu'}"
+
+
+LOCKSTEP_VERSION = "0.1.0"
 WITH_CUDA = with_cuda()
 BUILD = lockstep_build_dir()
+FMT_LINKED = links_libfmt(BUILD / "src" / "liblockstep.so")
 # The CUDA build: CUDAExtension adds the toolkit's headers and libtorch's
 # CUDA libraries (c10_cuda for the current stream); no .cu files, since
 # lockstep's device work lives in liblockstep.
@@ -116,6 +147,11 @@ Extension = CUDAExtension if WITH_CUDA else CppExtension
 CXX_FLAGS = ["-std=c++20", "-O2", f"-fmacro-prefix-map={REPO}/="]
 
 setup(
+    version=package_version(),
+    # Exactly the release it was compiled against (the C++ ABI of libtorch
+    # changes between releases): pip then refuses to install it beside
+    # another, instead of failing at import.
+    install_requires=[f"torch=={torch_release()}"],
     ext_modules=[
         Extension(
             "lockstep_torch._C",
@@ -127,8 +163,10 @@ setup(
             include_dirs=[str(BUILD / "fmt-headers"), str(REPO / "include"), str(REPO / "src"),
                           str(HERE / "lockstep_torch" / "csrc")],
             library_dirs=[str(BUILD / "src")],
-            libraries=list(LIBRARIES),  # a copy: CppExtension appends torch's own
-            define_macros=[("LOCKSTEP_TORCH_WITH_CUDA", "1" if WITH_CUDA else "0")],
+            # A copy: CppExtension appends torch's own.
+            libraries=["lockstep", "fmt"] if FMT_LINKED else ["lockstep"],
+            define_macros=[("LOCKSTEP_TORCH_WITH_CUDA", "1" if WITH_CUDA else "0")]
+            + ([] if FMT_LINKED else [("FMT_HEADER_ONLY", "1")]),
             extra_compile_args=CXX_FLAGS,
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
