@@ -144,40 +144,6 @@ test-battery: build-python
 test-battery-full:
 	@$(MAKE) --no-print-directory test-battery BATTERY_RUNS="gloo:2 gloo:3 gloo:4 gloo:8 plugin:2 plugin:3"
 
-# A wheel of the package, as `pip wheel` makes it from a checkout: it
-# builds its own liblockstep (CPU, fmt compiled in) and carries it, so the
-# wheel needs nothing at run time but the torch it was built for, whose
-# release its version and Requires-Dist name (docs/python.md, "Install").
-# test-wheel installs it into a fresh virtual environment and trains DDP.
-WHEEL_DIR = $(TORCH2_DIR)/wheel
-wheel: deps-torch2
-	@rm -rf $(WHEEL_DIR)
-	@$(TORCH2_PYTHON) -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps -w $(WHEEL_DIR) ./python
-	@echo "built: $$(ls $(WHEEL_DIR)/*.whl)"
-
-test-wheel: wheel
-	@scripts/test-wheel.sh $(WHEEL_DIR)
-
-# PyTorch's own distributed test battery against the "lockstep" backend
-# (python/battery/pytorch_battery.py): the tests PyTorch runs for gloo, and
-# those a third-party backend gets by name, at worlds 2 and 3. Tests lockstep
-# does not pass are listed with their reasons in python/battery/skips.txt;
-# every other test the battery does not skip by itself must pass.
-BATTERY_WORLDS ?= 2 3
-BATTERY_SELECTIONS ?= gloo plugin
-# Everything: worlds 4 and 8 run the tests that need them (8 ranks on two
-# cores take about 2.5 minutes).
-test-battery-full:
-	@$(MAKE) --no-print-directory test-battery BATTERY_WORLDS="2 3 4 8"
-test-battery: build-python
-	@cd python/battery && for selection in $(BATTERY_SELECTIONS); do for world in $(BATTERY_WORLDS); do \
-	  echo "battery: PyTorch's distributed_test, $$selection's selection, world $$world"; \
-	  log=$(abspath $(PYTHON_DIR))/battery-$$selection-$$world.log; \
-	  PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_BATTERY_SELECTION=$$selection WORLD_SIZE=$$world \
-	    timeout 1200 $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider -rfE pytorch_battery.py \
-	    > $$log 2>&1; status=$$?; \
-	  grep -v 'gpuGetDeviceCount failed' $$log; [ $$status -eq 0 ] || exit 1; done; done
-
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed
 # by name (tests/sanitizers/lsan.supp); the install test is left out (an
