@@ -290,6 +290,10 @@ def main():
         import cuda_worker
         cuda_worker.run(*args)
         return
+    if case == "sharding":
+        import sharding_workers
+        sharding_workers.run(*args)
+        return
     {"collectives": case_collectives, "wrong_input": case_wrong_input, "mismatch": case_mismatch,
      "killed_rank": case_killed_rank}[case](*args)
 

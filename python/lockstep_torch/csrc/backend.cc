@@ -96,6 +96,20 @@ LockstepBackend::LockstepBackend(const c10::intrusive_ptr<c10d::Store>& store, i
 
 LockstepBackend::~LockstepBackend() = default;
 
+lockstep::ProcessGroup& LockstepBackend::group() const {
+  TORCH_CHECK(group_ != nullptr, "lockstep backend: this process group was destroyed (destroy_process_group); ",
+              "create a new one with init_process_group or new_group");
+  return *group_;
+}
+
+void LockstepBackend::shutdown() { group_.reset(); }
+
+void LockstepBackend::abort() {
+  if (group_ != nullptr) group_->abort("torch.distributed aborted the process group on rank " +
+                                       std::to_string(getRank()));
+  group_.reset();
+}
+
 c10::intrusive_ptr<c10d::Work> LockstepBackend::finish(c10d::OpType type, Parts parts,
                                                        std::vector<at::Tensor> outputs,
                                                        std::vector<at::Tensor> keep_alive) {
@@ -106,7 +120,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::finish(c10d::OpType type, Parts 
 c10::intrusive_ptr<c10d::Work> LockstepBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = only_tensor(tensors, "broadcast");
-  auto work = translated("broadcast", [&] { return dist::broadcast(*group_, t, opts.rootRank, true); });
+  auto work = translated("broadcast", [&] { return dist::broadcast(group(), t, opts.rootRank, true); });
   return finish(c10d::OpType::BROADCAST, {work}, tensors);
 }
 
@@ -115,7 +129,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce(std::vector<at::Tensor
   const at::Tensor& t = only_tensor(tensors, "all_reduce");
   if (t.is_sparse()) return sparse_allreduce(t, opts);
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "all_reduce");
-  auto work = translated("all_reduce", [&] { return dist::all_reduce(*group_, t, op, true); });
+  auto work = translated("all_reduce", [&] { return dist::all_reduce(group(), t, op, true); });
   return finish(c10d::OpType::ALLREDUCE, {work}, tensors);
 }
 
@@ -129,7 +143,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::sparse_allreduce(const at::Tenso
   TORCH_CHECK_VALUE(t.layout() == at::kSparse && t.device().is_cpu(),
                     "lockstep backend: all_reduce of a sparse tensor takes a sparse COO tensor on the CPU, got ",
                     t.layout(), " on ", t.device());
-  at::Tensor sum = translated("all_reduce", [&] { return sparse_all_reduce_sum(*group_, t); });
+  at::Tensor sum = translated("all_reduce", [&] { return sparse_all_reduce_sum(group(), t); });
   at::Tensor target = t;
   target.copy_(sum);
   return finish(c10d::OpType::ALLREDUCE, {}, {target});
@@ -139,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce_coalesced(std::vector<
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "all_reduce_coalesced");
   Parts parts = issue_each("all_reduce_coalesced", tensors.size(), [&](std::size_t i) {
-    return dist::all_reduce(*group_, tensors[i], op, true);
+    return dist::all_reduce(group(), tensors[i], op, true);
   });
   return finish(c10d::OpType::ALLREDUCE_COALESCED, std::move(parts), tensors);
 }
@@ -148,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::reduce(std::vector<at::Tensor>& 
                                                        const c10d::ReduceOptions& opts) {
   const at::Tensor& t = only_tensor(tensors, "reduce");
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "reduce");
-  auto work = translated("reduce", [&] { return dist::reduce(*group_, t, opts.rootRank, op, true); });
+  auto work = translated("reduce", [&] { return dist::reduce(group(), t, opts.rootRank, op, true); });
   return finish(c10d::OpType::REDUCE, {work}, tensors);
 }
 
@@ -181,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::gather_each_input(const char* op
                                                                   std::vector<std::vector<at::Tensor>>& per_input,
                                                                   std::vector<at::Tensor>& inputs) {
   Parts parts = issue_each(op, inputs.size(), [&](std::size_t i) {
-    return dist::all_gather(*group_, per_input[i], inputs[i], true);
+    return dist::all_gather(group(), per_input[i], inputs[i], true);
   });
   std::vector<at::Tensor> flat;
   for (const auto& list : per_input) flat.insert(flat.end(), list.begin(), list.end());
@@ -199,7 +213,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::allgather_into_tensor_coalesced(
                                                                                 const c10d::AllgatherOptions&) {
   check_pairs(outputs, inputs, "all_gather_into_tensor");
   Parts parts = issue_each("all_gather_into_tensor", inputs.size(), [&](std::size_t i) {
-    return dist::all_gather_into_tensor(*group_, outputs[i], inputs[i], true);
+    return dist::all_gather_into_tensor(group(), outputs[i], inputs[i], true);
   });
   return finish(c10d::OpType::_ALLGATHER_BASE, std::move(parts), outputs, inputs);
 }
@@ -210,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::gather(std::vector<std::vector<a
   const at::Tensor& input = only_tensor(inputs, "gather");
   std::vector<at::Tensor> none;
   std::vector<at::Tensor>& list = outputs.empty() ? none : outputs.front();
-  auto work = translated("gather", [&] { return dist::gather(*group_, input, list, opts.rootRank, true); });
+  auto work = translated("gather", [&] { return dist::gather(group(), input, list, opts.rootRank, true); });
   return finish(c10d::OpType::GATHER, {work}, list, inputs);
 }
 
@@ -220,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::scatter(std::vector<at::Tensor>&
   const at::Tensor& output = only_tensor(outputs, "scatter");
   const std::vector<at::Tensor> none;
   const std::vector<at::Tensor>& list = inputs.empty() ? none : inputs.front();
-  auto work = translated("scatter", [&] { return dist::scatter(*group_, output, list, opts.rootRank, true); });
+  auto work = translated("scatter", [&] { return dist::scatter(group(), output, list, opts.rootRank, true); });
   return finish(c10d::OpType::SCATTER, {work}, outputs, list);
 }
 
@@ -252,7 +266,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::reduce_scatter_tensor_coalesced(
   check_pairs(outputs, inputs, "reduce_scatter_tensor");
   const lockstep::Reduction op = to_reduction(opts.reduceOp, "reduce_scatter_tensor");
   Parts parts = issue_each("reduce_scatter_tensor", inputs.size(), [&](std::size_t i) {
-    return dist::reduce_scatter_tensor(*group_, outputs[i], inputs[i], op, true);
+    return dist::reduce_scatter_tensor(group(), outputs[i], inputs[i], op, true);
   });
   return finish(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(parts), outputs, inputs);
 }
@@ -262,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& input_split_sizes,
                                                               const c10d::AllToAllOptions&) {
   auto work = translated("all_to_all_single", [&] {
-    return dist::all_to_all_single(*group_, output, input, output_split_sizes, input_split_sizes, true);
+    return dist::all_to_all_single(group(), output, input, output_split_sizes, input_split_sizes, true);
   });
   return finish(c10d::OpType::ALLTOALL_BASE, {work}, {output}, {input});
 }
@@ -270,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::alltoall_base(at::Tensor& output
 c10::intrusive_ptr<c10d::Work> LockstepBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions&) {
-  auto work = translated("all_to_all", [&] { return dist::all_to_all(*group_, outputs, inputs, true); });
+  auto work = translated("all_to_all", [&] { return dist::all_to_all(group(), outputs, inputs, true); });
   return finish(c10d::OpType::ALLTOALL, {work}, outputs, inputs);
 }
 
@@ -281,8 +295,8 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::point_to_point(dist::P2POp op) {
     return finish(type, {}, {});  // done at once: batch_isend_irecv waits on endCoalescing's Work
   }
   auto work = translated(type == c10d::OpType::SEND ? "send" : "recv", [&] {
-    return op.op == dist::P2POp::Kind::isend ? dist::isend(*group_, op.tensor, op.peer, op.tag)
-                                             : dist::irecv(*group_, op.tensor, op.peer, op.tag);
+    return op.op == dist::P2POp::Kind::isend ? dist::isend(group(), op.tensor, op.peer, op.tag)
+                                             : dist::irecv(group(), op.tensor, op.peer, op.tag);
   });
   return finish(type, {work}, {op.tensor});
 }
@@ -301,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::recvAnysource(std::vector<at::Te
 }
 
 c10::intrusive_ptr<c10d::Work> LockstepBackend::barrier(const c10d::BarrierOptions&) {
-  auto work = translated("barrier", [&] { return dist::barrier(*group_, true); });
+  auto work = translated("barrier", [&] { return dist::barrier(group(), true); });
   return finish(c10d::OpType::BARRIER, {work}, {});
 }
 
@@ -318,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::endCoalescing() {
   ops.swap(held_);
   std::vector<at::Tensor> tensors;
   for (const auto& op : ops) tensors.push_back(op.tensor);
-  Parts parts = translated("batch_isend_irecv", [&] { return dist::batch_isend_irecv(*group_, ops); });
+  Parts parts = translated("batch_isend_irecv", [&] { return dist::batch_isend_irecv(group(), ops); });
   // The group runs them in issue order, which batch_isend_irecv chose: the
   // last one issued is not necessarily the last of `parts`.
   std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a->seq() < b->seq(); });

@@ -17,6 +17,7 @@
 
 #include "lockstep/process_group.h"
 #include "lockstep/torch/distributed.h"
+#include "torch_compat.h"
 
 namespace lockstep_torch {
 
@@ -29,7 +30,17 @@ class LockstepBackend final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "lockstep"; }
   // The lockstep backend underneath ("shm", "tcp", "hier").
-  const std::string& transport() const { return group_->backend(); }
+  const std::string& transport() const { return group().backend(); }
+
+  // destroy_process_group: the lockstep group ends now (its watchdog stops
+  // polling the store, and it leaves while the peers and the store are
+  // still up), not when the last reference to this backend goes: a
+  // DeviceMesh (DTensor, FSDP2) keeps one until the interpreter exits.
+  // Later operations are refused.
+  void shutdown() LOCKSTEP_OVERRIDE_SINCE_2_11;
+  // torch.distributed's abort: this rank's running operation fails, and
+  // the peers' groups abort with it, as on any lockstep failure.
+  void abort() LOCKSTEP_OVERRIDE_SINCE_2_11;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -77,7 +88,7 @@ class LockstepBackend final : public c10d::Backend {
   // back; endCoalescing issues them in an order every rank derives alike
   // (the lower rank of each pair sends first), so a ring exchange of large
   // messages cannot wait in a cycle. Collectives are issued at once.
-  bool supportsCoalescing() const override { return true; }
+  bool supportsCoalescing() const LOCKSTEP_OVERRIDE_SINCE_2_11 { return true; }
 
   // The number of operations this group has issued (c10d's sequence
   // number, which TORCH_DISTRIBUTED_DEBUG=DETAIL's checks of every
@@ -96,6 +107,8 @@ class LockstepBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather_each_input(const char* op, std::vector<std::vector<at::Tensor>>& per_input,
                                                    std::vector<at::Tensor>& inputs);
 
+  // The lockstep group; refused after shutdown().
+  lockstep::ProcessGroup& group() const;
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts);
 
   std::shared_ptr<lockstep::ProcessGroup> group_;
