@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps deps-run deps-torch2 configure configure-run build build-run build-torch2 build-python run test test-torch2 test-python test-battery test-battery-full wheel test-wheel test-tsan test-asan test-fuzz bench clean
+.PHONY: all deps deps-run deps-torch2 configure configure-run build build-run build-torch2 build-python run test test-torch2 test-python test-battery run-battery test-battery-full test-python-oldest wheel test-wheel test-tsan test-asan test-fuzz bench clean
 
 all: build
 
@@ -131,6 +131,10 @@ test-wheel: wheel
 # SELECTION:WORLD.
 BATTERY_RUNS ?= gloo:2 gloo:3 plugin:2
 test-battery: build-python
+	@$(MAKE) --no-print-directory run-battery
+
+# The battery over whatever package PYTHON_DIR holds, built for TORCH2_PYTHON.
+run-battery:
 	@cd python/battery && for run in $(BATTERY_RUNS); do selection=$${run%%:*}; world=$${run##*:}; \
 	  echo "battery: PyTorch's distributed_test, $$selection's selection, world $$world"; \
 	  log=$(abspath $(PYTHON_DIR))/battery-$$selection-$$world.log; \
@@ -143,6 +147,23 @@ test-battery: build-python
 # cores take about 2.5 minutes), and the plugin selection at 3.
 test-battery-full:
 	@$(MAKE) --no-print-directory test-battery BATTERY_RUNS="gloo:2 gloo:3 gloo:4 gloo:8 plugin:2 plugin:3"
+
+# The oldest PyTorch the Python package supports (docs/python.md, pinned in
+# scripts/torch-oldest-requirements.txt), in an environment of its own: the
+# package built against it (with its own liblockstep, as a user's pip would),
+# then its tests and PyTorch's battery (gloo's selection, world 2) on it.
+# Not part of `make test`: another 5 GB environment and about 12 minutes on
+# two cores.
+OLDEST_VENV ?= .venv/torch-oldest
+OLDEST_DIR ?= build-torch-oldest
+test-python-oldest: deps
+	@scripts/install-torch2.sh $(OLDEST_VENV) scripts/torch-oldest-requirements.txt
+	@$(OLDEST_VENV)/bin/python -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps \
+	  --upgrade --target $(OLDEST_DIR)/python ./python
+	@cd python/tests && PYTHONPATH=$(abspath $(OLDEST_DIR))/python $(abspath $(OLDEST_VENV))/bin/python -m pytest -q \
+	  -p no:cacheprovider .
+	@$(MAKE) --no-print-directory run-battery TORCH2_PYTHON=$(OLDEST_VENV)/bin/python PYTHON_DIR=$(OLDEST_DIR)/python \
+	  BATTERY_RUNS=gloo:2
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed

@@ -136,6 +136,21 @@ def package_version() -> str:
 
 
 LOCKSTEP_VERSION = "0.1.0"
+OLDEST_TORCH = (2, 7)
+
+
+def check_torch_version() -> None:
+    """Refuses PyTorch before 2.7: its batch_isend_irecv issues CPU sends
+    and receives one by one (it coalesces CUDA tensors only; 2.7 asks the
+    backend), and lockstep's in-order sends and receives could then wait in
+    a cycle."""
+    if tuple(int(part) for part in torch_release().split(".")[:2]) < OLDEST_TORCH:
+        sys.exit(f"lockstep_torch: needs PyTorch {'.'.join(map(str, OLDEST_TORCH))} or newer, found "
+                 f"{torch.__version__}: older releases issue batch_isend_irecv's CPU operations one by one, and "
+                 "exchanges of large messages could wait for each other; upgrade torch")
+
+
+check_torch_version()
 WITH_CUDA = with_cuda()
 BUILD = lockstep_build_dir()
 FMT_LINKED = links_libfmt(BUILD / "src" / "liblockstep.so")

@@ -7,17 +7,22 @@
 # touches nothing and uses no network. Needs Debian's python3-venv
 # (scripts/install-deps.sh installs it).
 #
-# Usage: scripts/install-torch2.sh [VENV]      (default .venv/torch2)
+# Usage: scripts/install-torch2.sh [VENV [REQUIREMENTS]]
+#        (default .venv/torch2 and scripts/torch2-requirements.txt; the
+#        oldest PyTorch the Python package supports: .venv/torch-oldest and
+#        scripts/torch-oldest-requirements.txt, without a CUDA compiler)
 # Then:  cmake -DCMAKE_PREFIX_PATH="$(VENV/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
 #              -DCUDAToolkit_ROOT=VENV/cuda ...   (what `make build-torch2` does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=${1:-.venv/torch2}
-requirements=scripts/torch2-requirements.txt
+requirements=${2:-scripts/torch2-requirements.txt}
 stamp=$venv/lockstep-requirements.txt   # the pins this environment was made from
+# The CUDA compiler is laid out only where the pins bring one.
+with_nvcc=$(grep -q '^cuda-toolkit\[.*nvcc' "$requirements" && echo 1 || echo 0)
 
-if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp" && [ -x "$venv/cuda/bin/nvcc" ] \
+if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp" && { [ "$with_nvcc" = 0 ] || [ -x "$venv/cuda/bin/nvcc" ]; } \
    && "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   echo "install-torch2: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)') present in $venv"
   exit 0
@@ -35,6 +40,12 @@ echo "install-torch2: installing $(grep -v '^#' "$requirements" | xargs) into $v
 rm -f "$stamp"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off -q -r "$requirements"
+
+if [ "$with_nvcc" = 0 ]; then
+  cp "$requirements" "$stamp"
+  echo "install-torch2: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)') in $venv (no CUDA compiler)"
+  exit 0
+fi
 
 # NVIDIA's wheels put the toolkit in site-packages/nvidia/cuNN with lib/
 # where nvcc and CMake's FindCUDA look in lib64/, and only versioned shared

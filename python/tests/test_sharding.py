@@ -12,13 +12,21 @@ import time
 import pytest
 import torch
 
-if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 6):
+TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split(".")[:2])
+if TORCH_RELEASE < (2, 6):
     pytest.skip("FSDP2's fully_shard is public (torch.distributed.fsdp) from PyTorch 2.6 on", allow_module_level=True)
 
 import sharding_workers as workers  # noqa: E402  the model, data and one-process reference the ranks use
 from launch import run_world  # noqa: E402
 
-BACKENDS = ("lockstep", "gloo")
+# Gloo is the control only on releases where it was checked against one
+# process: on PyTorch 2.7.1 gloo cannot reduce with AVG (DTensor's Partial
+# avg raises) and FSDP2's float32 training over it ends 0.097 away from one
+# process trained on the global batch (over lockstep: 2.2e-8). 2.11 and
+# 2.15 were checked. On older releases lockstep is held to the exact
+# answers and to one process alone.
+GLOO_IS_A_CONTROL = TORCH_RELEASE >= (2, 11)
+BACKENDS = ("lockstep", "gloo") if GLOO_IS_A_CONTROL else ("lockstep",)
 TEST_DEADLINE_S = 240
 
 
@@ -68,15 +76,16 @@ def test_fsdp2_trains_over_lockstep_as_over_gloo_and_as_one_process(tmp_path):
         run_passing(budget, workers.FSDP_WORLD, "fsdp", backend, weights)
         trained[backend] = torch.load(weights)
     for name, dtype in workers.DTYPES.items():
-        lockstep, gloo = trained["lockstep"][name], trained["gloo"][name]
+        lockstep, gloo = trained["lockstep"][name], trained.get("gloo", {}).get(name)
         # Training must have moved the weights well past the tolerance, or
         # agreeing would prove nothing.
         assert max_difference(lockstep, workers.make_model(dtype).state_dict()) > 1e-2, name
         tolerance = FSDP_TOLERANCE[name]
-        assert max_difference(lockstep, gloo) <= tolerance, f"{name}: lockstep and gloo trained apart"
         one_process = workers.train_one_process(dtype)
         assert max_difference(lockstep, one_process) <= tolerance, f"{name}: lockstep and one process apart"
-        assert max_difference(gloo, one_process) <= tolerance, f"{name}: gloo and one process apart"
+        if GLOO_IS_A_CONTROL:
+            assert max_difference(lockstep, gloo) <= tolerance, f"{name}: lockstep and gloo trained apart"
+            assert max_difference(gloo, one_process) <= tolerance, f"{name}: gloo and one process apart"
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -92,9 +101,10 @@ def test_dtensor_redistributes_exactly_over_lockstep_as_over_gloo(world, tmp_pat
         results[backend] = torch.load(path)
     # Every rank of both backends ran every check (the ranks compared each
     # with its exact value), and the whole tensors agree bit for bit.
-    assert counts["lockstep"] == counts["gloo"] and len(counts["lockstep"]) == 1, counts
-    assert counts["lockstep"].pop() > 50
-    assert_same_values(results["lockstep"], results["gloo"], f"dtensor at world {world}")
+    assert len(counts["lockstep"]) == 1 and next(iter(counts["lockstep"])) > 50, counts
+    if GLOO_IS_A_CONTROL:
+        assert counts["lockstep"] == counts["gloo"], counts
+        assert_same_values(results["lockstep"], results["gloo"], f"dtensor at world {world}")
 
 
 def test_dcp_checkpoint_saved_at_two_ranks_loads_at_three_and_at_one(tmp_path):
@@ -112,7 +122,8 @@ def test_dcp_checkpoint_saved_at_two_ranks_loads_at_three_and_at_one(tmp_path):
     # Weights, Adam's moments and the table: FSDP2's Adam steps agree bit
     # for bit, so the two checkpoints hold the same values.
     assert len(saved["lockstep"]) > 40
-    assert_same_values(saved["lockstep"], saved["gloo"], "saved over lockstep vs over gloo")
+    if GLOO_IS_A_CONTROL:
+        assert_same_values(saved["lockstep"], saved["gloo"], "saved over lockstep vs over gloo")
 
 
 # destroy_process_group used to leave the lockstep group running while a

@@ -17,7 +17,6 @@
 
 #include "lockstep/process_group.h"
 #include "lockstep/torch/distributed.h"
-#include "torch_compat.h"
 
 namespace lockstep_torch {
 
@@ -37,10 +36,10 @@ class LockstepBackend final : public c10d::Backend {
   // still up), not when the last reference to this backend goes: a
   // DeviceMesh (DTensor, FSDP2) keeps one until the interpreter exits.
   // Later operations are refused.
-  void shutdown() LOCKSTEP_OVERRIDE_SINCE_2_11;
+  void shutdown() override;
   // torch.distributed's abort: this rank's running operation fails, and
   // the peers' groups abort with it, as on any lockstep failure.
-  void abort() LOCKSTEP_OVERRIDE_SINCE_2_11;
+  void abort() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -88,7 +87,7 @@ class LockstepBackend final : public c10d::Backend {
   // back; endCoalescing issues them in an order every rank derives alike
   // (the lower rank of each pair sends first), so a ring exchange of large
   // messages cannot wait in a cycle. Collectives are issued at once.
-  bool supportsCoalescing() const LOCKSTEP_OVERRIDE_SINCE_2_11 { return true; }
+  bool supportsCoalescing() const override { return true; }
 
   // The number of operations this group has issued (c10d's sequence
   // number, which TORCH_DISTRIBUTED_DEBUG=DETAIL's checks of every

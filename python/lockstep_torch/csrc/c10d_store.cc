@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include "lockstep/error.h"
+#include "torch_compat.h"
 
 namespace lockstep_torch {
 namespace {
@@ -82,13 +83,7 @@ std::int64_t C10dStore::num_keys() {
 // A store that cannot clone (c10d's default throws) is shared: its calls
 // are serialized, which only delays the watchdog behind a blocking get.
 std::shared_ptr<lockstep::Store> C10dStore::clone() const {
-  c10::intrusive_ptr<c10d::Store> copy;
-  try {
-    copy = store_->clone();
-  } catch (const c10::Error&) {
-    copy = store_;
-  }
-  auto cloned = std::make_shared<C10dStore>(copy);
+  auto cloned = std::make_shared<C10dStore>(clone_or_share(store_));
   cloned->set_timeout(timeout());
   return cloned;
 }

@@ -1,20 +1,27 @@
-// What the c10d::Backend interface of each PyTorch release the package
-// builds against offers, in one place: the package builds against 2.4 (the
-// oldest tested) up to the newest. Thread-safety: macros only.
+// What the c10d interface of each PyTorch release the package builds
+// against offers, in one place: from 2.7 (the oldest supported, see
+// scripts/torch-oldest-requirements.txt) to the newest. Thread-safety: the
+// store's.
 #pragma once
 
-#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
-#define LOCKSTEP_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+namespace lockstep_torch {
 
-// Backend::supportsCoalescing(), shutdown() and abort() are virtual in the
-// releases from 2.11 on (and absent from 2.4, where batch_isend_irecv
-// coalesces through startCoalescing alone and destroy_process_group only
-// drops the reference). Releases in between are built without the keyword:
-// where the base has the function, the same signature still overrides it.
-#if LOCKSTEP_TORCH_AT_LEAST(2, 11)
-#define LOCKSTEP_OVERRIDE_SINCE_2_11 override
-#else
-#define LOCKSTEP_OVERRIDE_SINCE_2_11
-#endif
+// A second connection to `store` where c10d's Store can make one (clone(),
+// which 2.7 lacks; it throws for stores that cannot), else the store itself,
+// shared.
+template <typename Store>
+c10::intrusive_ptr<Store> clone_or_share(const c10::intrusive_ptr<Store>& store) {
+  if constexpr (requires { store->clone(); }) {
+    try {
+      return store->clone();
+    } catch (const c10::Error&) {
+      return store;
+    }
+  } else {
+    return store;
+  }
+}
+
+}  // namespace lockstep_torch
