@@ -19,6 +19,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "cuda_stream.h"
+#include "libtorch_version.h"
 #include "lockstep/error.h"
 
 namespace lockstep::torch {
@@ -147,7 +148,7 @@ struct DataParallelCore::State {
   std::unique_ptr<Reducer> reducer;
   // Each parameter's gradient accumulator and the key of our hook on it;
   // holding the accumulator keeps it (and so the hook) alive.
-  std::vector<std::pair<std::shared_ptr<autograd::Node>, std::uintptr_t>> hooks;
+  std::vector<std::pair<libtorch::GradAccumulator, std::uintptr_t>> hooks;
   bool finalize_queued = false;
   StepTimes times;
   bool divide_by_initial_world_size = true;  // set by a Join (join_hook)

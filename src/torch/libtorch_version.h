@@ -12,6 +12,9 @@
 // - `Optimizer::zero_grad()` drops the gradients in 2.x (set_to_none
 //   defaults to true) and zeroes them in 1.13: `kZeroGradDropsGradients`.
 //   DDP handles both (docs/ddp.md); tests that depend on it say so.
+// - A parameter's gradient accumulator (`autograd::impl::grad_accumulator`)
+//   is a std::shared_ptr<Node> up to 2.11 and a c10::intrusive_ptr<Node>
+//   from 2.15 on: `GradAccumulator` is whichever this libtorch returns.
 // tests/torch/libtorch_version_test.cc checks each on both builds.
 #pragma once
 
@@ -45,6 +48,11 @@ Key optimizer_state_key(const ::torch::Tensor& p) {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
 }
+
+// What autograd::impl::grad_accumulator returns in this libtorch, held by
+// DDP for as long as its hook is on the accumulator.
+using GradAccumulator =
+    decltype(::torch::autograd::impl::grad_accumulator(std::declval<const ::torch::autograd::Variable&>()));
 
 // Whether a plain `optimizer.zero_grad()` leaves undefined gradients (2.x)
 // rather than zeros (1.13).

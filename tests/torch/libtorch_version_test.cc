@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -77,6 +78,26 @@ TEST(LibtorchVersion, ZeroGradDropsOrZeroesTheGradientsAsDeclared) {
 // statically; a program whose calls bind to them crashes (src/CMakeLists.txt
 // says why, and what the link line does about it). This program links
 // lockstep::torch like any user's, so it shows that the fix reaches them.
+// DDP keeps each parameter's accumulator (a shared_ptr up to 2.11, an
+// intrusive_ptr from 2.15) with its hook on it: the hook runs when the
+// gradient is accumulated, and is gone once removed.
+TEST(LibtorchVersion, GradAccumulatorHoldsTheAccumulatorWhoseHooksRunOnBackward) {
+  auto p = ::torch::ones({3}, ::torch::requires_grad());
+  libtorch::GradAccumulator accumulator = ::torch::autograd::impl::grad_accumulator(p);
+  ASSERT_TRUE(accumulator);
+  int calls = 0;
+  const auto key = accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+      [&calls](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
+        ++calls;
+        return outputs;
+      }));
+  (p * 2).sum().backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(accumulator->del_post_hook(key));
+  (p * 2).sum().backward();
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(LibtorchVersion, StandardLibraryCallsReachLibstdcxxNotLibtorch) {
   using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&);
   const auto remove_all = static_cast<RemoveAll>(&std::filesystem::remove_all);
