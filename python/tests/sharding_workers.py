@@ -197,19 +197,19 @@ class ExactChecks:
         return full.narrow(dim, 0, 0)
 
     def local(self, what, dtensor, want):
-        self.count += 1
-        got = dtensor.to_local()
-        if got.shape != want.shape or not torch.equal(got, want):
-            fail(f"{what}: local {tuple(got.shape)} {got.flatten()[:6].tolist()} "
-                 f"want {tuple(want.shape)} {want.flatten()[:6].tolist()}")
+        self.expect_equal(f"{what}: local", dtensor.to_local(), want)
 
     def full(self, what, dtensor, want):
+        self.results[what] = self.expect_equal(f"{what}: full_tensor", dtensor.full_tensor(), want)
+
+    def expect_equal(self, what, got, want):
+        """Counts one check; fails naming both sides unless `got` is `want`
+        exactly, shape and values."""
         self.count += 1
-        got = dtensor.full_tensor()
         if got.shape != want.shape or not torch.equal(got, want):
-            fail(f"{what}: full_tensor {tuple(got.shape)} {got.flatten()[:6].tolist()} "
+            fail(f"{what} {tuple(got.shape)} {got.flatten()[:6].tolist()} "
                  f"want {tuple(want.shape)} {want.flatten()[:6].tolist()}")
-        self.results[what] = got
+        return got
 
 
 def check_distribute(c, mesh, name, full):
