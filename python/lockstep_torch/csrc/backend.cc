@@ -143,10 +143,9 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::sparse_allreduce(const at::Tenso
   TORCH_CHECK_VALUE(t.layout() == at::kSparse && t.device().is_cpu(),
                     "lockstep backend: all_reduce of a sparse tensor takes a sparse COO tensor on the CPU, got ",
                     t.layout(), " on ", t.device());
-  at::Tensor sum = translated("all_reduce", [&] { return sparse_all_reduce_sum(group(), t); });
-  at::Tensor target = t;
-  target.copy_(sum);
-  return finish(c10d::OpType::ALLREDUCE, {}, {target});
+  const at::Tensor sum = translated("all_reduce", [&] { return sparse_all_reduce_sum(group(), t); });
+  t.copy_(sum);
+  return finish(c10d::OpType::ALLREDUCE, {}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> LockstepBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -1,7 +1,7 @@
 // The sum all-reduce of a sparse COO tensor (torch.distributed.all_reduce
 // of a torch.sparse_coo tensor, and DDP's sparse gradients, as gloo takes
-// them): every rank's coalesced indices and values are all-gathered, padded
-// to the largest count, and every rank builds the sum from the same parts in
+// them): every rank's coalesced indices and values are all-gathered (with
+// per-rank sizes), and every rank builds the sum from the same parts in
 // rank order, so all ranks hold the same tensor. Blocks the calling thread
 // until done (three all-gathers, each waiting on the one before).
 // Thread-safety: the group's (one caller at a time).
