@@ -12,14 +12,16 @@
 #
 # Usage: scripts/gpu-check.sh STEP...      steps, in the order given, each
 #                                          timed (elapsed seconds per step, and in all)
-#   figures   every GPU figure in one go, within 8 minutes on a fresh 16-core
-#             machine: gpubuild, gpu, memcheck (what a short loan of a GPU
-#             machine should run: scripts/gpu-check.sh figures)
+#   figures   what a short loan of a GPU machine should run, most valuable first:
+#             gpubuild gputest python memcheck gpubench (scripts/gpu-check.sh figures)
 #   build     configure and build everything (build dir: $BUILD, default build-gpu)
-#   gpubuild  configure and build only what gpu and memcheck run
+#   gpubuild  configure and build only what gputest, gpubench and memcheck run
 #   test      every test except those needing network namespaces (netns, root)
 #   torchtest only the tests of the libtorch frontend and the examples
-#   gpu       the gpu-labelled tests and the GPU benchmarks
+#   gpu       gputest and gpubench
+#   gputest   the gpu-labelled tests (GPU_TEST_JOBS at a time, default 4)
+#   gpubench  staging against pinned cudaMemcpy, 2 ranks sharing the GPU over shm and tcp,
+#             nccl in a world of one, DDP's overhead in a world of one (OVERHEAD_MODELS)
 #   python    the torch.distributed backend's CUDA build (LOCKSTEP_WITH_CUDA=1 pip install
 #             ./python, against $BUILD's liblockstep, into $BUILD/python) and its CUDA tests
 #             (python/tests/test_cuda.py, 2 ranks sharing the GPU; needs pytest; estimated 2-3 minutes)
@@ -38,6 +40,9 @@
 #   ddp       DDP weak scaling at 1..16 ranks: lockstep vs PyTorch DDP (Gloo)
 #   doctor    lockstep doctor --ranks 1,2,4,8,16
 # Environment: DEBS (default .gpu-deps), BUILD, PYTHON (default python3),
+# DEADLINE_S (the seconds all steps may take together: each then runs under
+# what is left, at most its cap (CAP_GPUTEST, CAP_PYTHON, CAP_GPUBENCH), and
+# the steps after a failed one still run),
 # OUT (where reports go; default $BUILD/reports), RANKS (default 1,2,4,8,16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -149,12 +154,20 @@ step_torchtest() {
      | tee "$OUT/ctest-torch.log" | tail -40)
 }
 
-step_gpu() {
+# The gpu-labelled tests (the four programs of GPU_TARGETS but the CLI and
+# the example), GPU_TEST_JOBS at a time (default 4: they share the GPU, and
+# each is a few rank processes).
+step_gputest() {
   offline_env
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  (cd "$BUILD" && ctest --output-on-failure -L gpu 2>&1 | tee "$OUT/ctest-gpu.log" | tail -40)
-  # Staging alone (one rank: the copies in and out, against cudaMemcpy on
-  # pinned memory), then two ranks sharing the GPU over shm and tcp.
+  (cd "$BUILD" && ctest --output-on-failure --no-tests=error -j "${GPU_TEST_JOBS:-4}" -L gpu 2>&1 | tee "$OUT/ctest-gpu.log" | tail -40)
+}
+
+# Staging alone (one rank: the copies in and out, against cudaMemcpy on
+# pinned memory), then two ranks sharing the GPU over shm and tcp, nccl in a
+# world of one, and DDP's overhead in a world of one.
+step_gpubench() {
+  offline_env
   "$BUILD/lockstep" bench --device cuda -np 1 --backend shm -b 1M -e 256M -f 4 -n 20 \
     --json "$OUT/bench-cuda-staging-1.json" | tee "$OUT/bench-cuda-staging-1.txt"
   local backend
@@ -167,12 +180,19 @@ step_gpu() {
   step_ddp_overhead
 }
 
+step_gpu() {
+  step_gputest
+  step_gpubench
+}
+
 # DDP's overhead in a world of one on the GPU: the same training step with
 # and without the DDP wrapper, interleaved, three runs each; the median.
+# wide-mlp by default (OVERHEAD_MODELS): its steps of about 24 ms resolve a
+# percent, where mlp's and convnet's steps of about 1 ms on a GPU do not.
 step_ddp_overhead() {
   offline_env
   local model run variant
-  for model in mlp convnet; do
+  for model in ${OVERHEAD_MODELS:-wide-mlp}; do
     for run in 1 2 3; do
       for variant in --no-ddp ""; do
         echo "$model ${variant:-ddp} $("$BUILD/examples/ddp_throughput" --device cuda --model "$model" \
@@ -315,17 +335,51 @@ step_doctor() {
 steps=()
 for step in "$@"; do
   case "$step" in
-    figures) steps+=(gpubuild gpu memcheck) ;;
-    build|gpubuild|test|torchtest|gpu|python|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
+    figures) steps+=(gpubuild gputest python memcheck gpubench) ;;
+    build|gpubuild|test|torchtest|gpu|gputest|gpubench|python|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
       steps+=("$step") ;;
-    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, python, memcheck, sanitize, allreduce," \
+    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, gputest, gpubench, python, memcheck, sanitize, allreduce," \
            "shmspin, smallmsg, staging, gpuddp, single, ddp, doctor)"; exit 2 ;;
   esac
 done
+# With DEADLINE_S (a loan of a GPU machine), every step runs in a process
+# of its own under the time that is left, at most its cap below, and a step
+# that fails or runs out of time does not stop the next: one broken test
+# program must not cost the figures after it. The total and the failures are
+# printed at the end.
+step_cap() {
+  case $1 in
+    gputest) echo "${CAP_GPUTEST:-180}" ;; python) echo "${CAP_PYTHON:-180}" ;;
+    memcheck) echo $((${MEMCHECK_LIMIT:-90} + 15)) ;; gpubench) echo "${CAP_GPUBENCH:-150}" ;;
+    *) echo 100000 ;;
+  esac
+}
 started=$SECONDS
+failed=()
 for step in "${steps[@]}"; do
   log "== $step"
   step_started=$SECONDS
-  "step_$step"
+  if [ -n "${DEADLINE_S:-}" ]; then
+    left=$((DEADLINE_S - (SECONDS - started)))
+    cap=$(step_cap "$step")
+    [ "$left" -gt "$cap" ] && left=$cap
+    if [ "$left" -lt 10 ]; then
+      failed+=("$step (not run: DEADLINE_S=$DEADLINE_S spent)")
+      continue
+    fi
+    status=0
+    DEADLINE_S= timeout --kill-after=5 "$left" "$0" "$step" || status=$?
+    case $status in
+      0) ;;
+      124|137) failed+=("$step (stopped after $left s)") ;;
+      *) failed+=("$step (exit $status)") ;;
+    esac
+  else
+    "step_$step"
+  fi
   log "== $step took $((SECONDS - step_started)) s ($((SECONDS - started)) s in all)"
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  log "failed: ${failed[*]}"
+  exit 1
+fi
