@@ -5,6 +5,7 @@
 #include "lockstep/torch/distributed.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <numeric>

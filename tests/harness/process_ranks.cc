@@ -189,8 +189,14 @@ std::string describe(const RankResult& r) {
                              : fmt::format("exit {} ({})", r.exit_code, exit_name(r.exit_code));
   if (r.status_lost) how = "exit status lost (the process was reaped elsewhere)";
   if (r.hit_deadline) how += ", still running at the test deadline";
-  std::string tail = r.output.size() > 2000 ? r.output.substr(r.output.size() - 2000) : r.output;
-  return fmt::format("rank {} {}; output:\n{}", r.rank, how, tail);
+  // The head and the tail of a long output: an error's message comes first
+  // and a backtrace after it (libtorch's c10::Error), a crash's last words last.
+  constexpr std::size_t kPart = 1500;
+  const std::string shown = r.output.size() <= 2 * kPart
+                                ? r.output
+                                : fmt::format("{}\n[... {} bytes ...]\n{}", r.output.substr(0, kPart),
+                                              r.output.size() - 2 * kPart, r.output.substr(r.output.size() - kPart));
+  return fmt::format("rank {} {}; output:\n{}", r.rank, how, shown);
 }
 
 }  // namespace lockstep::testing
