@@ -127,7 +127,9 @@ step_python() {
   build=$(cd "$BUILD" && pwd)
   LOCKSTEP_WITH_CUDA=1 LOCKSTEP_BUILD_DIR="$build" MAX_JOBS="$(nproc)" "$PYTHON" -m pip install \
     --disable-pip-version-check -q --no-build-isolation --no-deps --upgrade --target "$build/python" ./python
-  (cd python/tests && PYTHONPATH="$build/python" "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1) \
+  # PYTHONFAULTHANDLER: a rank process that crashes prints where (its Python
+  # threads' stacks), not just its signal.
+  (cd python/tests && PYTHONFAULTHANDLER=1 PYTHONPATH="$build/python" "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1) \
     | tee "$OUT/python-cuda.log" | tail -30
 }
 

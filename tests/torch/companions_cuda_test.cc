@@ -15,6 +15,7 @@
 // from the CPU only in the order of its sums).
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -57,17 +58,26 @@ std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](Process
 
 using Batches = std::vector<std::pair<Tensor, Tensor>>;
 
-// Drawn once, on one thread, before any rank runs (libtorch's default
-// generator is one per process).
-Batches make_batches(std::vector<std::int64_t> input_shape, std::int64_t outputs) {
+// Drawn once, before any rank runs, from a CPU generator of its own: the
+// parent must not touch CUDA before it forks the ranks, and
+// ::torch::manual_seed seeds every CUDA device's generator too, which
+// initializes CUDA (each rank then failed with "CUDA error: initialization
+// error").
+Tensor draw(at::Generator& gen, std::vector<std::int64_t> shape) { return ::torch::randn(shape, gen); }
+
+Batches draw_batches(int steps, std::uint64_t seed, std::vector<std::int64_t> input_shape, std::int64_t outputs) {
   Batches out;
   input_shape.insert(input_shape.begin(), kGlobalBatch);
-  for (int step = 0; step < kSteps; ++step) {
-    ::torch::manual_seed(1000 + step);
-    auto x = ::torch::randn(input_shape);
-    out.emplace_back(x, ::torch::randn({kGlobalBatch, outputs}));
+  for (int step = 0; step < steps; ++step) {
+    auto gen = at::detail::createCPUGenerator(seed + static_cast<std::uint64_t>(step));
+    auto x = draw(gen, input_shape);
+    out.emplace_back(x, draw(gen, {kGlobalBatch, outputs}));
   }
   return out;
+}
+
+Batches make_batches(std::vector<std::int64_t> input_shape, std::int64_t outputs) {
+  return draw_batches(kSteps, 1000, std::move(input_shape), outputs);
 }
 
 std::vector<Tensor> to_cpu(const std::vector<Tensor>& tensors) {
@@ -307,15 +317,7 @@ std::vector<Tensor> train_powersgd(int rank, ProcessGroup& pg, ::torch::Device d
   return out;
 }
 
-Batches powersgd_batches() {
-  Batches out;
-  for (int step = 0; step < kPowerSgdSteps; ++step) {
-    ::torch::manual_seed(2000 + step);
-    auto x = ::torch::randn({kGlobalBatch, 6});
-    out.emplace_back(x, ::torch::randn({kGlobalBatch, 3}));
-  }
-  return out;
-}
+Batches powersgd_batches() { return draw_batches(kPowerSgdSteps, 2000, {6}, 3); }
 
 class PowerSgdOnCuda : public ::testing::TestWithParam<std::pair<int, bool>> {};
 
