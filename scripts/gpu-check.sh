@@ -136,10 +136,11 @@ step_python() {
 # What step_gpu and step_memcheck run, and nothing else (a full build is
 # most of a short loan): the CLI for the benchmarks, the gpu-labelled tests
 # and the DDP step-time example.
-GPU_TARGETS=(lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test ddp_throughput)
+# GPU_TARGETS (space-separated) builds others instead, to rerun one program.
 step_gpubuild() {
   configure
-  local targets=("${GPU_TARGETS[@]}")
+  local targets
+  read -ra targets <<< "${GPU_TARGETS:-lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test ddp_throughput}"
   # Open MPI's benchmark, for the smallmsg and allreduce steps, where MPI was found.
   grep -q "^LOCKSTEP_WITH_MPI:BOOL=ON" "$BUILD/CMakeCache.txt" && targets+=(mpi_allreduce)
   cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
