@@ -25,6 +25,8 @@
 #   python    the torch.distributed backend's CUDA build (LOCKSTEP_WITH_CUDA=1 pip install
 #             ./python, against $BUILD's liblockstep, into $BUILD/python) and its CUDA tests
 #             (python/tests/test_cuda.py, 2 ranks sharing the GPU; needs pytest; estimated 2-3 minutes)
+#   pyprobe   where a rank of that CUDA build fails: scripts/python-probe.py at world 1 and 2,
+#             CPU and CUDA tensors, rank 0 under cuda-gdb (estimated 1-2 minutes after python)
 #   memcheck  compute-sanitizer's memcheck over DDP on CUDA in a world of one
 #             (at most $MEMCHECK_LIMIT seconds, default 90)
 #   sanitize  compute-sanitizer's memcheck and racecheck over every DDP-on-CUDA case (long)
@@ -117,20 +119,55 @@ step_build() {
 # gpubuild; else only that library is built), and its CUDA tests: every
 # collective on CUDA tensors against the same on CPU tensors, the stream
 # semantics, and PyTorch's DDP on the GPU against DDP on the CPU over Gloo.
-step_python() {
+# The CUDA build of the Python package, against this build's liblockstep,
+# into $BUILD/python (once).
+python_build() {
   [ -e "$BUILD/src/liblockstep.so" ] || { configure; cmake --build "$BUILD" -j "$(nproc)" --target lockstep; }
   offline_env
-  "$PYTHON" -c 'import pytest' 2>/dev/null || { log "python: $PYTHON has no pytest"; exit 1; }
+  ls "$BUILD"/python/lockstep_torch/_C*.so >/dev/null 2>&1 && return 0
   # fmt of the unpacked packages, which the extension links.
   export LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
   local build
   build=$(cd "$BUILD" && pwd)
   LOCKSTEP_WITH_CUDA=1 LOCKSTEP_BUILD_DIR="$build" MAX_JOBS="$(nproc)" "$PYTHON" -m pip install \
     --disable-pip-version-check -q --no-build-isolation --no-deps --upgrade --target "$build/python" ./python
+}
+
+step_python() {
+  "$PYTHON" -c 'import pytest' 2>/dev/null || { log "python: $PYTHON has no pytest"; exit 1; }
+  python_build
+  local build
+  build=$(cd "$BUILD" && pwd)
   # PYTHONFAULTHANDLER: a rank process that crashes prints where (its Python
   # threads' stacks), not just its signal.
   (cd python/tests && PYTHONFAULTHANDLER=1 PYTHONPATH="$build/python" "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_cuda.py 2>&1) \
     | tee "$OUT/python-cuda.log" | tail -30
+}
+
+# Where a rank of the Python package's CUDA build fails: scripts/python-probe.py
+# (init_process_group, one all_reduce) at world 1 and 2 on CPU and CUDA
+# tensors, rank 0 under cuda-gdb (the C++ stack of every thread on a crash),
+# each case at most 60 s.
+step_pyprobe() {
+  python_build
+  command -v cuda-gdb >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
+  local build world device port=29611 rank debugger=(cuda-gdb -q -batch -ex run -ex bt -ex "thread apply all bt 15" --args)
+  command -v cuda-gdb >/dev/null || { log "pyprobe: no cuda-gdb: without a debugger"; debugger=(); }
+  build=$(cd "$BUILD" && pwd)
+  for world in 1 2; do
+    for device in cpu cuda; do
+      port=$((port + 1))
+      echo "== pyprobe: world $world, $device tensors"
+      for rank in $(seq 1 $((world - 1))); do
+        PYTHONPATH="$build/python" RANK=$rank WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          timeout 60 "$PYTHON" -X faulthandler scripts/python-probe.py "$device" &
+      done
+      PYTHONPATH="$build/python" RANK=0 WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        timeout 60 "${debugger[@]}" "$PYTHON" -X faulthandler scripts/python-probe.py "$device" 2>&1 \
+        | grep -v -E "^\[(New|Thread|Detaching)" || true
+      wait
+    done
+  done 2>&1 | tee "$OUT/python-probe.log"
 }
 
 # What step_gpu and step_memcheck run, and nothing else (a full build is
@@ -339,9 +376,9 @@ steps=()
 for step in "$@"; do
   case "$step" in
     figures) steps+=(gpubuild gputest python memcheck gpubench) ;;
-    build|gpubuild|test|torchtest|gpu|gputest|gpubench|python|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
+    build|gpubuild|test|torchtest|gpu|gputest|gpubench|python|pyprobe|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
       steps+=("$step") ;;
-    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, gputest, gpubench, python, memcheck, sanitize, allreduce," \
+    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, gputest, gpubench, python, pyprobe, memcheck, sanitize, allreduce," \
            "shmspin, smallmsg, staging, gpuddp, single, ddp, doctor)"; exit 2 ;;
   esac
 done
@@ -352,7 +389,7 @@ done
 # printed at the end.
 step_cap() {
   case $1 in
-    gputest) echo "${CAP_GPUTEST:-180}" ;; python) echo "${CAP_PYTHON:-180}" ;;
+    gputest) echo "${CAP_GPUTEST:-180}" ;; python) echo "${CAP_PYTHON:-180}" ;; pyprobe) echo 300 ;;
     memcheck) echo $((${MEMCHECK_LIMIT:-90} + 15)) ;; gpubench) echo "${CAP_GPUBENCH:-150}" ;;
     *) echo 100000 ;;
   esac

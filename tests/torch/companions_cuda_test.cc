@@ -44,11 +44,6 @@ using lockstep::testing::exact_fp32;
 using ::torch::Tensor;
 namespace nn = ::torch::nn;
 
-#define SKIP_WITHOUT_GPU_DEVICE()                                                                             \
-  do {                                                                                                        \
-    if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";    \
-  } while (0)
-
 
 constexpr double kRtol = 1e-4;
 constexpr int kGlobalBatch = 16;
@@ -359,32 +354,40 @@ INSTANTIATE_TEST_SUITE_P(SharedGpu, PowerSgdOnCuda,
 
 // ---- What is still refused, by name ---------------------------------------
 
+// Each in a process of its own: the test process must not start CUDA
+// (gpu_ranks.h).
 TEST(CompanionRefusals, ZeroWithParametersOnTwoDevicesIsRefusedNamingBoth) {
-  SKIP_WITHOUT_CUDA();
-  auto net = make_mlp();
-  net[2]->to(::torch::Device(::torch::kCUDA, 0));
-  ThreadWorld world(1);
-  try {
-    ZeroRedundancyOptimizer opt(net->parameters(), borrow(world.group(0)), adam());
-    FAIL() << "no InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("parameter 0 is on cpu but parameter 2 is on cuda:0"), std::string::npos) << what;
-    EXPECT_NE(what.find("all be on one device"), std::string::npos) << what;
-  }
+  SKIP_WITHOUT_GPU_DEVICE();
+  const TempDir dir;
+  std::string why;
+  const bool ran = testing::run_in_gpu_process(
+      dir.path(),
+      [] {
+        auto net = make_mlp();
+        net[2]->to(::torch::Device(::torch::kCUDA, 0));
+        ThreadWorld world(1);
+        testing::expect_invalid_argument(
+            [&] { ZeroRedundancyOptimizer opt(net->parameters(), borrow(world.group(0)), adam()); },
+            {"parameter 0 is on cpu but parameter 2 is on cuda:0", "all be on one device"});
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
 }
 
 TEST(CompanionRefusals, SyncBatchNormWithInputOnAnotherDeviceIsRefusedNamingBoth) {
-  SKIP_WITHOUT_CUDA();
-  SyncBatchNorm layer(SyncBatchNormOptions(4));
-  try {
-    layer->forward(::torch::randn({8, 4}, ::torch::Device(::torch::kCUDA, 0)));
-    FAIL() << "no InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("input on cuda:0 but its weight is on cpu"), std::string::npos) << what;
-    EXPECT_NE(what.find("module->to(device)"), std::string::npos) << what;
-  }
+  SKIP_WITHOUT_GPU_DEVICE();
+  const TempDir dir;
+  std::string why;
+  const bool ran = testing::run_in_gpu_process(
+      dir.path(),
+      [] {
+        SyncBatchNorm layer(SyncBatchNormOptions(4));
+        testing::expect_invalid_argument(
+            [&] { layer->forward(::torch::randn({8, 4}, ::torch::Device(::torch::kCUDA, 0))); },
+            {"input on cuda:0 but its weight is on cpu", "module->to(device)"});
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
 }
 
 }  // namespace

@@ -243,7 +243,7 @@ std::vector<::torch::Tensor> train_join_rank(int rank, ProcessGroup& pg, ::torch
 class OnCuda : public ::testing::TestWithParam<std::pair<int, std::string>> {};
 
 TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
-  if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
+  SKIP_WITHOUT_GPU_DEVICE();
   const auto [n, backend] = GetParam();
   // The GPU ranks first: the parent forks them before it starts any thread.
   const TempDir dir;
@@ -267,7 +267,7 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
 // Join on the GPU: two rank processes over shm, against the same Join on
 // the CPU (join_test checks the CPU against its reference semantics).
 TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
-  if (access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no CUDA device: /dev/nvidiactl is missing";
+  SKIP_WITHOUT_GPU_DEVICE();
   const TempDir dir;
   const std::string result = dir.path() + "/join.pt";
   std::string why;
@@ -303,20 +303,27 @@ INSTANTIATE_TEST_SUITE_P(SharedGpu, OnCuda,
                            return std::to_string(info.param.first) + "ranks_" + info.param.second;
                          });
 
-// A module with parameters on two devices is refused by name.
+// A module with parameters on two devices is refused by name, in a process
+// of its own: the test process must not start CUDA (gpu_ranks.h).
 TEST(OnCudaRefusals, AModuleSplitAcrossDevicesIsRefusedNamingBoth) {
-  SKIP_WITHOUT_CUDA();
-  Net model = make_model(7);
-  model->fc2->to(::torch::Device(::torch::kCUDA, 0));
-  ThreadWorld world(1);
-  try {
-    DistributedDataParallel<NetImpl> ddp(model.ptr(), std::shared_ptr<ProcessGroup>(&world.group(0), [](ProcessGroup*) {}));
-    FAIL() << "no InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("fc2.weight' is on cuda:0"), std::string::npos) << what;
-    EXPECT_NE(what.find("on one device"), std::string::npos) << what;
-  }
+  SKIP_WITHOUT_GPU_DEVICE();
+  const TempDir dir;
+  std::string why;
+  const bool ran = testing::run_in_gpu_process(
+      dir.path(),
+      [] {
+        Net model = make_model(7);
+        model->fc2->to(::torch::Device(::torch::kCUDA, 0));
+        ThreadWorld world(1);
+        testing::expect_invalid_argument(
+            [&] {
+              DistributedDataParallel<NetImpl> ddp(
+                  model.ptr(), std::shared_ptr<ProcessGroup>(&world.group(0), [](ProcessGroup*) {}));
+            },
+            {"fc2.weight' is on cuda:0", "on one device"});
+      },
+      &why);
+  if (!ran) GTEST_SKIP() << why;
 }
 
 }  // namespace
