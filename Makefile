@@ -60,6 +60,7 @@ test: build deps-torch2
 	@$(MAKE) --no-print-directory test-fuzz
 	@$(MAKE) --no-print-directory test-torch2
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory test-python-oldest
 
 # The second libtorch: PyTorch 2.x from PyPI (pinned in
 # scripts/torch2-requirements.txt) in the project's own virtual environment,
@@ -151,8 +152,8 @@ test-battery-full:
 # The oldest PyTorch the Python package supports (docs/python.md, pinned in
 # scripts/torch-oldest-requirements.txt), in an environment of its own: the
 # package built against it (with its own liblockstep, as a user's pip would),
-# then its tests and PyTorch's battery (gloo's selection, world 2) on it.
-# Not part of `make test`: another 5 GB environment and about 12 minutes on
+# then its tests and PyTorch's battery (gloo's selection, worlds 2 and 3) on
+# it. Part of `make test`: another 5 GB environment and about 12 minutes on
 # two cores.
 OLDEST_VENV ?= .venv/torch-oldest
 OLDEST_DIR ?= build-torch-oldest
@@ -163,7 +164,7 @@ test-python-oldest: deps
 	@cd python/tests && PYTHONPATH=$(abspath $(OLDEST_DIR))/python $(abspath $(OLDEST_VENV))/bin/python -m pytest -q \
 	  -p no:cacheprovider .
 	@$(MAKE) --no-print-directory run-battery TORCH2_PYTHON=$(OLDEST_VENV)/bin/python PYTHON_DIR=$(OLDEST_DIR)/python \
-	  BATTERY_RUNS=gloo:2
+	  BATTERY_RUNS="gloo:2 gloo:3"
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed
