@@ -70,9 +70,16 @@ struct Config {
   // OMPI_COMM_WORLD_SIZE is set: this process was started by mpirun.
   bool started_by_mpirun = false;
 
-  // Rendezvous (MASTER_ADDR, MASTER_PORT, LOCKSTEP_STORE_*).
+  // Rendezvous (MASTER_ADDR, MASTER_PORT, LOCKSTEP_STORE_*). Under srun
+  // without them: the first node of the step's node list and a port from
+  // the job's id (common/slurm.h); master_addr_from and master_port_from
+  // then say so ("SLURM_STEP_NODELIST=node[1-4]"), for messages.
   std::string master_addr;  // empty: none
   std::optional<int> master_port;
+  std::string master_addr_from;
+  std::string master_port_from;
+  // SLURMD_NODENAME: the node Slurm started this task on.
+  std::string slurm_node_name;
   // LOCKSTEP_STORE_ADDR/PORT: a launcher already runs the store server
   // there, so rank 0 must not host one (and MASTER_* are the program's).
   bool store_hosted = false;

@@ -235,8 +235,12 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     if (store_options.token.empty() && !is_loopback_host(launch.master_addr) && !launch.store_hosted)
       throw ConfigError(fmt::format(
           "rank {}: rank 0 would host the rendezvous store at {}, which other hosts can reach, and nothing would "
-          "protect it: set LOCKSTEP_STORE_TOKEN to one secret for every rank (or start the ranks with `lockstep run`)",
-          launch.rank, format_endpoint(launch.master_addr, static_cast<std::uint16_t>(launch.master_port))));
+          "protect it: set LOCKSTEP_STORE_TOKEN to one secret for every rank (or start the ranks with `lockstep run`){}",
+          launch.rank, format_endpoint(launch.master_addr, static_cast<std::uint16_t>(launch.master_port)),
+          launch.source == LaunchSource::slurm
+              ? "; in a batch script, `export LOCKSTEP_STORE_TOKEN=$(openssl rand -hex 16)` before srun (srun "
+                "passes the environment on to every task)"
+              : ""));
     std::unique_ptr<TcpStoreServer> server;
     // A loopback MASTER_ADDR means every rank is on this host: listen there
     // only, so the store (often without a token) is not reachable from the network.
@@ -250,11 +254,18 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     } catch (const ConfigError& e) {
       const char* addr_var = launch.store_hosted ? env::kStoreAddr : env::kMasterAddr;
       const char* port_var = launch.store_hosted ? env::kStorePort : env::kMasterPort;
-      throw ConfigError(fmt::format("rank {}: cannot reach the rendezvous store at {}={} {}={}: {}. "
+      // Under srun the address may be Slurm's first node, not a variable.
+      const bool from_slurm = !launch.store_hosted && !config.master_addr_from.empty() &&
+                              launch.master_addr == config.master_addr;
+      const std::string where =
+          from_slurm ? fmt::format("{} ({}), port {}{}", launch.master_addr, config.master_addr_from,
+                                   launch.master_port,
+                                   config.master_port_from.empty() ? "" : " (" + config.master_port_from + ")")
+                     : fmt::format("{}={} {}={}", addr_var, launch.master_addr, port_var, launch.master_port);
+      throw ConfigError(fmt::format("rank {}: cannot reach the rendezvous store at {}: {}. "
                                     "Is rank 0 (or the launcher) running, and are {}/{} right? "
                                     "LOCKSTEP_CONNECT_TIMEOUT sets how long to keep trying",
-                                    launch.rank, addr_var, launch.master_addr, port_var, launch.master_port, e.what(),
-                                    addr_var, port_var));
+                                    launch.rank, where, e.what(), addr_var, port_var));
     }
     spec.root_store = client;
     if (server)

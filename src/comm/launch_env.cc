@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/env.h"
+#include "common/env_vars.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -100,6 +101,17 @@ LaunchInfo resolve_launch(const GroupOptions& options, const Config& config) {
       throw ConfigError(fmt::format("MASTER_PORT is not set; set it to a free port on {} (MASTER_ADDR), e.g. 29500",
                                     info.master_addr));
   }
+
+  // Under srun, the others look for rank 0's store on the step's first
+  // node: say so at once if Slurm put task 0 elsewhere (a distribution
+  // other than block or cyclic), rather than let them time out.
+  if (info.rank == 0 && info.world_size > 1 && !launcher_store && options.master_addr.empty() &&
+      !config.master_addr_from.empty() && !config.slurm_node_name.empty() &&
+      config.slurm_node_name != config.master_addr)
+    throw ConfigError(fmt::format(
+        "rank 0 runs on {} ({}), but the other tasks look for its store on {} ({}): start the step with srun's "
+        "default distribution, or set MASTER_ADDR to the host of task 0 for every task",
+        config.slurm_node_name, env::kSlurmdNodeName, config.master_addr, config.master_addr_from));
 
   info.store_hosted = launcher_store;
   info.token = config.store_token;

@@ -6,11 +6,13 @@
 
 #include <cctype>
 #include <climits>
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "common/env.h"
 #include "common/env_vars.h"
+#include "common/slurm.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -166,10 +168,33 @@ void read_placement(const VariableReader& vars, Config& c) {
   }
 }
 
+// A task of srun finds the store where Slurm starts task 0, the first node
+// of the step, on a port every task derives from the job's id: no variable
+// to set by hand. MASTER_ADDR and MASTER_PORT still win.
+void read_slurm_rendezvous(const VariableReader& vars, Config& c) {
+  c.slurm_node_name = vars.string(env::kSlurmdNodeName).value_or("");
+  if (c.master_addr.empty()) {
+    for (const char* name : {env::kSlurmStepNodeList, env::kSlurmJobNodeList}) {
+      if (const auto list = vars.string(name)) {
+        c.master_addr = slurm_first_host(*list, name);
+        c.master_addr_from = fmt::format("the first node of {}={}", name, *list);
+        break;
+      }
+    }
+  }
+  if (!c.master_port) {
+    if (const auto job = vars.integer(env::kSlurmJobId, 0, INT64_MAX)) {
+      c.master_port = slurm_store_port(*job);
+      c.master_port_from = fmt::format("15000 + the last four digits of {}={}", env::kSlurmJobId, *job);
+    }
+  }
+}
+
 void read_rendezvous(const VariableReader& vars, Config& c) {
   c.started_by_mpirun = vars.string(env::kOmpiSize).has_value();
   c.master_addr = vars.string(env::kMasterAddr).value_or("");
   if (auto port = vars.integer(env::kMasterPort, 1, kMaxPort)) c.master_port = static_cast<int>(*port);
+  if (c.launcher.source == LaunchSource::slurm) read_slurm_rendezvous(vars, c);
   c.store_addr = vars.string(env::kStoreAddr).value_or("");
   if (auto port = vars.integer(env::kStorePort, 1, kMaxPort)) c.store_port = static_cast<int>(*port);
   if (c.store_addr.empty() != !c.store_port)

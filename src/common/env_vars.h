@@ -39,6 +39,11 @@ inline constexpr char kSlurmLocalId[] = "SLURM_LOCALID";
 inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";
 inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
 inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
+// The step's nodes (srun), else the job's: task 0 runs on the first.
+inline constexpr char kSlurmStepNodeList[] = "SLURM_STEP_NODELIST";
+inline constexpr char kSlurmJobNodeList[] = "SLURM_JOB_NODELIST";
+// The node a task runs on, as Slurm names it.
+inline constexpr char kSlurmdNodeName[] = "SLURMD_NODENAME";
 
 // lockstep's own.
 inline constexpr char kLogLevel[] = "LOCKSTEP_LOG_LEVEL";

@@ -136,6 +136,63 @@ TEST(Config, LauncherOrderIsTorchrunThenOpenMpiThenSlurm) {
   EXPECT_EQ(to_string(LaunchSource::open_mpi), "Open MPI");
 }
 
+// Under srun, a task finds the store without MASTER_ADDR or MASTER_PORT:
+// task 0 runs on the step's first node, and the port comes from the job id.
+TEST(Config, SlurmTasksLookForTheStoreOnTheStepsFirstNode) {
+  const Vars srun = {{env::kSlurmProcId, "3"},
+                     {env::kSlurmNtasks, "8"},
+                     {env::kSlurmJobId, "4123456"},
+                     {env::kSlurmStepNodeList, "gpu[07-08]"},
+                     {env::kSlurmJobNodeList, "gpu[05-08]"},
+                     {env::kSlurmdNodeName, "gpu08"}};
+  const Config c = parse(srun);
+  EXPECT_EQ(c.master_addr, "gpu07");
+  EXPECT_EQ(c.master_port, 18456);
+  EXPECT_EQ(c.slurm_node_name, "gpu08");
+  EXPECT_NE(c.master_addr_from.find("SLURM_STEP_NODELIST=gpu[07-08]"), std::string::npos) << c.master_addr_from;
+  EXPECT_NE(c.master_port_from.find("SLURM_JOB_ID=4123456"), std::string::npos) << c.master_port_from;
+
+  Vars job_only = srun;
+  job_only.erase(env::kSlurmStepNodeList);
+  EXPECT_EQ(parse(job_only).master_addr, "gpu05");
+
+  Vars given = srun;
+  given[env::kMasterAddr] = "10.1.2.3";
+  given[env::kMasterPort] = "29500";
+  const Config g = parse(given);
+  EXPECT_EQ(g.master_addr, "10.1.2.3");
+  EXPECT_EQ(g.master_port, 29500);
+  EXPECT_TRUE(g.master_addr_from.empty());
+
+  // RANK/WORLD_SIZE come first (torchrun inside an allocation): Slurm's
+  // node list is then not the rendezvous.
+  Vars torchrun = srun;
+  torchrun[env::kRank] = "0";
+  torchrun[env::kWorldSize] = "2";
+  EXPECT_TRUE(parse(torchrun).master_addr.empty());
+}
+
+TEST(Config, SlurmHostListsNameTheirFirstHost) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"node01", "node01"},          {"node[01-04]", "node01"},         {"node[3,1-2]", "node3"},
+      {"gpu5,cpu[1-2]", "gpu5"},     {"rack[2-3]-n[07,09]", "rack2-n07"}, {"a[010-012]b", "a010b"},
+  };
+  for (const auto& [list, first] : cases) {
+    Vars v = {{env::kSlurmProcId, "0"}, {env::kSlurmNtasks, "2"}, {env::kSlurmJobNodeList, list}};
+    EXPECT_EQ(parse(v).master_addr, first) << list;
+  }
+  for (const char* bad : {"node[01-04", "node[]", "node[x-y]", ",node1"}) {
+    try {
+      parse({{env::kSlurmProcId, "0"}, {env::kSlurmNtasks, "2"}, {env::kSlurmJobNodeList, bad}});
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("SLURM_JOB_NODELIST='") + bad + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("set MASTER_ADDR"), std::string::npos) << what;
+    }
+  }
+}
+
 // A launcher's store is one address and one port; half of it is a mistake,
 // not a reason to fall back to MASTER_ADDR (the program's own, under
 // `lockstep run`).

@@ -37,7 +37,9 @@ ScopedEnv clean_launcher_env() {
   return ScopedEnv({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr},
                     {"LOCAL_WORLD_SIZE", nullptr}, {"MASTER_ADDR", nullptr}, {"MASTER_PORT", nullptr},
                     {"OMPI_COMM_WORLD_RANK", nullptr}, {"OMPI_COMM_WORLD_SIZE", nullptr},
-                    {"SLURM_PROCID", nullptr}, {"SLURM_NTASKS", nullptr}});
+                    {"SLURM_PROCID", nullptr}, {"SLURM_NTASKS", nullptr}, {"SLURM_JOB_ID", nullptr},
+                    {"SLURM_STEP_NODELIST", nullptr}, {"SLURM_JOB_NODELIST", nullptr},
+                    {"SLURMD_NODENAME", nullptr}});
 }
 
 TEST(Env, ParsesSecondsAndRejectsGarbage) {
@@ -194,6 +196,23 @@ TEST(LaunchEnv, OpenMpiWithoutMasterAddrIsLeftToTheMpiBootstrap) {
   // RANK/WORLD_SIZE take precedence, and they still need MASTER_ADDR.
   ScopedEnv torchrun({{"RANK", "0"}, {"WORLD_SIZE", "3"}});
   expect_config_error({}, "MASTER_ADDR is not set");
+}
+
+// srun alone: every task finds the store on the step's first node; task 0
+// placed elsewhere is told so at once, naming both nodes, instead of the
+// others timing out.
+TEST(LaunchEnv, SlurmTasksFindTheStoreOnTheFirstNodeAndTaskZeroMustRunThere) {
+  auto clean = clean_launcher_env();
+  ScopedEnv env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "77"},
+                 {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURMD_NODENAME", "n1"}});
+  const auto info = resolve_launch({}, Config::from_environment());
+  EXPECT_EQ(info.master_addr, "n1");
+  EXPECT_EQ(info.master_port, 15077);
+
+  ScopedEnv task0({{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "n2"}});
+  expect_config_error({}, "rank 0 runs on n2 (SLURMD_NODENAME), but the other tasks look for its store on n1");
+  ScopedEnv given({{"MASTER_ADDR", "n2"}});
+  EXPECT_EQ(resolve_launch({}, Config::from_environment()).master_addr, "n2");
 }
 
 TEST(LaunchEnv, MissingMasterAddrIsAClearError) {
