@@ -5,12 +5,62 @@
 
 #include <signal.h>
 
+#include <map>
+#include <optional>
+#include <string>
+
 #include "lockstep/error.h"
 #include "run/run_arguments.h"
+#include "run/slurm_defaults.h"
 #include "store/store_token.h"
 
 namespace lockstep::cli {
 namespace {
+
+Config::Lookup lookup_in(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+}
+
+// srun --ntasks-per-node=1 on 3 nodes: each launcher learns its node, the
+// job's size and the store from Slurm; options given by hand win, one node
+// needs nothing, and several launchers on a node are refused by name.
+TEST(SlurmDefaults, OneLauncherPerNodeTakesTheJobsShapeFromSlurm) {
+  const std::map<std::string, std::string> step = {
+      {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_NODEID", "2"},
+      {"SLURM_STEP_NODELIST", "cn[004-006]"}, {"SLURM_JOB_ID", "90210"}, {"SLURM_STEP_ID", "1"}};
+  std::string note;
+  const RunOptions o = with_slurm_defaults(RunOptions{}, lookup_in(step), &note);
+  EXPECT_EQ(o.nnodes, "3");
+  EXPECT_EQ(o.node_rank, 2);
+  EXPECT_EQ(o.master_addr, "cn004");
+  EXPECT_EQ(o.master_port, 15210);
+  EXPECT_EQ(o.run_id, "slurm-90210.1");
+  EXPECT_NE(note.find("node 2 of 3, store on cn004:15210"), std::string::npos) << note;
+
+  RunOptions by_hand;
+  by_hand.rdzv_endpoint = "head:29400";
+  note.clear();
+  const RunOptions kept = with_slurm_defaults(by_hand, lookup_in(step), &note);
+  EXPECT_EQ(kept.nnodes, "1");
+  EXPECT_TRUE(note.empty());
+
+  auto one_node = step;
+  one_node["SLURM_STEP_NUM_NODES"] = "1";
+  one_node["SLURM_STEP_NUM_TASKS"] = "1";
+  EXPECT_EQ(with_slurm_defaults(RunOptions{}, lookup_in(one_node), &note).nnodes, "1");
+
+  auto crowded = step;
+  crowded["SLURM_STEP_NUM_TASKS"] = "6";
+  try {
+    with_slurm_defaults(RunOptions{}, lookup_in(crowded), &note);
+    FAIL() << "two launchers per node were taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("srun --ntasks-per-node=1 lockstep run"), std::string::npos) << e.what();
+  }
+}
 
 std::vector<std::string> words(std::initializer_list<const char*> list) { return {list.begin(), list.end()}; }
 

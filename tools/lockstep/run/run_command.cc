@@ -47,6 +47,7 @@
 #include "lockstep/affinity.h"
 #include "run/run_arguments.h"
 #include "run/scratch_directory.h"
+#include "run/slurm_defaults.h"
 #include "store/store_token.h"
 #include "run/supervisor.h"
 
@@ -427,7 +428,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
 
 }  // namespace
 
-int run_job(const RunOptions& o) {
+int run_job(const RunOptions& given) {
+  std::string slurm_note;
+  const RunOptions o = with_slurm_defaults(given, environment_lookup, &slurm_note);
+  if (!slurm_note.empty()) std::fprintf(stderr, "lockstep run: %s\n", slurm_note.c_str());
   const JobPlan plan = plan_job(o);
   if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
   const int nproc = resolve_nproc(o.nproc_per_node);
