@@ -35,6 +35,8 @@ test_packages=(
   python3-venv python3-dev
   # network namespaces for the multi-host tests
   iproute2 procps
+  # a real Slurm started by the tests (tests/slurm/slurm-cluster.sh)
+  slurmctld slurmd slurm-client munge
 )
 
 only_run=false

@@ -11,6 +11,8 @@ tensors, staged through pinned host memory on their current streams. See
 docs/python.md.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -21,6 +23,20 @@ __all__ = ["BACKEND", "WITH_CUDA"]
 BACKEND = "lockstep"
 # Whether this build takes CUDA tensors (built with LOCKSTEP_WITH_CUDA=1).
 WITH_CUDA: bool = _C.with_cuda
+
+
+def _fill_in_slurms_placement():
+    """Under srun, what torch.distributed's env:// rendezvous needs and srun
+    does not set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and the local
+    placement), from Slurm's variables as lockstep reads them; variables the
+    environment already has are kept."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ:
+        return
+    for name, value in _C._slurm_environment().items():
+        os.environ.setdefault(name, value)
+
+
+_fill_in_slurms_placement()
 
 
 def _create(options, backend_options):

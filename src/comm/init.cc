@@ -238,8 +238,8 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
           "protect it: set LOCKSTEP_STORE_TOKEN to one secret for every rank (or start the ranks with `lockstep run`){}",
           launch.rank, format_endpoint(launch.master_addr, static_cast<std::uint16_t>(launch.master_port)),
           launch.source == LaunchSource::slurm
-              ? "; in a batch script, `export LOCKSTEP_STORE_TOKEN=$(openssl rand -hex 16)` before srun (srun "
-                "passes the environment on to every task)"
+              ? "; in a batch script, `export LOCKSTEP_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')` "
+                "before srun (srun passes the environment on to every task)"
               : ""));
     std::unique_ptr<TcpStoreServer> server;
     // A loopback MASTER_ADDR means every rank is on this host: listen there
