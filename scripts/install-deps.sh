@@ -33,8 +33,9 @@ test_packages=(
   # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh),
   # and Python's headers for the torch.distributed backend's extension (python/)
   python3-venv python3-dev
-  # network namespaces for the multi-host tests
-  iproute2 procps
+  # network namespaces for the multi-host tests, and nftables for their
+  # network faults (packet loss, partitions)
+  iproute2 procps nftables
   # a real Slurm started by the tests (tests/slurm/slurm-cluster.sh)
   slurmctld slurmd slurm-client munge
 )

@@ -245,6 +245,9 @@ int train(const Options& o) {
                 static_cast<double>(parameters) / 1e6, *train_set.size(), ranks, o.batch_size, pg->backend().c_str());
   if (first_epoch >= o.epochs && leader)
     std::printf("nothing to do: the checkpoint has %d epoch(s), --epochs is %d\n", first_epoch, o.epochs);
+  // At once, not when the buffer fills: under a launcher stdout is a pipe,
+  // and whoever watches the log learns that training has begun.
+  std::fflush(stdout);
 
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     // A resumed epoch deals only the samples not yet trained on, to however
