@@ -146,7 +146,8 @@ step_python() {
 
 # Where a rank of the Python package's CUDA build fails: scripts/python-probe.py
 # (init_process_group, one all_reduce) at world 1 and 2 on CPU and CUDA
-# tensors, rank 0 under cuda-gdb (the C++ stack of every thread on a crash),
+# tensors, rank 0 under cuda-gdb (the C++ stack of every thread on a crash)
+# and with lockstep's debug log (how far its group formation got),
 # each case at most 60 s.
 step_pyprobe() {
   python_build
@@ -162,7 +163,7 @@ step_pyprobe() {
         PYTHONPATH="$build/python" RANK=$rank WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
           timeout 60 "$PYTHON" -X faulthandler scripts/python-probe.py "$device" &
       done
-      PYTHONPATH="$build/python" RANK=0 WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      PYTHONPATH="$build/python" LOCKSTEP_LOG_LEVEL=debug RANK=0 WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         timeout 60 "${debugger[@]}" "$PYTHON" -X faulthandler scripts/python-probe.py "$device" 2>&1 \
         | grep -v -E "^\[(New|Thread|Detaching)" || true
       wait
