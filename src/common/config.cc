@@ -173,20 +173,14 @@ void read_placement(const VariableReader& vars, Config& c) {
 // to set by hand. MASTER_ADDR and MASTER_PORT still win.
 void read_slurm_rendezvous(const VariableReader& vars, Config& c) {
   c.slurm_node_name = vars.string(env::kSlurmdNodeName).value_or("");
+  const SlurmStore store = slurm_store(vars);
   if (c.master_addr.empty()) {
-    for (const char* name : {env::kSlurmStepNodeList, env::kSlurmJobNodeList}) {
-      if (const auto list = vars.string(name)) {
-        c.master_addr = slurm_first_host(*list, name);
-        c.master_addr_from = fmt::format("the first node of {}={}", name, *list);
-        break;
-      }
-    }
+    c.master_addr = store.host;
+    c.master_addr_from = store.host_from;
   }
-  if (!c.master_port) {
-    if (const auto job = vars.integer(env::kSlurmJobId, 0, INT64_MAX)) {
-      c.master_port = slurm_store_port(*job);
-      c.master_port_from = fmt::format("15000 + the last four digits of {}={}", env::kSlurmJobId, *job);
-    }
+  if (!c.master_port && store.port) {
+    c.master_port = store.port;
+    c.master_port_from = store.port_from;
   }
 }
 

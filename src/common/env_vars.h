@@ -42,6 +42,10 @@ inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
 // The step's nodes (srun), else the job's: task 0 runs on the first.
 inline constexpr char kSlurmStepNodeList[] = "SLURM_STEP_NODELIST";
 inline constexpr char kSlurmJobNodeList[] = "SLURM_JOB_NODELIST";
+// The step srun started: its number, nodes and tasks.
+inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
+inline constexpr char kSlurmStepNumNodes[] = "SLURM_STEP_NUM_NODES";
+inline constexpr char kSlurmStepNumTasks[] = "SLURM_STEP_NUM_TASKS";
 // The node a task runs on, as Slurm names it.
 inline constexpr char kSlurmdNodeName[] = "SLURMD_NODENAME";
 

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+
+#include "common/env_vars.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -34,6 +37,21 @@ std::string slurm_first_host(const std::string& host_list, const char* variable)
   return host;
 }
 
-int slurm_store_port(std::int64_t job_id) { return 15000 + static_cast<int>(job_id % 10000); }
+SlurmStore slurm_store(const VariableReader& vars) {
+  SlurmStore s;
+  for (const char* name : {env::kSlurmStepNodeList, env::kSlurmJobNodeList}) {
+    if (const auto list = vars.string(name)) {
+      s.host = slurm_first_host(*list, name);
+      s.host_from = fmt::format("the first node of {}={}", name, *list);
+      break;
+    }
+  }
+  s.job_id = vars.integer(env::kSlurmJobId, 0, INT64_MAX);
+  if (s.job_id) {
+    s.port = 15000 + static_cast<int>(*s.job_id % 10000);
+    s.port_from = fmt::format("15000 + the last four digits of {}={}", env::kSlurmJobId, *s.job_id);
+  }
+  return s;
+}
 
 }  // namespace lockstep

@@ -6,7 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "common/env.h"
 
 namespace lockstep {
 
@@ -16,9 +19,19 @@ namespace lockstep {
 // ConfigError naming `variable` and the list.
 std::string slurm_first_host(const std::string& host_list, const char* variable);
 
-// The store's port for a job started by Slurm without MASTER_PORT:
-// 15000 plus the job id's last four digits (15000..24999), as PyTorch
-// Lightning chooses it, so two jobs sharing a first node rarely collide.
-int slurm_store_port(std::int64_t job_id);
+// Where a task of srun finds the store, from Slurm's variables alone: the
+// first node of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), and port
+// 15000 plus the last four digits of SLURM_JOB_ID (15000..24999, as PyTorch
+// Lightning chooses it, so two jobs sharing a first node rarely collide).
+// A part Slurm's variables lack stays empty; *_from say where each part
+// came from, for messages ("the first node of SLURM_STEP_NODELIST=n[1-4]").
+struct SlurmStore {
+  std::string host;
+  std::string host_from;
+  std::optional<std::int64_t> job_id;
+  std::optional<int> port;
+  std::string port_from;
+};
+SlurmStore slurm_store(const VariableReader& vars);
 
 }  // namespace lockstep
