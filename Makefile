@@ -80,6 +80,16 @@ deps-torch2: deps
 
 build-torch2: deps-torch2
 	@mkdir -p $(TORCH2_DIR)
+# CMake keeps the CUDA compiler's version from the first configure; after
+# install-torch2 moved the environment to another toolkit, that stale
+# version (and the NCCL found beside it) would link libtorch's CUDA
+# library against the wrong NCCL: configure afresh instead.
+	@cached=$$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' \
+	  $(TORCH2_DIR)/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1); \
+	current=$$($(TORCH2_CUDA)/bin/nvcc --version 2>/dev/null | sed -n 's/.*V\([0-9.]*\)$$/\1/p'); \
+	if [ -n "$$cached" ] && [ "$$cached" != "$$current" ]; then \
+	  echo "build-torch2: CUDA $$cached configured, $$current installed: configuring $(TORCH2_DIR) afresh"; \
+	  rm -rf $(TORCH2_DIR)/CMakeCache.txt $(TORCH2_DIR)/CMakeFiles; fi
 	@NCCL_HOME="$$($(TORCH2_PYTHON) -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')" \
 	  cmake -S . -B $(TORCH2_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DLOCKSTEP_WITH_MPI=OFF \
 	  -DCMAKE_PREFIX_PATH="$$($(TORCH2_PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \

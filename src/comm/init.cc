@@ -213,7 +213,12 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
   store_options.timeout = launch.timeout;
   store_options.os = options.os;
   if (options.store) {
+    // The program's store has no StoreHost of ours waiting for the count,
+    // and its host may be gone by the time this group ends (rank 0 leaves
+    // right after destroy_process_group): reporting the end would only
+    // reach for a closed socket.
     spec.root_store = options.store;
+    spec.finished_key.clear();
   } else if (const BackendRegistration* runtime = store_bootstrap_for(launch.source);
              launch.master_addr.empty() && runtime != nullptr && launch.world_size > 1) {
     // Started by a launcher's runtime alone (mpirun): rank 0 hosts the
