@@ -15,6 +15,7 @@ Prints: step_ms <median of the slowest rank> samples_per_s <...>
 """
 import argparse
 import contextlib
+import datetime
 import os
 import socket
 import sys
@@ -86,7 +87,9 @@ def run_rank(rank, args, port):
     if cuda:
         torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world)
+        timeout = {"timeout": datetime.timedelta(seconds=args.timeout_s)} if args.timeout_s else {}
+        dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{port}", rank=rank, world_size=world,
+                                **timeout)
     make_model, shape, _ = MODELS[args.model]
     torch.manual_seed(1)
     model = make_model().to(device)
@@ -113,6 +116,8 @@ def run_rank(rank, args, port):
             torch.cuda.synchronize(device)  # a step ends when the device is done with it
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1000)
+        if step == 0 and rank == 0 and args.announce:
+            print("rank 0: training (the first step is done)", flush=True)
     times.sort()
     # On the device: NCCL reduces only CUDA tensors.
     median = torch.tensor([times[len(times) // 2]], dtype=torch.float64, device=device)
@@ -149,6 +154,9 @@ def main():
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
     parser.add_argument("--master-port", type=int, default=0, help="default: a free port (one host only)")
+    parser.add_argument("--timeout-s", type=float, help="the group's timeout (default: PyTorch's)")
+    parser.add_argument("--announce", action="store_true",
+                        help="rank 0 says when its first step is done (a test starts its faults then)")
     args = parser.parse_args()
     if args.batch is None:
         args.batch = MODELS[args.model][2]

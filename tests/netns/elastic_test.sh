@@ -28,25 +28,7 @@ for tool in ip unshare nsenter; do command -v $tool > /dev/null || skip "needs $
 work=$(mktemp -d)
 export LOCKSTEP_FLIGHT_DIR=$work  # the killed host's peers write their dumps here
 source "$(dirname "$0")/hosts.sh"
-
-
-# The switch: a bridge in its own namespace, so the machine's own network
-# is left alone. Host i gets 10.214.0.(i+1) on a veth into the bridge.
-new_host; switch=${holders[0]}
-on_host $switch ip link add br-$$ type bridge || fail "cannot create a bridge"
-on_host $switch ip link set br-$$ up
-hosts=()
-for i in 0 1 2 3; do
-  new_host; h=${holders[-1]}; hosts+=("$h")
-  ip link add h$i-$$ type veth peer name s$i-$$ || fail "cannot create a veth pair"
-  ip link set h$i-$$ netns $h
-  ip link set s$i-$$ netns $switch
-  on_host $switch ip link set s$i-$$ master br-$$ up
-  on_host $h hostname host$i
-  on_host $h ip addr add 10.214.0.$((i + 1))/24 dev h$i-$$
-  on_host $h ip link set lo up
-  on_host $h ip link set h$i-$$ up
-done
+switched_hosts 4 10.214.0
 endpoint=10.214.0.1:29541
 
 # start_node I LOG ARGS...: host I's launcher in the background (pid in

@@ -70,3 +70,26 @@ two_linked_hosts() {
     on_host $h ip link set v$i-$$ up
   done
 }
+
+# switched_hosts COUNT SUBNET: a switch (a bridge in a namespace of its own,
+# so the machine's own network is left alone) and COUNT hosts on it, their
+# holders in the array hosts; host i is named host$i and has SUBNET.(i+1) on
+# its veth h$i-$$.
+switched_hosts() {
+  local count=$1 subnet=$2 i h
+  new_host; switch=${holders[-1]}
+  on_host $switch ip link add br-$$ type bridge || fail "cannot create a bridge"
+  on_host $switch ip link set br-$$ up
+  hosts=()
+  for ((i = 0; i < count; i++)); do
+    new_host; h=${holders[-1]}; hosts+=("$h")
+    ip link add h$i-$$ type veth peer name s$i-$$ || fail "cannot create a veth pair"
+    ip link set h$i-$$ netns $h
+    ip link set s$i-$$ netns $switch
+    on_host $switch ip link set s$i-$$ master br-$$ up
+    on_host $h hostname host$i
+    on_host $h ip addr add $subnet.$((i + 1))/24 dev h$i-$$
+    on_host $h ip link set lo up
+    on_host $h ip link set h$i-$$ up
+  done
+}

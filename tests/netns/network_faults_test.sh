@@ -19,11 +19,15 @@
 # script says so and goes on without them). Prints a table: fault, backend,
 # outcome, seconds, slowdown against the clean run. Needs root (network
 # namespaces) and nft (Debian's nftables); skips (exit 77) otherwise.
-# Usage: network_faults_test.sh path/to/lockstep path/to/fashion_mnist [BACKENDS]
+# With a Python that has torch (PYTHON), PyTorch's DDP over Gloo runs under
+# the same faults too, for the comparison (bench/pytorch_ddp.py).
+# Usage: network_faults_test.sh path/to/lockstep path/to/fashion_mnist [BACKENDS [PYTHON]]
 set -uo pipefail
 cli=$(realpath "$1")
 trainer=$(realpath "$2")
-backends=${3:-hier tcp}
+backends=${3-hier tcp}
+peer_python=${4:-}
+peer_program=$(realpath "$(dirname "$0")/../../bench/pytorch_ddp.py")
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -64,28 +68,23 @@ heal() {
 }
 
 # --- one training job over both hosts ---
-steps=64
-# run_job NAME BACKEND [FAULT-FUNCTION]: trains; sets rc0, rc1 and seconds.
-# FAULT-FUNCTION runs in the background once the ranks are training.
-run_job() {
-  local name=$1 backend=$2 fault=${3:-} node n start
+# run_nodes NAME FAULT-FUNCTION START-FUNCTION: START-FUNCTION NODE HOST LOG
+# starts one node's processes in the background; FAULT-FUNCTION (may be
+# empty) runs in the background once node 0's log says it trains. Sets rc0,
+# rc1, node0_ended and seconds.
+run_nodes() {
+  local name=$1 fault=$2 start_node=$3 node start
   heal
-  # The archive names its records after the file: one name for every run.
-  mkdir -p "$work/$name"
-  local args=(--epochs 1 --subset $((steps * 128)) --test-subset 256 --batch-size 32 --max-steps $steps --seed 3
-              --progress 0 --backend "$backend" --checkpoint "$work/$name.ckpt" --save-params "$work/$name/params.pt")
   start=$(date +%s%N)
   for node in 0 1; do
-    on_host "$([ $node = 0 ] && echo $host0 || echo $host1)" timeout 240 "$cli" run --nnodes 2 --node-rank $node \
-      --master-addr 10.214.0.1 --master-port 29541 --nproc-per-node 2 --grace-period 1 -- "$trainer" "${args[@]}" \
-      > "$work/$name.$node.log" 2>&1 &
+    "$start_node" $node "$([ $node = 0 ] && echo $host0 || echo $host1)" "$work/$name.$node.log"
     eval "pid$node=$!"
   done
   local faulter=""
   rm -f "$work/fault_at"
   if [ -n "$fault" ]; then
     # Once the ranks have formed their group and begun to train.
-    for _ in $(seq 600); do grep -q "training a" "$work/$name.0.log" 2> /dev/null && break; sleep 0.1; done
+    for _ in $(seq 600); do grep -qE "training a|training \(" "$work/$name.0.log" 2> /dev/null && break; sleep 0.1; done
     "$fault" & faulter=$!
   fi
   wait $pid0; rc0=$?
@@ -94,6 +93,22 @@ run_job() {
   [ -n "$faulter" ] && { kill $faulter 2> /dev/null; wait $faulter 2> /dev/null; }
   heal
   seconds=$(awk -v ns=$(($(date +%s%N) - start)) 'BEGIN { printf "%.1f", ns / 1e9 }')
+}
+
+steps=64
+# run_job NAME BACKEND [FAULT-FUNCTION]: lockstep's trainer, 2 ranks per host.
+run_job() {
+  job_name=$1 job_backend=$2
+  # The archive names its records after the file: one name for every run.
+  mkdir -p "$work/$job_name"
+  run_nodes "$1" "${3:-}" start_trainer
+}
+start_trainer() {
+  local args=(--epochs 1 --subset $((steps * 128)) --test-subset 256 --batch-size 32 --max-steps $steps --seed 3
+              --progress 0 --backend "$job_backend" --checkpoint "$work/$job_name.ckpt"
+              --save-params "$work/$job_name/params.pt")
+  on_host "$2" timeout 240 "$cli" run --nnodes 2 --node-rank $1 --master-addr 10.214.0.1 --master-port 29541 \
+    --nproc-per-node 2 --grace-period 1 -- "$trainer" "${args[@]}" > "$3" 2>&1 &
 }
 
 # The faults. Rules stay until the job ends (run_job heals after it); none
@@ -108,6 +123,13 @@ failures=0
 rows=()
 report() { rows+=("| $1 | $2 | $3 | $4 s | $5 |"); echo "$1 $2: $3 ($4 s)"; }
 same_params() { cmp -s "$work/clean-$2/params.pt" "$work/$1/params.pt"; }
+slowdown() { awk -v a=$seconds -v b=$clean 'BEGIN { printf "%.2fx", a / b }'; }
+# Seconds from the partition to node 0's end (-1: no partition recorded).
+since_partition() {
+  awk -v a="$(cat "$work/fault_at" 2> /dev/null || echo 0)" -v b=$node0_ended \
+    'BEGIN { printf "%.1f", (a > 0 ? (b - a) / 1e9 : -1) }'
+}
+first_error() { grep -m1 -oE "(Error|Timed out|timed out|Connection)[^|]{0,150}" "$1" || echo "no error printed"; }
 
 for backend in $backends; do
   echo "== $backend"
@@ -129,7 +151,7 @@ for backend in $backends; do
       loss5) run_job "$fault-$backend" "$backend" "drop_5" ;;
       *) LOCKSTEP_TIMEOUT=30 run_job "$fault-$backend" "$backend" "$fault" ;;
     esac
-    slowdown=$(awk -v a=$seconds -v b=$clean 'BEGIN { printf "%.2fx", a / b }')
+    slowdown=$(slowdown)
     if [ $rc0 = 0 ] && [ $rc1 = 0 ]; then
       if same_params "$fault-$backend" "$backend"; then
         report "$fault" "$backend" "same parameters as the clean run" "$seconds" "$slowdown"
@@ -149,8 +171,7 @@ for backend in $backends; do
   # For good: host 0's ranks must name ranks 2 and 3 and stop within 20 s
   # of the partition (a 5 s timeout, the watchdog's 2 s, the launcher's stop).
   LOCKSTEP_TIMEOUT=5 LOCKSTEP_WATCHDOG_SETTLE=2 run_job "partition-$backend" "$backend" partition
-  named=$(awk -v a="$(cat "$work/fault_at" 2> /dev/null || echo 0)" -v b=$node0_ended \
-    'BEGIN { printf "%.1f", (a > 0 ? (b - a) / 1e9 : -1) }')
+  named=$(since_partition)
   if [ $rc0 != 0 ] && grep -qE "rank\(s\) 2, 3|lost rank [23]" "$work/partition-$backend.0.log" &&
      awk -v s=$named 'BEGIN { exit !(s >= 0 && s < 20) }'; then
     report partition "$backend" "host 0 named ranks 2 and 3 and stopped $named s after the partition" "$seconds" ""
@@ -160,6 +181,43 @@ for backend in $backends; do
     failures=$((failures + 1))
   fi
 done
+# --- the peer: PyTorch's DDP over Gloo under the same faults ---
+# bench/pytorch_ddp.py's convnet on synthetic batches, 2 ranks per host, Gloo
+# given lockstep's timeouts. Not a pass or fail of lockstep's: the time
+# against Gloo's own clean run, and what Gloo says when the partition lasts.
+peer_steps=40
+start_peer() {
+  on_host "$2" env GLOO_SOCKET_IFNAME=v$1-$$ timeout 120 "$peer_python" "$peer_program" --model convnet -np 2 \
+    --batch 16 --nnodes 2 --node-rank $1 --master-addr 10.214.0.1 --master-port $peer_port --steps $peer_steps \
+    --warmup 2 --backend gloo --timeout-s $peer_timeout --announce > "$3" 2>&1 &
+}
+# run_peer NAME TIMEOUT-SECONDS [FAULT-FUNCTION]
+run_peer() {
+  peer_port=$((peer_port + 1)) peer_timeout=$2
+  run_nodes "$1" "${3:-}" start_peer
+}
+if [ -n "$peer_python" ] && timeout 60 "$peer_python" -c "import torch.distributed" 2> /dev/null; then
+  echo "== gloo: PyTorch $("$peer_python" -c 'import torch; print(torch.__version__)')'s DDP"
+  peer_port=29560
+  run_peer clean-gloo 30
+  [ $rc0 = 0 ] && [ $rc1 = 0 ] || { tail -20 "$work/clean-gloo.0.log"; fail "the clean run over gloo exited $rc0 and $rc1"; }
+  clean=$seconds
+  report clean gloo "trained $peer_steps steps" "$clean" "1.00x"
+  for fault in loss1 loss5 blip flap; do
+    case $fault in loss1) run_peer "$fault-gloo" 30 drop_1 ;; loss5) run_peer "$fault-gloo" 30 drop_5 ;;
+                   *) run_peer "$fault-gloo" 30 "$fault" ;; esac
+    if [ $rc0 = 0 ] && [ $rc1 = 0 ]; then
+      report "$fault" gloo "trained" "$seconds" "$(slowdown)"
+    else
+      report "$fault" gloo "exited $rc0 and $rc1: $(first_error "$work/$fault-gloo.0.log")" "$seconds" ""
+    fi
+  done
+  run_peer partition-gloo 5 partition
+  report partition gloo "node 0 exited $rc0 $(since_partition) s after the partition: $(first_error \
+    "$work/partition-gloo.0.log")" "$seconds" ""
+else
+  echo "note: no PyTorch given (or it does not import): Gloo not run under the same faults"
+fi
 if on_host $host0 tc qdisc add dev "v0-$$" root netem delay 1ms 2> /dev/null; then
   on_host $host0 tc qdisc del dev "v0-$$" root
   echo "note: this kernel has netem; delay and reordering are not yet among the faults"
