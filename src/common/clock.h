@@ -13,6 +13,7 @@ namespace lockstep {
 
 using Clock = std::chrono::steady_clock;
 
+inline double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 inline double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }

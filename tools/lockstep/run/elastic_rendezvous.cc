@@ -45,8 +45,6 @@ std::vector<int> watched_by(int node_rank, int nnodes, const std::function<bool(
 
 int to_int(const std::string& text) { return static_cast<int>(parse_int(text).value_or(0)); }
 
-double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
-
 }  // namespace
 
 ElasticRendezvous::ElasticRendezvous(Store& store, ElasticOptions options, int nproc, std::string node_name,

@@ -103,6 +103,11 @@ class ElasticRendezvous {
   // until the next call.
   void note_poll(const Round& round);
   std::string pause_note() const;
+  // True when, before the poll now under way, this launcher went longer
+  // than the keep-alive limit without polling: it was stopped (SIGSTOP, a
+  // suspended host). A poll that lasts that long inside its requests may
+  // be cut off from the store as well.
+  bool paused_before_poll() const { return paused_ != Duration{}; }
   // Once this node's ranks finished: says so, so that silent_before_done
   // does not wait for it.
   void mark_done(const Round& round);

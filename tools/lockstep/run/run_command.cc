@@ -134,6 +134,27 @@ struct JobIdentity {
   std::string shm_tag;
 };
 
+// After the store did not answer in time (a partition, a switch that
+// reboots, the store's host down): waits up to `within` (--rdzv-timeout)
+// for it to accept connections again, saying so. False: it did not; the
+// job cannot go on without it.
+bool reach_store_again(const JobIdentity& job, Duration within, int signal_fd) {
+  const std::string store = format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
+  std::fprintf(stderr, "lockstep run: trying to reach the store at %s again for up to %.0f s (--rdzv-timeout), "
+               "then joining the job's next round\n", store.c_str(), seconds(within));
+  const Deadline deadline = Deadline::after(within);
+  try {
+    wait_for_listener(job.store_addr, static_cast<std::uint16_t>(job.store_port), deadline, signal_fd);
+  } catch (const ConfigError&) {
+    std::fprintf(stderr, "lockstep run: the store at %s did not answer for %.0f s; the job cannot go on without it\n",
+                 store.c_str(), seconds(within));
+    return false;
+  }
+  std::fprintf(stderr, "lockstep run: the store at %s answers again after %.1f s\n", store.c_str(),
+               seconds(within) - seconds(deadline.remaining()));
+  return true;
+}
+
 // torchrun's layout: <run dir>/attempt_<k>/<local rank>/ holds that rank's
 // stdout.log, stderr.log and error.json; k is the round, which every node
 // of the job shares (restarts and re-forms alike).
@@ -630,6 +651,14 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     bool regroup = false;     // a node waits to join: stop, and re-form the group
     bool store_lost = false;  // the store's host is gone: nothing to re-form with
     bool round_over = false;  // a node stopped beating, or the rendezvous moved on: re-form
+    // The store did not answer in time while this launcher ran: this node
+    // may be cut off from it for a while, not for good.
+    bool store_unanswered = false;
+    const auto store_gone = [&](const Error& e) {
+      return fmt::format("the store at {}:{} is gone ({}); the node that hosted it has left, and the job cannot go on "
+                         "without it{}",
+                         job.store_addr, job.store_port, e.what(), elastic ? elastic->pause_note() : "");
+    };
     if (!single) {
       sup.remote_failure = [&]() -> std::optional<std::string> {
         if (elastic) elastic->note_poll(round);
@@ -648,11 +677,18 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
               return over;
             }
           }
+        } catch (const TimeoutError& e) {
+          // Unless this launcher was stopped between its polls (then the
+          // others went on without it for good).
+          if (elastic && !elastic->paused_before_poll()) {
+            store_unanswered = true;
+            return fmt::format("{} (or this node is cut off from it)", e.what());
+          }
+          store_lost = true;
+          return store_gone(e);
         } catch (const Error& e) {
           store_lost = true;
-          return fmt::format("the store at {}:{} is gone ({}); the node that hosted it has left, and the job cannot "
-                             "go on without it{}",
-                             job.store_addr, job.store_port, e.what(), elastic ? elastic->pause_note() : "");
+          return store_gone(e);
         }
         return std::nullopt;
       };
@@ -678,6 +714,13 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     if (result.interrupted_by != 0) {
       if (!single) store.compare_set(failed_key, "", fmt::format("{} was interrupted", who));
       return 128 + result.interrupted_by;
+    }
+    if (store_unanswered) {
+      // Not a failure of the ranks: no restart is counted (as a node joining).
+      std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", ranks.size(),
+                   result.first_failure->reported_by.c_str());
+      if (!reach_store_again(job, plan.join_timeout, signal_fd)) return 1;
+      continue;  // joins the next round, or learns that the job is over
     }
     // A node waiting to join stops this attempt too when a peer's ranks,
     // stopped for it a moment earlier, made ours fail first.
@@ -720,6 +763,11 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       try {
         store.set(node_failed_key(round.number, round.node_rank), failure_line(f, round.node_rank));
         store.compare_set(failed_key, "", failure_line(f, round.node_rank));
+      } catch (const TimeoutError& e) {
+        if (!elastic) throw;
+        store_unanswered = true;  // cut off from it, perhaps for a while: reached again below
+        std::fprintf(stderr, "lockstep run: the store at %s:%d did not answer in time (%s)\n", job.store_addr.c_str(),
+                     job.store_port, e.what());
       } catch (const Error& e) {
         if (!elastic) throw;
         store_lost = true;  // its host died with the others' ranks; say why this node stops
@@ -734,6 +782,12 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       return f.reported_by.empty() ? f.status.as_exit_code() : 1;
     }
     ++failures;
+    if (store_unanswered) {
+      // The others re-form without this node meanwhile: it joins their next round.
+      if (!reach_store_again(job, plan.join_timeout, signal_fd)) return f.status.as_exit_code();
+      std::fprintf(stderr, "lockstep run: restart %d of %d: joining the job's next round\n", failures, o.max_restarts);
+      continue;
+    }
     std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)%s\n", failures, o.max_restarts,
                  elastic ? " with the nodes that are left or join" : "");
     if (elastic) elastic->open_next_round(round);
