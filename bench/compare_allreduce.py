@@ -17,9 +17,10 @@ Contenders (skipped with a note when unavailable):
   Gloo                    PYTHON bench/gloo_allreduce.py (PyTorch's torch.distributed)
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
-           [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--spins 20,200] [--skip NAMES]
+           [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--spins 20,200] [--skip NAMES] [--busy N]
 """
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -116,7 +117,27 @@ def main():
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
+    parser.add_argument("--busy", type=int, default=0, help="this many processes spinning beside every contender's "
+                        "ranks for the whole comparison (the cores shared, as with data-loader workers)")
     args = parser.parse_args()
+    with busy_load(args.busy):
+        compare(args)
+
+
+@contextlib.contextmanager
+def busy_load(processes):
+    """Processes that spin, unpinned, while every contender runs: the same
+    load for all (as `lockstep bench --busy N` for lockstep alone)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def compare(args):
     sizes = args.sizes.split(",")
     skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
 
@@ -158,6 +179,8 @@ def main():
     cores = len(os.sched_getaffinity(0))
     placement = (f"{args.np} ranks pinned one per core" if args.np <= cores
                  else f"{args.np} ranks on {cores} cores (oversubscribed)")
+    if args.busy:
+        placement += f", {args.busy} busy process(es) beside them"
     lines = [f"Median of {args.runs} interleaved runs, {placement}, float32 sum, in place; "
              "time in µs for 4 B and 4 KiB (lower is better), busbw in GB/s otherwise (higher is better).", "",
              "| size | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]

@@ -185,10 +185,10 @@ done
 # bench/pytorch_ddp.py's convnet on synthetic batches, 2 ranks per host, Gloo
 # given lockstep's timeouts. Not a pass or fail of lockstep's: the time
 # against Gloo's own clean run, and what Gloo says when the partition lasts.
-peer_steps=40
+peer_steps=62
 start_peer() {
   on_host "$2" env GLOO_SOCKET_IFNAME=v$1-$$ timeout 120 "$peer_python" "$peer_program" --model convnet -np 2 \
-    --batch 16 --nnodes 2 --node-rank $1 --master-addr 10.214.0.1 --master-port $peer_port --steps $peer_steps \
+    --batch 32 --nnodes 2 --node-rank $1 --master-addr 10.214.0.1 --master-port $peer_port --steps $peer_steps \
     --warmup 2 --backend gloo --timeout-s $peer_timeout --announce > "$3" 2>&1 &
 }
 # run_peer NAME TIMEOUT-SECONDS [FAULT-FUNCTION]

@@ -29,6 +29,7 @@
 #include "common/format.h"
 #include "common/half.h"
 #include "ddp/bucket_memory.h"
+#include "bench/busy_load.h"
 #include "bench/device_memory.h"
 #include "lockstep/affinity.h"
 #include "lockstep/error.h"
@@ -471,10 +472,11 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
                            {"redop", to_string(*op)}, {"iters", o.iters}, {"warmup", o.warmup}, {"results", nlohmann::json::array()}};
   if (device) report["device"] = to_string(device->device());
   if (printer) {
-    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers, %s%s\n",
+    std::printf("# lockstep bench: %d ranks, backend %s, %d iterations after %d warm-up, check %s, %s buffers, %s%s%s\n",
                 pg->size(), pg->backend().c_str(), o.iters, o.warmup, o.check ? "on" : "off",
                 o.shared_buffers ? "shared" : "ordinary", o.out_of_place ? "out of place" : "in place",
-                device ? fmt::format(" in {} memory", to_string(device->device())).c_str() : "");
+                device ? fmt::format(" in {} memory", to_string(device->device())).c_str() : "",
+                o.busy > 0 ? fmt::format(", {} busy process(es) beside the ranks", o.busy).c_str() : "");
     std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
                 "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
@@ -589,6 +591,10 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
                 "host, or cuda: buffers in CUDA memory on cuda:(local rank % devices); each operation is timed until "
                 "its result is in device memory")
       ->capture_default_str();
+  b->add_option("--busy", o.busy,
+                "With --np: start this many processes that spin beside the ranks while they run (cores shared)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   b->add_flag("--shared-buffers", o.shared_buffers,
               "Allocate buffers with ProcessGroup::allocate_shared (single copy on the shm backend)");
   b->add_flag("--out-of-place", o.out_of_place,
@@ -601,7 +607,11 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
   // The one read of the environment for this command.
   const Config config = Config::from_environment();
   const bool launched = config.placement().source != LaunchSource::none;
+  if (o.busy > 0 && o.nranks == 0)
+    throw ConfigError("--busy starts its processes beside the ranks that --np starts; under another launcher, "
+                      "load the cores yourself (e.g. `stress-ng --cpu N`)");
   if (o.nranks > 0 && !launched) {
+    const BusyLoad load(o.busy);
     RunOptions run;
     run.nproc_per_node = std::to_string(o.nranks);
     run.unprefixed_rank0 = true;

@@ -29,6 +29,7 @@ struct BenchOptions {
   bool shared_buffers = false;  // place buffers in the backend's shared memory when it has some
   bool out_of_place = false;    // allreduce from one buffer into another (nccl-tests' out-of-place column)
   std::string device = "host";  // host or cuda
+  int busy = 0;  // with nranks: processes spinning beside the ranks (busy_load.h)
 };
 
 void add_bench_command(CLI::App& app, BenchOptions& options);
