@@ -173,7 +173,7 @@ void read_placement(const VariableReader& vars, Config& c) {
 // to set by hand. MASTER_ADDR and MASTER_PORT still win.
 void read_slurm_rendezvous(const VariableReader& vars, Config& c) {
   c.slurm_node_name = vars.string(env::kSlurmdNodeName).value_or("");
-  const SlurmStore store = slurm_store(vars);
+  const SlurmStore store = slurm_store(vars, /*with_host=*/c.master_addr.empty());
   if (c.master_addr.empty()) {
     c.master_addr = store.host;
     c.master_addr_from = store.host_from;

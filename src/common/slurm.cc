@@ -37,9 +37,10 @@ std::string slurm_first_host(const std::string& host_list, const char* variable)
   return host;
 }
 
-SlurmStore slurm_store(const VariableReader& vars) {
+SlurmStore slurm_store(const VariableReader& vars, bool with_host) {
   SlurmStore s;
   for (const char* name : {env::kSlurmStepNodeList, env::kSlurmJobNodeList}) {
+    if (!with_host) break;
     if (const auto list = vars.string(name)) {
       s.host = slurm_first_host(*list, name);
       s.host_from = fmt::format("the first node of {}={}", name, *list);

@@ -25,6 +25,8 @@ std::string slurm_first_host(const std::string& host_list, const char* variable)
 // Lightning chooses it, so two jobs sharing a first node rarely collide).
 // A part Slurm's variables lack stays empty; *_from say where each part
 // came from, for messages ("the first node of SLURM_STEP_NODELIST=n[1-4]").
+// Without `with_host` the node lists are not read (MASTER_ADDR given: a
+// list this parser cannot read must not stop the job).
 struct SlurmStore {
   std::string host;
   std::string host_from;
@@ -32,6 +34,6 @@ struct SlurmStore {
   std::optional<int> port;
   std::string port_from;
 };
-SlurmStore slurm_store(const VariableReader& vars);
+SlurmStore slurm_store(const VariableReader& vars, bool with_host = true);
 
 }  // namespace lockstep

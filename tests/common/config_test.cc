@@ -190,6 +190,12 @@ TEST(Config, SlurmHostListsNameTheirFirstHost) {
       EXPECT_NE(what.find(std::string("SLURM_JOB_NODELIST='") + bad + "'"), std::string::npos) << what;
       EXPECT_NE(what.find("set MASTER_ADDR"), std::string::npos) << what;
     }
+    // As the message says: with MASTER_ADDR given, the list is not read.
+    EXPECT_EQ(parse({{env::kSlurmProcId, "0"}, {env::kSlurmNtasks, "2"}, {env::kSlurmJobNodeList, bad},
+                     {env::kMasterAddr, "10.1.2.3"}})
+                  .master_addr,
+              "10.1.2.3")
+        << bad;
   }
 }
 
