@@ -35,7 +35,11 @@ requires=$(sed -n 's/^Requires-Dist: //p' <<<"$metadata")
 [[ $version =~ \+pt[0-9]+(cpu|cu[0-9]+)$ ]] || fail "version '$version' does not name the torch it was built for"
 [[ $requires =~ ^torch==[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "Requires-Dist '$requires' does not pin one torch release"
 echo "test-wheel: version $version, requires $requires"
-unzip -l "$wheel" | grep -q 'lockstep_torch/liblockstep\.so' || fail "the wheel does not carry liblockstep"
+# The listing is read whole first: grep -q leaves at its first match, and
+# under pipefail unzip's next write into the closed pipe (SIGPIPE) would
+# fail the check.
+contents=$(unzip -Z1 "$wheel")
+grep -q '^lockstep_torch/liblockstep\.so' <<<"$contents" || fail "the wheel does not carry liblockstep: $contents"
 
 # 3a. A fresh environment: the wheel and what pip installs for it.
 /usr/bin/python3 -m venv "$work/venv"

@@ -93,6 +93,6 @@ out=$(on_host $host0 env -u LOCKSTEP_STORE_TOKEN timeout 30 "$cli" run --nnodes 
 rc=$?
 echo "$out"
 [ $rc = 2 ] || fail "expected exit code 2 without a token, got $rc"
-echo "$out" | grep -q "reachable from other hosts and nothing would protect it: set LOCKSTEP_STORE_TOKEN" ||
+grep -q "reachable from other hosts and nothing would protect it: set LOCKSTEP_STORE_TOKEN" <<<"$out" ||
   fail "the refusal does not say what to do"
 echo "PASS"
