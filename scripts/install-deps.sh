@@ -15,6 +15,8 @@ set -euo pipefail
 run_packages=(
   g++ make cmake ninja-build pkg-config
   libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
+  # HTTP and TLS for the launcher's etcd rendezvous (--rdzv-backend etcd)
+  libcurl4-openssl-dev
   # libtorch frontend; OpenBLAS so libtorch does not fall back to the reference BLAS
   libtorch-dev libopenblas0-pthread
   dataset-fashion-mnist
@@ -38,6 +40,9 @@ test_packages=(
   iproute2 procps nftables
   # a real Slurm started by the tests (tests/slurm/slurm-cluster.sh)
   slurmctld slurmd slurm-client munge
+  # a real etcd cluster for the etcd rendezvous' tests, and openssl for
+  # their certificates
+  etcd-server etcd-client openssl
 )
 
 only_run=false

@@ -131,6 +131,20 @@ TEST(RunArguments, RendezvousConfTakesTorchrunsKeepAliveKeys) {
     EXPECT_THROW(parse_rdzv_conf(bad), ConfigError) << bad;
 }
 
+TEST(RunArguments, RendezvousConfTakesEtcdKeys) {
+  const RendezvousConf c =
+      parse_rdzv_conf("protocol=https,cacert=/etc/ca.pem,cert=/etc/c.pem,key=/etc/c.key,username=job,join_timeout=9");
+  EXPECT_EQ(c.protocol, "https");
+  EXPECT_EQ(c.cacert, "/etc/ca.pem");
+  EXPECT_EQ(c.cert, "/etc/c.pem");
+  EXPECT_EQ(c.key, "/etc/c.key");
+  EXPECT_EQ(c.username, "job");
+  EXPECT_TRUE(c.names_etcd_keys());
+  EXPECT_FALSE(parse_rdzv_conf("join_timeout=9").names_etcd_keys());
+  for (const char* bad : {"protocol=ftp", "protocol=", "cacert=", "username="})
+    EXPECT_THROW(parse_rdzv_conf(bad), ConfigError) << bad;
+}
+
 TEST(RunArguments, TeeAndRedirectsValuesApplyToAllOrPerLocalRank) {
   EXPECT_EQ(stream_mask("3", 5, "--tee"), kBothStreams);
   EXPECT_EQ(stream_mask("", 0, "--tee"), kNoStream);

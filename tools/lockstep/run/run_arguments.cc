@@ -112,9 +112,17 @@ RendezvousConf parse_rdzv_conf(const std::string& text) {
         throw ConfigError(fmt::format("--rdzv-conf keep_alive_interval: '{}' is below 0.01 s", value));
     } else if (key == "keep_alive_max_attempt") {
       conf.keep_alive_max_attempt = parse_count(value, "--rdzv-conf keep_alive_max_attempt", 1, 1000);
+    } else if (key == "protocol") {
+      if (value != "http" && value != "https")
+        throw ConfigError(fmt::format("--rdzv-conf protocol: '{}' is neither http nor https", value));
+      conf.protocol = value;
+    } else if (key == "cacert" || key == "cert" || key == "key" || key == "username") {
+      if (value.empty()) throw ConfigError(fmt::format("--rdzv-conf {}: no value given", key));
+      (key == "cacert" ? conf.cacert : key == "cert" ? conf.cert : key == "key" ? conf.key : conf.username) = value;
     } else {
       throw ConfigError(fmt::format("--rdzv-conf: unknown key '{}'; lockstep knows join_timeout, "
-                                    "last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt",
+                                    "last_call_timeout, keep_alive_interval (seconds) and keep_alive_max_attempt, "
+                                    "and for etcd protocol, cacert, cert, key and username",
                                     key));
     }
   }

@@ -42,10 +42,20 @@ struct RendezvousConf {
   double last_call_timeout = -1;    // < 0: not given
   double keep_alive_interval = -1;  // seconds between heartbeats; < 0: not given
   int keep_alive_max_attempt = -1;  // heartbeats missed before a node is gone; < 0: not given
+  // --rdzv-backend etcd only (torchrun's etcd keys, and lockstep's user):
+  std::string protocol;  // "http" or "https"; empty: not given
+  std::string cacert;    // the CA that signed the members' certificates
+  std::string cert;      // this client's certificate and key, when the cluster asks for one
+  std::string key;
+  std::string username;  // etcd's authentication; the password comes from LOCKSTEP_ETCD_PASSWORD
+  bool names_etcd_keys() const {
+    return !protocol.empty() || !cacert.empty() || !cert.empty() || !key.empty() || !username.empty();
+  }
 };
 // "join_timeout=600,last_call_timeout=5,keep_alive_interval=5,
-// keep_alive_max_attempt=3" (torchrun's --rdzv-conf keys); the interval is
-// at least 0.01 s, the attempts 1 to 1000.
+// keep_alive_max_attempt=3" (torchrun's --rdzv-conf keys), and for etcd
+// "protocol=https,cacert=F,cert=F,key=F,username=U"; the interval is at
+// least 0.01 s, the attempts 1 to 1000, the protocol http or https.
 RendezvousConf parse_rdzv_conf(const std::string& text);
 
 // torchrun's --tee/--redirects value: 0 none, 1 stdout, 2 stderr, 3 both,

@@ -43,7 +43,11 @@
 #include "lockstep/store.h"
 #include "comm/launcher_cleanup.h"
 #include "run/elastic_rendezvous.h"
+#if LOCKSTEP_WITH_ETCD
+#include "run/etcd_store.h"
+#endif
 #include "run/interruption.h"
+#include "run/round_store.h"
 #include "lockstep/affinity.h"
 #include "run/run_arguments.h"
 #include "run/scratch_directory.h"
@@ -138,7 +142,23 @@ struct JobIdentity {
 // reboots, the store's host down): waits up to `within` (--rdzv-timeout)
 // for it to accept connections again, saying so. False: it did not; the
 // job cannot go on without it.
-bool reach_store_again(const JobIdentity& job, Duration within, int signal_fd) {
+bool reach_store_again(Store& control, const JobIdentity& job, Duration within, int signal_fd) {
+#if LOCKSTEP_WITH_ETCD
+  if (auto* etcd = dynamic_cast<EtcdStore*>(&control)) {
+    std::fprintf(stderr, "lockstep run: trying to reach etcd at %s again for up to %.0f s (--rdzv-timeout), then "
+                 "joining the job's next round\n", etcd->endpoints_text().c_str(), seconds(within));
+    const Deadline deadline = Deadline::after(within);
+    while (!etcd->reachable(std::chrono::seconds(1))) {
+      throw_if_interrupted(signal_fd, "etcd to answer again");
+      if (deadline.expired()) {
+        std::fprintf(stderr, "lockstep run: no member of etcd at %s answered for %.0f s; the job cannot go on "
+                     "without it\n", etcd->endpoints_text().c_str(), seconds(within));
+        return false;
+      }
+    }
+    return true;
+  }
+#endif
   const std::string store = format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
   std::fprintf(stderr, "lockstep run: trying to reach the store at %s again for up to %.0f s (--rdzv-timeout), "
                "then joining the job's next round\n", store.c_str(), seconds(within));
@@ -335,10 +355,10 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0..nnodes-1 (fixed --nnodes only; default 0)")->check(option_checks::non_negative_count());
   run->add_option("--master-addr,--master_addr", o.master_addr, "Address of the node that hosts the store")->capture_default_str();
   run->add_option("--master-port,--master_port", o.master_port, "Store port (0: pick a free one; single node only)")->capture_default_str()->check(CLI::Range(0, 65535));
-  run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it");
-  run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank) or c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX)");
+  run->add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "host[:port] of the store (default port 29400); the node with that address hosts it. etcd: the members, host[:2379][,host[:2379]...]");
+  run->add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend, "static (fixed --node-rank), c10d (node ranks from the rendezvous; implied by --nnodes MIN:MAX) or etcd (the rendezvous in an etcd cluster, which outlives any node)");
   run->add_option("--rdzv-id,--rdzv_id,--run-id", o.run_id, "Job identifier, the same on every node (default: random on one node)");
-  run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S,keep_alive_interval=S,keep_alive_max_attempt=N (a node silent for S x N is gone; default 5 x 3)");
+  run->add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf, "join_timeout=S,last_call_timeout=S,keep_alive_interval=S,keep_alive_max_attempt=N (a node silent for S x N is gone; default 5 x 3); etcd: protocol=https,cacert=F,cert=F,key=F,username=U (password in LOCKSTEP_ETCD_PASSWORD)");
   run->add_option("--rdzv-timeout", o.rendezvous_seconds, "Seconds to wait for the other nodes' launchers")->capture_default_str()->check(option_checks::number_in(0.001, 604800));
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
   run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(option_checks::non_negative_count());
@@ -380,6 +400,7 @@ namespace {
 struct JobPlan {
   NodeRange nodes;
   bool elastic = false;
+  bool etcd = false;  // the rendezvous in etcd (--rdzv-backend etcd)
   std::string store_host;  // the store's address
   int store_port = 0;
   int node_rank = 0;  // fixed --nnodes only
@@ -406,9 +427,17 @@ void refuse_unsupported(const RunOptions& o) {
 JobPlan plan_job(const RunOptions& o) {
   JobPlan plan;
   plan.nodes = parse_nnodes(o.nnodes);
-  if (!o.rdzv_backend.empty() && o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
-    throw ConfigError(fmt::format("--rdzv-backend '{}' is not known; use static or c10d", o.rdzv_backend));
-  plan.elastic = plan.nodes.elastic() || o.rdzv_backend == "c10d";
+  const std::string& backend = o.rdzv_backend;
+  // etcd-v2 is torchrun's other name for its etcd rendezvous.
+  plan.etcd = backend == "etcd" || backend == "etcd-v2";
+  if (!backend.empty() && backend != "static" && backend != "c10d" && !plan.etcd)
+    throw ConfigError(fmt::format("--rdzv-backend '{}' is not known; use static, c10d or etcd", backend));
+#if !LOCKSTEP_WITH_ETCD
+  if (plan.etcd)
+    throw ConfigError("--rdzv-backend etcd: this lockstep was built without libcurl, which it speaks to etcd with; "
+                      "install libcurl4-openssl-dev and build again, or use --rdzv-backend c10d");
+#endif
+  plan.elastic = plan.nodes.elastic() || backend == "c10d" || plan.etcd;
   if (plan.nodes.elastic() && o.rdzv_backend == "static")
     throw ConfigError(fmt::format("--nnodes {} needs the c10d rendezvous; drop --rdzv-backend static", o.nnodes));
   if (plan.elastic && o.node_rank >= 0)
@@ -420,14 +449,23 @@ JobPlan plan_job(const RunOptions& o) {
   if (o.standalone && several) throw ConfigError("--standalone is for a single node; drop it or --nnodes");
   plan.store_host = o.master_addr;
   plan.store_port = o.master_port;
-  if (!o.rdzv_endpoint.empty()) {
+  const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
+  if (plan.etcd) {
+    if (o.rdzv_endpoint.empty())
+      throw ConfigError("--rdzv-backend etcd needs --rdzv-endpoint: the etcd cluster's members, "
+                        "host:2379[,host:2379...]");
+    if (o.run_id.empty())
+      throw ConfigError("--rdzv-backend etcd needs --rdzv-id: it names the job's keys in etcd, and every node must "
+                        "give the same one");
+  } else if (conf.names_etcd_keys()) {
+    throw ConfigError("--rdzv-conf protocol, cacert, cert, key and username are for --rdzv-backend etcd");
+  } else if (!o.rdzv_endpoint.empty()) {
     const Endpoint e = parse_endpoint(o.rdzv_endpoint);
     plan.store_host = e.host;
     plan.store_port = e.port > 0 ? e.port : 29400;  // torchrun's default
   }
-  if (several && plan.store_port == 0)
+  if (several && !plan.etcd && plan.store_port == 0)
     throw ConfigError("several nodes need a fixed --master-port or --rdzv-endpoint host:port (the same on every node)");
-  const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
   const double join = conf.join_timeout >= 0 ? conf.join_timeout : o.rendezvous_seconds;
   const double last_call = conf.last_call_timeout >= 0 ? conf.last_call_timeout : o.last_call_seconds;
   plan.join_timeout = Duration(static_cast<std::int64_t>(join * 1000));
@@ -531,24 +569,80 @@ void announce_interruption(Store& store, TcpStoreServer* server, const std::stri
   keep_store_for_readers(server);
 }
 
-// The store, then attempts until one succeeds or restarts run out.
-int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd) {
-  const bool single = !plan.elastic && plan.nodes.max == 1;
+#if LOCKSTEP_WITH_ETCD
+// The launchers' store in etcd: every key of the job under
+// /lockstep/<rdzv-id>/, on the job's lease. Waits for a member to answer
+// until `deadline` (the join timeout), saying so.
+std::shared_ptr<EtcdStore> connect_etcd(const RunOptions& o, Deadline deadline, int signal_fd) {
+  const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
+  EtcdOptions options;
+  bool https = conf.protocol == "https";
+  options.endpoints = parse_etcd_endpoints(o.rdzv_endpoint, &https);
+  options.https = https;
+  options.prefix = fmt::format("/lockstep/{}/", o.run_id);
+  options.cacert = conf.cacert;
+  options.cert = conf.cert;
+  options.key = conf.key;
+  options.username = conf.username;
+  if (!conf.username.empty()) {
+    const auto password = env_string("LOCKSTEP_ETCD_PASSWORD");
+    if (!password)
+      throw ConfigError(fmt::format("--rdzv-conf username={} needs its password in LOCKSTEP_ETCD_PASSWORD (kept "
+                                    "off the command line, which every user of the host can read)",
+                                    conf.username));
+    options.password = *password;
+  }
+  bool said = false;
+  for (;;) {
+    throw_if_interrupted(signal_fd, "etcd to answer");
+    try {
+      return std::make_shared<EtcdStore>(options);
+    } catch (const TimeoutError& e) {
+      if (deadline.expired())
+        throw ConfigError(fmt::format("etcd did not answer within the join timeout (--rdzv-timeout): {}; start "
+                                      "etcd there or correct --rdzv-endpoint",
+                                      e.what()));
+      if (!said) std::fprintf(stderr, "lockstep run: waiting for etcd at %s\n", o.rdzv_endpoint.c_str());
+      said = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+}
+#endif
+
+// The launchers' store: etcd's, or a TcpStore, hosted by this launcher
+// when it is the one at the endpoint (`server`).
+std::shared_ptr<Store> control_store(const RunOptions& o, const JobPlan& plan, bool single, JobIdentity& job,
+                                     std::unique_ptr<TcpStoreServer>& server, Deadline deadline, int signal_fd) {
+#if LOCKSTEP_WITH_ETCD
+  if (plan.etcd) return connect_etcd(o, deadline, signal_fd);
+#endif
   TcpStoreOptions store_options;
   store_options.token = store_token(o, plan, single);
   store_options.connect_timeout = plan.join_timeout;
-  std::unique_ptr<TcpStoreServer> server = host_store(plan, single, store_options);
-  JobIdentity job;
+  server = host_store(plan, single, store_options);
   job.token = store_options.token;
   job.store_addr = single ? "127.0.0.1" : plan.store_host;
   job.store_port = server ? server->port() : plan.store_port;
-  const Deadline rendezvous_deadline = Deadline::after(store_options.connect_timeout);
   if (!server) {
     std::fprintf(stderr, "lockstep run: waiting for the store at %s\n",
                  format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port)).c_str());
-    wait_for_listener(job.store_addr, static_cast<std::uint16_t>(job.store_port), rendezvous_deadline, signal_fd);
+    wait_for_listener(job.store_addr, static_cast<std::uint16_t>(job.store_port), deadline, signal_fd);
   }
-  TcpStore store(job.store_addr, static_cast<std::uint16_t>(job.store_port), store_options);
+  return std::make_shared<TcpStore>(job.store_addr, static_cast<std::uint16_t>(job.store_port), store_options);
+}
+
+// The store, then attempts until one succeeds or restarts run out.
+int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd) {
+  const bool single = !plan.elastic && plan.nodes.max == 1;
+  const Deadline rendezvous_deadline = Deadline::after(plan.join_timeout);
+  JobIdentity job;
+  std::unique_ptr<TcpStoreServer> server;
+  const std::shared_ptr<Store> control = control_store(o, plan, single, job, server, rendezvous_deadline, signal_fd);
+  Store& store = *control;
+  // How messages name the launchers' store.
+  const std::string store_name = plan.etcd ? fmt::format("etcd at {}", o.rdzv_endpoint)
+                                           : fmt::format("the store at {}:{}", job.store_addr, job.store_port);
   const std::string who = plan.elastic ? fmt::format("the node on host {}", host_name())
                                        : fmt::format("node {} (host {})", plan.node_rank, host_name());
 
@@ -564,7 +658,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       if (!wait_for_keys(store, {"launcher/run_id"}, rendezvous_deadline, signal_fd, "node 0 to publish the run id"))
         throw ConfigError(fmt::format("node 0's store at {}:{} never published the run id within {:.0f} s; is "
                                       "another program listening on that port?",
-                                      job.store_addr, job.store_port, seconds_between(Clock::now(), rendezvous_deadline.at())));
+                                      job.store_addr, job.store_port,
+                                      seconds_between(Clock::now(), rendezvous_deadline.at())));
     } catch (const Interrupted& e) {
       announce_interruption(store, nullptr, who, e);
       throw;
@@ -585,12 +680,18 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     eo.join_timeout = plan.join_timeout;
     eo.last_call = plan.last_call;
     eo.id = job.run_id;
-    eo.endpoint = format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
+    eo.endpoint = plan.etcd ? store_name : format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
     const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);  // checked by plan_job
     if (conf.keep_alive_interval > 0)
       eo.keep_alive.interval = Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000));
     if (conf.keep_alive_max_attempt > 0) eo.keep_alive.max_attempts = conf.keep_alive_max_attempt;
     elastic = std::make_unique<ElasticRendezvous>(store, eo, nproc, host_name(), signal_fd);
+    // etcd keeps a job's keys until its lease runs out, after its last
+    // launcher left: a new job under the same id would find it over.
+    if (plan.etcd && store.check({"rdzv/finished"}))
+      throw ConfigError(fmt::format("rendezvous '{}' in {} belongs to a job that has finished (etcd drops its keys "
+                                    "about a minute after its last launcher left); choose another --rdzv-id",
+                                    job.run_id, store_name));
   }
 
   int failures = 0;
@@ -600,6 +701,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   for (int attempt = 0;; ++attempt) {
     Round round;
     Endpoint master;
+    RoundStore round_store;  // the ranks' store of this round, under etcd
     try {
       if (elastic) {
         auto next = elastic->next_round();
@@ -612,6 +714,13 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
       }
       master = program_master(store, round, single, o.local_addr, signal_fd, Deadline::after(plan.join_timeout));
+      if (plan.etcd) {
+        round_store = open_round_store(store, round, master.host, env_string(env::kStoreToken),
+                                       Deadline::after(plan.join_timeout), signal_fd);
+        job.store_addr = round_store.host;
+        job.store_port = round_store.port;
+        job.token = round_store.token;
+      }
     } catch (const Interrupted& e) {
       if (elastic) elastic->stop_beating();  // its connection is not a reader to wait for
       announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
@@ -622,10 +731,13 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       throw;
     }
     if (elastic || round.world_size != last_world)
-      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), store %s:%d (%s), run %s%s\n",
-                   nproc, round.node_rank, round.nnodes, round.world_size, job.store_addr.c_str(), job.store_port,
-                   store_protection(single, plan).c_str(), job.run_id.c_str(),
-                   elastic ? fmt::format(", round {}", round.number).c_str() : "");
+      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), %s, run %s%s\n", nproc,
+                   round.node_rank, round.nnodes, round.world_size,
+                   plan.etcd ? fmt::format("rendezvous in {}, ranks' store {}:{}", store_name, job.store_addr,
+                                           job.store_port).c_str()
+                             : fmt::format("store {}:{} ({})", job.store_addr, job.store_port,
+                                           store_protection(single, plan)).c_str(),
+                   job.run_id.c_str(), elastic ? fmt::format(", round {}", round.number).c_str() : "");
     last_world = round.world_size;
     SupervisorOptions sup;
     std::vector<RankProcess> ranks;
@@ -655,6 +767,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     // may be cut off from it for a while, not for good.
     bool store_unanswered = false;
     const auto store_gone = [&](const Error& e) {
+      if (plan.etcd)
+        return fmt::format("{} refused this launcher's request ({}), and the job cannot go on without it{}", store_name,
+                           e.what(), elastic->pause_note());
       return fmt::format("the store at {}:{} is gone ({}); the node that hosted it has left, and the job cannot go on "
                          "without it{}",
                          job.store_addr, job.store_port, e.what(), elastic ? elastic->pause_note() : "");
@@ -668,7 +783,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
             regroup = true;
             // Before any rank stops: the ranks that see a peer go read it
             // and report the planned stop, not a failure.
-            store.compare_set(launcher_stop_key(round.number), "", "a node joins the job; re-forming the group");
+            const std::string why = "a node joins the job; re-forming the group";
+            store.compare_set(launcher_stop_key(round.number), "", why);
+            if (plan.etcd) tell_round_ranks(round_store, launcher_stop_key(round.number), why);
             return "a new node is waiting to join; re-forming the group";
           }
           if (elastic) {
@@ -704,7 +821,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         if (elastic) elastic->mark_finished();
         if (elastic) elastic->mark_done(round);
         store.add(fmt::format("launcher/{}/done", round.number), 1);
-        if (server && elastic)
+        // Under etcd, node 0 of the round hosts its ranks' store instead.
+        if ((server || round_store.server) && elastic)
           wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
         else if (server)
           wait_for_nodes(store, round.nnodes, round.number, signal_fd);
@@ -719,7 +837,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       // Not a failure of the ranks: no restart is counted (as a node joining).
       std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", ranks.size(),
                    result.first_failure->reported_by.c_str());
-      if (!reach_store_again(job, plan.join_timeout, signal_fd)) return 1;
+      if (!reach_store_again(store, job, plan.join_timeout, signal_fd)) return 1;
       continue;  // joins the next round, or learns that the job is over
     }
     // A node waiting to join stops this attempt too when a peer's ranks,
@@ -766,13 +884,12 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       } catch (const TimeoutError& e) {
         if (!elastic) throw;
         store_unanswered = true;  // cut off from it, perhaps for a while: reached again below
-        std::fprintf(stderr, "lockstep run: the store at %s:%d did not answer in time (%s)\n", job.store_addr.c_str(),
-                     job.store_port, e.what());
+        std::fprintf(stderr, "lockstep run: %s did not answer in time (%s)\n", store_name.c_str(), e.what());
       } catch (const Error& e) {
         if (!elastic) throw;
         store_lost = true;  // its host died with the others' ranks; say why this node stops
-        std::fprintf(stderr, "lockstep run: the store at %s:%d is gone (%s); the job cannot go on without it\n",
-                     job.store_addr.c_str(), job.store_port, e.what());
+        std::fprintf(stderr, "lockstep run: %s is gone (%s); the job cannot go on without it\n", store_name.c_str(),
+                     e.what());
       }
     }
     print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
@@ -784,7 +901,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     ++failures;
     if (store_unanswered) {
       // The others re-form without this node meanwhile: it joins their next round.
-      if (!reach_store_again(job, plan.join_timeout, signal_fd)) return f.status.as_exit_code();
+      if (!reach_store_again(store, job, plan.join_timeout, signal_fd)) return f.status.as_exit_code();
       std::fprintf(stderr, "lockstep run: restart %d of %d: joining the job's next round\n", failures, o.max_restarts);
       continue;
     }

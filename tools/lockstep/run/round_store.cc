@@ -1,0 +1,49 @@
+// open_round_store; see round_store.h.
+#include "run/round_store.h"
+
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "common/host.h"
+#include "lockstep/error.h"
+#include "run/interruption.h"
+
+namespace lockstep::cli {
+
+RoundStore open_round_store(Store& control, const Round& round, const std::string& host,
+                            const std::optional<std::string>& user_token, Deadline deadline, int signal_fd) {
+  const std::string key = fmt::format("launcher/{}/rank_store", round.number);
+  RoundStore store;
+  TcpStoreOptions options;
+  if (round.node_rank == 0) {
+    options.token = user_token.value_or(random_hex(16));
+    store.server = std::make_unique<TcpStoreServer>("", 0, options);
+    store.host = host;
+    store.port = store.server->port();
+    store.token = options.token;
+    control.set(key, fmt::format("{} {} {}", store.host, store.port, store.token));
+  } else {
+    if (!wait_for_keys(control, {key}, deadline, signal_fd, "node 0 of the round to host the ranks' store"))
+      throw ConfigError(fmt::format("node 0 of round {} did not say where the ranks' store is within the join "
+                                    "timeout; is its launcher still running?",
+                                    round.number));
+    std::istringstream where(control.get(key));
+    where >> store.host >> store.port >> store.token;
+  }
+  return store;
+}
+
+void tell_round_ranks(const RoundStore& store, const std::string& key, const std::string& value) {
+  TcpStoreOptions options;
+  options.token = store.token;
+  options.connect_timeout = std::chrono::seconds(1);
+  options.timeout = std::chrono::seconds(1);
+  try {
+    TcpStore(store.host, static_cast<std::uint16_t>(store.port), options).compare_set(key, "", value);
+  } catch (const Error&) {
+    // Its host is gone, and with it the ranks that would have read it.
+  }
+}
+
+}  // namespace lockstep::cli
