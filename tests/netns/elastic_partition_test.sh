@@ -73,7 +73,7 @@ until_true() {
 }
 in_log() { grep -q "$2" "$work/fm$1.log"; }
 
-until_true 300 "training on three hosts" eval '[ -e "$work/fm.ckpt" ] && grep -q "samples/s" "$work/fm0.log"'
+until_true 300 "training on three hosts" eval '[ -e "$work/fm.ckpt" ] && grep -q "samples/s" "$work"/fm?.log'
 sleep 2
 partition
 cut_at=$(date +%s)
@@ -81,7 +81,8 @@ echo "host2 cut off after $(elapsed) s"
 until_true 120 "the survivors re-form a world of 2" in_log 0 "world size 2"
 echo "hosts 0 and 1 re-formed a world of 2 $(($(date +%s) - cut_at)) s after the cut"
 in_log 0 "rank(s) 2 did not answer\|waiting for data from rank 2" || fail "host0 did not name rank 2"
-until_true 120 "the world of 2 resumes" eval 'sed -n "/now on 2 rank(s)/,\$p" "$work/fm0.log" | grep -c "samples/s" >/dev/null'
+# On whichever host is node 0 of the new round (the first to join it).
+until_true 120 "the world of 2 resumes" eval 'sed -s -n "/now on 2 rank(s)/,\$p" "$work"/fm[01].log | grep -c "samples/s" >/dev/null'
 left=$((cut_at + 30 - $(date +%s)))
 [ $left -gt 0 ] && sleep $left
 heal
