@@ -35,9 +35,10 @@ test_packages=(
   # the virtual environment PyTorch 2.x goes into (scripts/install-torch2.sh),
   # and Python's headers for the torch.distributed backend's extension (python/)
   python3-venv python3-dev
-  # network namespaces for the multi-host tests, and nftables for their
-  # network faults (packet loss, partitions)
-  iproute2 procps nftables
+  # network namespaces for the multi-host tests, nftables for their
+  # network faults (packet loss, partitions), and iptables' NFQUEUE with
+  # libnetfilter_queue for delay and reordering (tests/netns/net_delay.cc)
+  iproute2 procps nftables iptables libnetfilter-queue-dev
   # a real Slurm started by the tests (tests/slurm/slurm-cluster.sh)
   slurmctld slurmd slurm-client munge
   # a real etcd cluster for the etcd rendezvous' tests, and openssl for
