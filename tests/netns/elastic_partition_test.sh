@@ -63,14 +63,6 @@ for i in 0 1 2; do
   sleep 0.5  # host0 first: it hosts the store
 done
 elapsed() { echo $(($(date +%s) - start)); }
-# until SECONDS WHAT COMMAND...: waits for COMMAND to succeed, or fails.
-until_true() {
-  local seconds=$1 what=$2
-  shift 2
-  for _ in $(seq $((seconds * 2))); do "$@" && return 0; sleep 0.5; done
-  for f in "$work"/fm?.log; do echo "--- $f"; tail -15 "$f"; done
-  fail "$what: not within $seconds s"
-}
 in_log() { grep -q "$2" "$work/fm$1.log"; }
 
 until_true 300 "training on three hosts" eval '[ -e "$work/fm.ckpt" ] && grep -q "samples/s" "$work"/fm?.log'

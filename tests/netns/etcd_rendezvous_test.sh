@@ -71,14 +71,6 @@ run_job() {
     pids+=($!)
   done
 }
-# until_true SECONDS WHAT COMMAND...: waits for COMMAND to succeed, or fails.
-until_true() {
-  local seconds=$1 what=$2
-  shift 2
-  for _ in $(seq $((seconds * 2))); do "$@" && return 0; sleep 0.5; done
-  for f in "$work"/*.log; do echo "--- $f"; tail -15 "$f"; done
-  fail "$what: not within $seconds s"
-}
 accuracy_of() {
   grep -h "epoch 1/1: train loss" "$work/$1"?.log 2> /dev/null | sed -E 's/.*test accuracy ([0-9.]+)%.*/\1/' | tail -1
 }

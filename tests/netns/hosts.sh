@@ -44,6 +44,17 @@ new_host() {
   skip "cannot create network namespaces here"
 }
 
+# until_true SECONDS WHAT COMMAND...: waits for COMMAND to succeed; past
+# SECONDS, shows the end of every log in $work and fails (the sourcing
+# script's fail()).
+until_true() {
+  local seconds=$1 what=$2 f
+  shift 2
+  for _ in $(seq $((seconds * 2))); do "$@" && return 0; sleep 0.5; done
+  for f in "$work"/*.log; do echo "--- $f"; tail -15 "$f"; done
+  fail "$what: not within $seconds s"
+}
+
 # on_host HOLDER COMMAND...: runs COMMAND on that host.
 on_host() {
   local holder=$1
