@@ -9,9 +9,9 @@
 # etcd member. Checks that
 #   1. the launchers on the other two hosts, whose etcd keeps a quorum,
 #      re-form a world of 2 and resume from the last checkpoint;
-#   2. the job finishes there with a test accuracy within 2 points of the
-#      same training undisturbed on three hosts (run first, in the same
-#      etcd under another --rdzv-id), and nothing is left running.
+#   2. the job finishes there with at least 87% test accuracy (the same
+#      training undisturbed on three hosts reached 88.4%; it is not rerun
+#      here, to keep the test short), and nothing is left running.
 # With the c10d rendezvous the store dies with node 0 and the survivors
 # stop (docs/launcher.md). Needs root (network namespaces) and etcd;
 # skips (exit 77) elsewhere. Every step has a deadline, and the hosts'
@@ -74,20 +74,6 @@ run_job() {
 accuracy_of() {
   grep -h "epoch 1/1: train loss" "$work/$1"?.log 2> /dev/null | sed -E 's/.*test accuracy ([0-9.]+)%.*/\1/' | tail -1
 }
-wait_all() {
-  rcs=()
-  for p in "${pids[@]}"; do
-    wait $p
-    rcs+=($?)
-  done
-}
-
-run_job undisturbed ref
-wait_all
-[ "${rcs[*]}" = "0 0 0" ] || { tail -20 "$work"/ref?.log; fail "the undisturbed job's launchers exited ${rcs[*]}"; }
-reference=$(accuracy_of ref)
-[ -n "$reference" ] || fail "no accuracy from the undisturbed job"
-echo "undisturbed on 3 hosts: test accuracy ${reference}% after $(elapsed) s"
 
 run_job lose-node0 fm
 until_true 300 "training on three hosts" eval '[ -e "$work/fm.ckpt" ] && grep -q "samples/s" "$work"/fm?.log'
@@ -114,9 +100,8 @@ done
 grep -hq "now on 2 rank(s)" "$work"/fm?.log || fail "the world of 2 did not resume from the checkpoint"
 accuracy=$(accuracy_of fm)
 [ -n "$accuracy" ] || fail "no final accuracy"
-echo "after losing node 0: test accuracy ${accuracy}% (undisturbed ${reference}%), $(elapsed) s in all"
-awk -v a="$accuracy" -v r="$reference" 'BEGIN { d = a - r; exit !(d <= 2 && d >= -2) }' ||
-  fail "accuracy ${accuracy}% is not within 2 points of the undisturbed ${reference}%"
+echo "after losing node 0: test accuracy ${accuracy}%, $(elapsed) s in all"
+awk -v a="$accuracy" 'BEGIN { exit !(a >= 87) }' || fail "accuracy ${accuracy}% is below 87%"
 for i in "${survivors[@]}"; do
   # What is left is the etcd member (and the timeout over it), nothing else.
   left=$(in_host_pids ${hosts[$i]} | while read -r p; do
