@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""All-reduce on one host: lockstep against Open MPI and PyTorch's Gloo.
+"""All-reduce on one host: lockstep against Open MPI, Intel oneCCL and PyTorch's Gloo.
 
 Runs every contender on the same sizes, pinned one rank per core, float32
 sum, in place, and repeats the whole set several times, interleaved, so that
@@ -14,10 +14,14 @@ Contenders (skipped with a note when unavailable):
   lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
+  oneCCL                  VENV/bin/mpiexec (Intel MPI) BUILD/bench/ccl_allreduce: ccl::allreduce over
+                          CCL_ATL_TRANSPORT=mpi; built here from bench/ccl_allreduce.cc against the
+                          environment that scripts/install-oneccl.sh makes (bench/oneccl_peer.py)
   Gloo                    PYTHON bench/gloo_allreduce.py (PyTorch's torch.distributed)
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
-           [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--spins 20,200] [--skip NAMES] [--busy N]
+           [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--oneccl VENV] [--spins 20,200] [--skip NAMES]
+           [--busy N]
 """
 import argparse
 import contextlib
@@ -27,6 +31,7 @@ import statistics
 import subprocess
 import sys
 
+import oneccl_peer
 from torch_peer import add_python_argument, missing_note, print_table, torch_version
 
 SIZES = "4,4K,1M,16M,64M"
@@ -93,6 +98,15 @@ def contenders(args):
         out.append(("Open MPI, malloc tuned", mpirun[:1] + tuned + mpirun[1:] + [mpi_bench] + mpi_args, {}))
     else:
         print(f"# note: {mpi_bench} or mpirun missing; Open MPI not measured", file=sys.stderr)
+    if "oneCCL" not in args.skipped:
+        ccl_bench, why = oneccl_peer.build(args.oneccl, args.build)
+        if ccl_bench:
+            launch, ccl_env = oneccl_peer.command(args.oneccl, ccl_bench, args.np, os.sched_getaffinity(0))
+            print(f"# oneCCL: {oneccl_peer.version(args.oneccl)} ({args.oneccl}), {oneccl_peer.settings(ccl_env)}",
+                  file=sys.stderr)
+            out.append(("oneCCL", launch + ["-w", str(args.warmup), "-c", "1"], ccl_env))
+        else:
+            print(f"# note: {why}; oneCCL not measured", file=sys.stderr)
     gloo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_allreduce.py")
     python = args.python
     version = torch_version(python)
@@ -113,6 +127,7 @@ def main():
     parser.add_argument("--out", help="also write the markdown table here")
     parser.add_argument("--sizes", default=SIZES, help="comma-separated sizes in bytes (K/M/G suffixes)")
     add_python_argument(parser)
+    oneccl_peer.add_oneccl_argument(parser)
     parser.add_argument("--spins", default="", help="also lockstep shm with these fixed spins before a sleep, in "
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
@@ -120,6 +135,7 @@ def main():
     parser.add_argument("--busy", type=int, default=0, help="this many processes spinning beside every contender's "
                         "ranks for the whole comparison (the cores shared, as with data-loader workers)")
     args = parser.parse_args()
+    args.skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
     with busy_load(args.busy):
         compare(args)
 
@@ -139,7 +155,7 @@ def busy_load(processes):
 
 def compare(args):
     sizes = args.sizes.split(",")
-    skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
+    skipped = args.skipped
 
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     results = {}  # name -> size -> list of (time, busbw)
