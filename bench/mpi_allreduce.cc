@@ -73,13 +73,6 @@ std::string allowed_cpus() {
   return out;
 }
 
-struct Row {
-  std::size_t bytes = 0;
-  std::size_t count = 0;
-  double time_us = 0;
-  long long wrong = 0;
-};
-
 Row measure(const Options& o, const ElementType& t, const Reduction& r, std::size_t bytes, int rank, int n) {
   Row row;
   row.count = std::max<std::size_t>(1, bytes / t.size);
@@ -133,33 +126,11 @@ int run(const Options& o, int rank, int n) {
                 library.c_str(), o.iters, o.warmup, o.check ? "on" : "off");
     std::printf("# cpus:");
     for (int q = 0; q < n; ++q) std::printf(" rank %d on %s;", q, &all[static_cast<std::size_t>(q) * sizeof mine]);
-    std::printf("\n#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time",
-                "algbw", "busbw", "#wrong");
-    std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-                "(GB/s)", "");
+    std::printf("\n");
+    print_table_head();
   }
-  double busbw_sum = 0;
-  int rows = 0;
-  long long wrong_total = 0;
-  for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
-    const Row row = measure(o, *type, *op, bytes, rank, n);
-    const double algbw = static_cast<double>(row.bytes) / (row.time_us * 1e3);  // GB/s
-    const double busbw = algbw * 2.0 * (n - 1) / n;
-    busbw_sum += busbw;
-    wrong_total += row.wrong;
-    ++rows;
-    if (rank == 0) {
-      std::printf("  %10zu %12zu %8s %6s %6d %10.2f %8.2f %8.2f %7s\n", row.bytes, row.count, type->name, op->name, -1,
-                  row.time_us, algbw, busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A");
-      std::fflush(stdout);
-    }
-    if (bytes >= max_bytes || o.factor <= 1) break;
-  }
-  if (rank == 0) {
-    std::printf("# Out of bounds values : %lld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? busbw_sum / rows : 0);
-  }
-  return wrong_total == 0 ? 0 : 1;
+  return sweep_allreduce(o, min_bytes, max_bytes, type->name, op->name, rank, n,
+                         [&](std::size_t bytes) { return measure(o, *type, *op, bytes, rank, n); });
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// What the plain-MPI peers of `lockstep bench` (mpi_allreduce, mpi_blocks)
-// share: the size sweep and its command-line options (lockstep bench's
-// names), the element types they run, the sizes they accept ("64K", "32M"),
-// and lockstep bench's known input, written and read back in any type.
+// What the MPI-started peers of `lockstep bench` (mpi_allreduce, mpi_blocks,
+// ccl_allreduce) share: the size sweep and its command-line options
+// (lockstep bench's names), the element types they run, the sizes they
+// accept ("64K", "32M"), lockstep bench's known input, written and read back
+// in any type, and the all-reduce table that lockstep bench prints.
 #pragma once
 
 #include <mpi.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include <lockstep_option_checks/option_checks.h>
@@ -78,6 +80,53 @@ inline double value_at(const ElementType& t, const void* buf, std::size_t i) {
   if (t.type == MPI_INT32_T) return static_cast<const std::int32_t*>(buf)[i];
   if (t.type == MPI_INT64_T) return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
   return static_cast<const std::uint8_t*>(buf)[i];
+}
+
+// One size's result, as the table shows it.
+struct Row {
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  double time_us = 0;  // the slowest rank's average per iteration
+  long long wrong = 0;
+};
+
+// The all-reduce table's column heads (after each peer's own first line).
+inline void print_table_head() {
+  std::printf("#\n# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw",
+              "busbw", "#wrong");
+  std::printf("# %10s %12s %8s %6s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)",
+              "");
+}
+
+// The sweep from min_bytes to max_bytes by o.factor: measure(bytes) -> Row
+// on every rank, each row and the footer printed by rank 0, as lockstep
+// bench prints them (busbw = algbw x 2(n-1)/n). Returns the exit status:
+// 1 if any element was wrong.
+template <class Measure>
+int sweep_allreduce(const SweepOptions& o, std::size_t min_bytes, std::size_t max_bytes, const char* type_name,
+                    const char* op_name, int rank, int n, Measure measure) {
+  double busbw_sum = 0;
+  int rows = 0;
+  long long wrong_total = 0;
+  for (std::size_t bytes = min_bytes;; bytes = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor)) {
+    const Row row = measure(bytes);
+    const double algbw = static_cast<double>(row.bytes) / (row.time_us * 1e3);  // GB/s
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    busbw_sum += busbw;
+    wrong_total += row.wrong;
+    ++rows;
+    if (rank == 0) {
+      std::printf("  %10zu %12zu %8s %6s %6d %10.2f %8.2f %8.2f %7s\n", row.bytes, row.count, type_name, op_name, -1,
+                  row.time_us, algbw, busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A");
+      std::fflush(stdout);
+    }
+    if (bytes >= max_bytes || o.factor <= 1) break;
+  }
+  if (rank == 0) {
+    std::printf("# Out of bounds values : %lld %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? busbw_sum / rows : 0);
+  }
+  return wrong_total == 0 ? 0 : 1;
 }
 
 }  // namespace mpi_bench
