@@ -24,7 +24,6 @@ Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FIL
            [--busy N]
 """
 import argparse
-import contextlib
 import os
 import shutil
 import statistics
@@ -32,6 +31,7 @@ import subprocess
 import sys
 
 import oneccl_peer
+from busy import add_busy_argument, busy_load
 from torch_peer import add_python_argument, missing_note, print_table, torch_version
 
 SIZES = "4,4K,1M,16M,64M"
@@ -132,25 +132,11 @@ def main():
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
-    parser.add_argument("--busy", type=int, default=0, help="this many processes spinning beside every contender's "
-                        "ranks for the whole comparison (the cores shared, as with data-loader workers)")
+    add_busy_argument(parser)
     args = parser.parse_args()
     args.skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
     with busy_load(args.busy):
         compare(args)
-
-
-@contextlib.contextmanager
-def busy_load(processes):
-    """Processes that spin, unpinned, while every contender runs: the same
-    load for all (as `lockstep bench --busy N` for lockstep alone)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
 
 
 def compare(args):

@@ -12,7 +12,7 @@ Needs the package built: `make build-python` (PYTHONPATH is set here).
 Prints markdown for docs/performance.md.
 
 Usage: bench/compare_c10d.py [--runs 3] [--steps 20] [--ranks 2,4] [--sizes 4,4K,1M,64M,256M]
-           [--skip-ddp] [--skip-allreduce] [--python PYTHON] [--out FILE]
+           [--skip-ddp] [--skip-allreduce] [--python PYTHON] [--busy N] [--out FILE]
 """
 import argparse
 import os
@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 
+from busy import add_busy_argument, busy_load
 from torch_peer import REPO, add_python_argument, missing_note, print_table, torch_version
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,6 +101,7 @@ def main():
     parser.add_argument("--package", default=os.path.join(REPO, "build-torch2", "python"),
                         help="where `make build-python` installed lockstep_torch")
     add_python_argument(parser)
+    add_busy_argument(parser)
     parser.add_argument("--out")
     args = parser.parse_args()
     version = torch_version(args.python)
@@ -109,12 +111,14 @@ def main():
         sys.exit(f"compare_c10d: no lockstep_torch in {args.package}: run `make build-python`")
     env = dict(os.environ, PYTHONPATH=args.package)
     cores = len(os.sched_getaffinity(0))
-    lines = [f"PyTorch {version}, {cores} cores, median of {args.runs} interleaved runs; the same script over each "
-             "backend.", ""]
-    if not args.skip_ddp:
-        lines += ddp_tables(args, env) + [""]
-    if not args.skip_allreduce:
-        lines += allreduce_tables(args, env)
+    load = f", {args.busy} busy process(es) beside the ranks" if args.busy else ""
+    lines = [f"PyTorch {version}, {cores} cores{load}, median of {args.runs} interleaved runs; the same script over "
+             "each backend.", ""]
+    with busy_load(args.busy):
+        if not args.skip_ddp:
+            lines += ddp_tables(args, env) + [""]
+        if not args.skip_allreduce:
+            lines += allreduce_tables(args, env)
     print_table(lines, args.out)
 
 
