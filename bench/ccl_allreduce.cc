@@ -28,7 +28,6 @@
 // and -n timed iterations follow. The time reported is the slowest rank's
 // average per iteration; algbw = size / time, busbw = algbw x 2(n-1)/n.
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -86,15 +85,6 @@ bool checkable(const ElementType& t, const Reduction& r, int n) {
   return r.op != ccl::reduction::prod || n <= 4 || t.type == MPI_DOUBLE || t.type == MPI_INT64_T;
 }
 
-std::string allowed_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
-  std::string out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out += (out.empty() ? "" : ",") + std::to_string(c);
-  return out;
-}
-
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
@@ -102,28 +92,11 @@ std::string env_or(const char* name, const char* fallback) {
 
 Row measure(const Options& o, const ElementType& t, const Reduction& r, std::size_t bytes, int rank, int n,
             ccl::communicator& comm) {
-  Row row;
-  row.count = std::max<std::size_t>(1, bytes / t.size);
-  row.bytes = row.count * t.size;
   const ccl::datatype type = ccl_type(t);
-  std::vector<unsigned char> buf(row.bytes);
-  auto allreduce = [&] { ccl::allreduce(buf.data(), buf.data(), row.count, type, r.op, comm).wait(); };
-  if (o.check) {
-    fill(t, buf.data(), row.count, rank);
-    allreduce();
-    if (checkable(t, r, n))
-      for (std::size_t i = 0; i < row.count; ++i) row.wrong += value_at(t, buf.data(), i) != expected(t, r, n, i);
-  }
-  fill(t, buf.data(), row.count, rank);
-  for (int i = 0; i < o.warmup; ++i) allreduce();
-  ccl::barrier(comm);
-  const double start = MPI_Wtime();
-  for (int i = 0; i < o.iters; ++i) allreduce();
-  double us = (MPI_Wtime() - start) * 1e6 / std::max(1, o.iters);
-  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-  row.time_us = us;
-  return row;
+  return measure_in_place(
+      o, t, bytes, rank, checkable(t, r, n),
+      [&](void* buf, std::size_t count) { ccl::allreduce(buf, buf, count, type, r.op, comm).wait(); },
+      [&] { ccl::barrier(comm); }, [&](std::size_t i) { return expected(t, r, n, i); });
 }
 
 int run(const Options& o, int rank, int n) {
@@ -133,8 +106,7 @@ int run(const Options& o, int rank, int n) {
   std::string problem;
   if (type == std::end(kTypes)) problem = "-d " + o.dtype + ": use float, double, int32, int64 or uint8";
   else if (op == std::end(kOps)) problem = "-o " + o.redop + ": use sum, min, max or prod";
-  else if (min_bytes == 0 || max_bytes == 0) problem = "-b/-e: sizes are bytes with an optional K, M or G";
-  else if (o.factor <= 1 && min_bytes != max_bytes) problem = "-f must be greater than 1";
+  else problem = sweep_problem(o, min_bytes, max_bytes);
   if (!problem.empty()) {
     if (rank == 0) std::fprintf(stderr, "ccl_allreduce: %s\n", problem.c_str());
     return 2;
@@ -154,19 +126,13 @@ int run(const Options& o, int rank, int n) {
   auto comm = ccl::create_communicator(n, rank, kvs);
 
   const ccl::library_version version = ccl::get_library_version();
-  // Every rank's CPUs, gathered to rank 0 for the header.
-  char mine[256] = {0};
-  std::snprintf(mine, sizeof mine, "%s", allowed_cpus().c_str());
-  std::vector<char> all(static_cast<std::size_t>(n) * sizeof mine);
-  MPI_Gather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string cpus = cpus_of_every_rank(rank, n);
   if (rank == 0) {
     std::printf("# ccl_allreduce: %d ranks, oneCCL %d.%d.%d (CCL_ATL_TRANSPORT=%s, FI_PROVIDER=%s), ccl::allreduce in "
                 "place, %d iterations after %d warm-up, check %s\n",
                 n, version.major, version.minor, version.update, env_or("CCL_ATL_TRANSPORT", "(default)").c_str(),
                 env_or("FI_PROVIDER", "(any)").c_str(), o.iters, o.warmup, o.check ? "on" : "off");
-    std::printf("# cpus:");
-    for (int q = 0; q < n; ++q) std::printf(" rank %d on %s;", q, &all[static_cast<std::size_t>(q) * sizeof mine]);
-    std::printf(" oneCCL workers on %s\n", env_or("CCL_WORKER_AFFINITY", "(default)").c_str());
+    std::printf("# cpus:%s oneCCL workers on %s\n", cpus.c_str(), env_or("CCL_WORKER_AFFINITY", "(default)").c_str());
     print_table_head();
   }
   return sweep_allreduce(o, min_bytes, max_bytes, type->name, op->name, rank, n,

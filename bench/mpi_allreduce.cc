@@ -16,7 +16,6 @@
 //
 // Single-threaded (MPI_THREAD_SINGLE is all it asks for).
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cctype>
@@ -64,37 +63,13 @@ bool checkable(const ElementType& t, const Reduction& r, int n) {
   return r.op != MPI_PROD || n <= 4 || t.type == MPI_DOUBLE || t.type == MPI_INT64_T;
 }
 
-std::string allowed_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
-  std::string out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out += (out.empty() ? "" : ",") + std::to_string(c);
-  return out;
-}
-
 Row measure(const Options& o, const ElementType& t, const Reduction& r, std::size_t bytes, int rank, int n) {
-  Row row;
-  row.count = std::max<std::size_t>(1, bytes / t.size);
-  row.bytes = row.count * t.size;
-  const int count = static_cast<int>(row.count);
-  std::vector<unsigned char> buf(row.bytes);
-  if (o.check) {
-    fill(t, buf.data(), row.count, rank);
-    MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
-    if (checkable(t, r, n))
-      for (std::size_t i = 0; i < row.count; ++i) row.wrong += value_at(t, buf.data(), i) != expected(t, r, n, i);
-  }
-  fill(t, buf.data(), row.count, rank);
-  for (int i = 0; i < o.warmup; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double start = MPI_Wtime();
-  for (int i = 0; i < o.iters; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, t.type, r.op, MPI_COMM_WORLD);
-  double us = (MPI_Wtime() - start) * 1e6 / std::max(1, o.iters);
-  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-  row.time_us = us;
-  return row;
+  return measure_in_place(
+      o, t, bytes, rank, checkable(t, r, n),
+      [&](void* buf, std::size_t count) {
+        MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(count), t.type, r.op, MPI_COMM_WORLD);
+      },
+      [] { MPI_Barrier(MPI_COMM_WORLD); }, [&](std::size_t i) { return expected(t, r, n, i); });
 }
 
 int run(const Options& o, int rank, int n) {
@@ -104,9 +79,8 @@ int run(const Options& o, int rank, int n) {
   std::string problem;
   if (type == std::end(kTypes)) problem = "-d " + o.dtype + ": use float, double, int32, int64 or uint8";
   else if (op == std::end(kOps)) problem = "-o " + o.redop + ": use sum, min, max or prod";
-  else if (min_bytes == 0 || max_bytes == 0) problem = "-b/-e: sizes are bytes with an optional K, M or G";
-  else if (o.factor <= 1 && min_bytes != max_bytes) problem = "-f must be greater than 1";
   else if (max_bytes / type->size > static_cast<std::size_t>(INT32_MAX)) problem = "-e: more elements than MPI's int count";
+  else problem = sweep_problem(o, min_bytes, max_bytes);
   if (!problem.empty()) {
     if (rank == 0) std::fprintf(stderr, "mpi_allreduce: %s\n", problem.c_str());
     return 2;
@@ -116,17 +90,11 @@ int run(const Options& o, int rank, int n) {
   int length = 0;
   MPI_Get_library_version(version, &length);
   const std::string library(version, std::strcspn(version, ",\n"));
-  // Every rank's CPUs, gathered to rank 0 for the header.
-  char mine[256] = {0};
-  std::snprintf(mine, sizeof mine, "%s", allowed_cpus().c_str());
-  std::vector<char> all(static_cast<std::size_t>(n) * sizeof mine);
-  MPI_Gather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string cpus = cpus_of_every_rank(rank, n);
   if (rank == 0) {
     std::printf("# mpi_allreduce: %d ranks, %s, MPI_Allreduce in place, %d iterations after %d warm-up, check %s\n", n,
                 library.c_str(), o.iters, o.warmup, o.check ? "on" : "off");
-    std::printf("# cpus:");
-    for (int q = 0; q < n; ++q) std::printf(" rank %d on %s;", q, &all[static_cast<std::size_t>(q) * sizeof mine]);
-    std::printf("\n");
+    std::printf("# cpus:%s\n", cpus.c_str());
     print_table_head();
   }
   return sweep_allreduce(o, min_bytes, max_bytes, type->name, op->name, rank, n,

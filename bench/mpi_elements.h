@@ -6,12 +6,14 @@
 #pragma once
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <lockstep_option_checks/option_checks.h>
 
@@ -89,6 +91,64 @@ struct Row {
   double time_us = 0;  // the slowest rank's average per iteration
   long long wrong = 0;
 };
+
+// The sweep's own checks of -b, -e and -f: what is wrong, or "" when they hold.
+inline std::string sweep_problem(const SweepOptions& o, std::size_t min_bytes, std::size_t max_bytes) {
+  if (min_bytes == 0 || max_bytes == 0) return "-b/-e: sizes are bytes with an optional K, M or G";
+  if (o.factor <= 1 && min_bytes != max_bytes) return "-f must be greater than 1";
+  return "";
+}
+
+// Every rank's allowed CPUs, gathered to rank 0 for the header: " rank 0 on
+// 0; rank 1 on 1;" there, "" on the other ranks. Collective.
+inline std::string cpus_of_every_rank(int rank, int n) {
+  char mine[256] = {0};
+  cpu_set_t set;
+  std::string cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) cpus = "?";
+  else
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+  std::snprintf(mine, sizeof mine, "%s", cpus.c_str());
+  std::vector<char> all(static_cast<std::size_t>(n) * sizeof mine);
+  MPI_Gather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::string out;
+  if (rank == 0)
+    for (int q = 0; q < n; ++q)
+      out += " rank " + std::to_string(q) + " on " + std::string(&all[static_cast<std::size_t>(q) * sizeof mine]) + ";";
+  return out;
+}
+
+// One size of an in-place all-reduce, as lockstep bench measures it: (with
+// -c) one run on known inputs, counting the elements that differ from
+// expected(i) where `checkable`; then the inputs refilled, -w warm-up runs,
+// barrier(), and -n timed runs. allreduce(buf, count) runs the collective
+// measured. The slowest rank's average and every rank's wrong count are
+// combined over MPI.
+template <class Allreduce, class Barrier, class Expected>
+Row measure_in_place(const SweepOptions& o, const ElementType& t, std::size_t bytes, int rank, bool checkable,
+                     Allreduce allreduce, Barrier barrier, Expected expected) {
+  Row row;
+  row.count = std::max<std::size_t>(1, bytes / t.size);
+  row.bytes = row.count * t.size;
+  std::vector<unsigned char> buf(row.bytes);
+  if (o.check) {
+    fill(t, buf.data(), row.count, rank);
+    allreduce(buf.data(), row.count);
+    if (checkable)
+      for (std::size_t i = 0; i < row.count; ++i) row.wrong += value_at(t, buf.data(), i) != expected(i);
+  }
+  fill(t, buf.data(), row.count, rank);
+  for (int i = 0; i < o.warmup; ++i) allreduce(buf.data(), row.count);
+  barrier();
+  const double start = MPI_Wtime();
+  for (int i = 0; i < o.iters; ++i) allreduce(buf.data(), row.count);
+  double us = (MPI_Wtime() - start) * 1e6 / std::max(1, o.iters);
+  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  row.time_us = us;
+  return row;
+}
 
 // The all-reduce table's column heads (after each peer's own first line).
 inline void print_table_head() {
