@@ -50,7 +50,9 @@ namespace detail {
 // at element to_at of `to`.
 inline void copy_elements(std::vector<std::byte>& to, std::size_t to_at, int q, std::size_t from_at,
                           std::size_t count, DType dtype) {
-  for (std::size_t i = 0; i < count; ++i) store_value(to.data(), dtype, to_at + i, input_value(q, from_at + i, ReduceOp::sum));
+  fill_periodic(to.data() + to_at * dtype_size(dtype), count, dtype_size(dtype), [&](std::size_t i) {
+    store_value(to.data(), dtype, to_at + i, input_value(q, from_at + i, ReduceOp::sum));
+  });
 }
 
 // An output of `count` elements preset to a pattern no input has, plus a
@@ -189,15 +191,14 @@ inline std::string run_premul_case(ProcessGroup& pg, Collective c, std::size_t c
         pg.allreduce(ConstBuffer{input.data(), count, dtype}, Buffer{got.data(), count, dtype}, half)->wait();
       if (input != make_input(r, count, dtype, ReduceOp::sum)) return fmt::format("rank {}: the input changed", r);
       want.resize(got.size());
-      for (std::size_t i = 0; i < count; ++i) expected(i, i, want);
+      fill_periodic(want.data(), count, elem, [&](std::size_t i) { expected(i, i, want); });
       break;
     }
     case Collective::reduce: {
       got = make_input(r, count, dtype, ReduceOp::sum);
       pg.reduce(Buffer{got.data(), count, dtype}, root, half)->wait();
       want = make_input(r, count, dtype, ReduceOp::sum);  // non-roots keep their input
-      if (r == root)
-        for (std::size_t i = 0; i < count; ++i) expected(i, i, want);
+      if (r == root) fill_periodic(want.data(), count, elem, [&](std::size_t i) { expected(i, i, want); });
       break;
     }
     case Collective::reduce_scatter: {
@@ -206,7 +207,8 @@ inline std::string run_premul_case(ProcessGroup& pg, Collective c, std::size_t c
       got.assign(count * elem + 1, std::byte{0x5a});
       pg.reduce_scatter(ConstBuffer{input.data(), total, dtype}, Buffer{got.data(), count, dtype}, half)->wait();
       want.assign(got.size(), std::byte{0x5a});
-      for (std::size_t i = 0; i < count; ++i) expected(i, static_cast<std::size_t>(r) * count + i, want);
+      fill_periodic(want.data(), count, elem,
+                    [&](std::size_t i) { expected(i, static_cast<std::size_t>(r) * count + i, want); });
       break;
     }
     default:

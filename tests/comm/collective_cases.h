@@ -30,16 +30,14 @@ inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size
     case Collective::allreduce: {
       got = make_input(r, count, dtype, op);
       at.finish(*pg.allreduce(at.place(got, count, dtype), op));
-      want.resize(got.size());
-      for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, n, op);
+      want = expected_results(dtype, count, 0, n, op);
       break;
     }
     case Collective::reduce: {
       got = make_input(r, count, dtype, op);
       at.finish(*pg.reduce(at.place(got, count, dtype), root, op));
       if (r == root) {
-        want.resize(got.size());
-        for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, n, op);
+        want = expected_results(dtype, count, 0, n, op);
       } else {
         want = make_input(r, count, dtype, op);  // non-roots keep their input
       }
@@ -70,9 +68,7 @@ inline std::string run_collective_case(ProcessGroup& pg, Collective c, std::size
       auto input = make_input(r, total, dtype, op);
       got.assign(count * elem + 1, std::byte{0x5a});
       at.finish(*pg.reduce_scatter(at.place_input(input, total, dtype), at.place(got, count, dtype), op));
-      want.resize(got.size());
-      for (std::size_t i = 0; i < count; ++i)
-        store_expected_at(want.data(), dtype, i, static_cast<std::size_t>(r) * count + i, n, op);
+      want = expected_results(dtype, count, static_cast<std::size_t>(r) * count, n, op);
       break;
     }
     default:

@@ -26,7 +26,6 @@ namespace {
 
 using testing::compare_elements;
 using testing::make_input;
-using testing::store_expected;
 
 constexpr std::size_t kCounts[] = {1, 1023};
 
@@ -78,9 +77,7 @@ class NcclOnGpu : public ::testing::Test {
 
 // The expected result of reducing `count` elements over the world (of one).
 std::vector<std::byte> expected_reduction(std::size_t count, DType dtype, ReduceOp op) {
-  std::vector<std::byte> want(count * dtype_size(dtype) + 1);
-  for (std::size_t i = 0; i < count; ++i) store_expected(want.data(), dtype, i, 1, op);
-  return want;
+  return testing::expected_results(dtype, count, 0, 1, op);
 }
 
 TEST_F(NcclOnGpu, AllreduceInPlaceAndOutOfPlaceEveryDtypeAndOp) {

@@ -40,6 +40,24 @@ TEST(ReduceKernels, ReduceManyMatchesTheReferenceForEveryDTypeAndOp) {
   }
 }
 
+// The reference fills its buffers by copying one period of values along
+// (reference.h): the copies must hold what converting each element would.
+TEST(ReferenceValues, PeriodicFillsEqualConvertingEveryElement) {
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      for (std::size_t count : {0, 1, 32, 33, 34, 1000, 4099}) {
+        std::vector<std::byte> input(count * dtype_size(dtype) + 1), want(count * dtype_size(dtype) + 1);
+        for (std::size_t i = 0; i < count; ++i) {
+          testing::store_value(input.data(), dtype, i, testing::input_value(3, i, op));
+          testing::store_expected_at(want.data(), dtype, i, 5 * count + i, 4, op);
+        }
+        EXPECT_EQ(make_input(3, count, dtype, op), input) << dtype << " " << op << " x " << count;
+        EXPECT_EQ(testing::expected_results(dtype, count, 5 * count, 4, op), want) << dtype << " " << op << " x " << count;
+      }
+    }
+  }
+}
+
 TEST(ReduceKernels, ReduceIntoMatchesReduceMany) {
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllReduceOps) {

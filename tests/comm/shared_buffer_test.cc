@@ -17,7 +17,7 @@ namespace {
 
 using testing::compare_elements;
 using testing::make_input;
-using testing::store_expected_at;
+using testing::expected_results;
 using testing::ThreadWorld;
 
 class SharedBuffers : public ::testing::TestWithParam<std::string> {};
@@ -40,8 +40,7 @@ TEST_P(SharedBuffers, AllreduceOverSharedMemoryMatchesTheReference) {
             const auto input = make_input(rank, count, dtype, op);
             std::memcpy(at, input.data(), count * elem);
             pg.allreduce(Buffer{at, count, dtype}, op)->wait();
-            std::vector<std::byte> want(count * elem);
-            for (std::size_t i = 0; i < count; ++i) store_expected_at(want.data(), dtype, i, i, n, op);
+            const auto want = expected_results(dtype, count, 0, n, op);
             std::string diff = compare_elements(at, want.data(), count, dtype);
             if (!diff.empty()) {
               std::lock_guard lock(mutex);
