@@ -9,14 +9,14 @@
 #include <fstream>
 #include <iterator>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/checkpoint.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace fs = std::filesystem;
 
 struct TempDir {
@@ -38,7 +38,7 @@ TEST(Checkpoint, SavedOnRankZeroLoadedEverywhere) {
     nets.emplace_back(4, 3);
   }
   const auto want = nets[0]->weight.detach().clone();
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   std::vector<bool> found(kRanks);
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
@@ -61,9 +61,10 @@ TEST(Checkpoint, ABadFileIsAnErrorOnEveryRank) {
   TempDir dir;
   const std::string path = (dir.path / "bad.ckpt").string();
   std::ofstream(path) << "not a checkpoint";
-  ThreadWorld world(kRanks, "shm");
-  const auto errors = world.run_collecting([&](int, ProcessGroup& pg) {
-    ::torch::nn::Linear net(4, 3);
+  const auto nets = testing::per_rank(kRanks, [](int) { return ::torch::nn::Linear(4, 3); });
+  TorchThreadWorld world(kRanks, "shm");
+  const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     load_checkpoint_broadcast(pg, path, [&](auto& in) { net->load(in); });
   });
   for (int r = 0; r < kRanks; ++r) {
@@ -89,7 +90,7 @@ TEST(Checkpoint, DamagedTensorBytesAreAnErrorOnEveryRank) {
     ::torch::NoGradGuard no_grad;
     saved->weight.fill_(1.25f);
   }
-  ThreadWorld(1, "shm").run([&](int, ProcessGroup& pg) {
+  TorchThreadWorld(1, "shm").run([&](int, ProcessGroup& pg) {
     save_checkpoint_on_rank0(pg, path, [&](auto& out) { saved->save(out); });
   });
   std::string bytes;
@@ -104,7 +105,7 @@ TEST(Checkpoint, DamagedTensorBytesAreAnErrorOnEveryRank) {
   bytes[at + 4 * 8 + 2] ^= 0x01;  // the 9th weight: 1.25 becomes 1.2500001
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   std::vector<::torch::nn::Linear> nets;
   for (int r = 0; r < kRanks; ++r) nets.emplace_back(16, 16);
   const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
@@ -129,9 +130,10 @@ TEST(Checkpoint, AFailedSaveIsAnErrorOnEveryRank) {
   TempDir dir;
   const std::string path = (dir.path / "a_directory").string();  // a directory in the file's place
   fs::create_directories(path);
-  ThreadWorld world(kRanks, "shm");
-  const auto errors = world.run_collecting([&](int, ProcessGroup& pg) {
-    ::torch::nn::Linear net(4, 3);
+  const auto nets = testing::per_rank(kRanks, [](int) { return ::torch::nn::Linear(4, 3); });
+  TorchThreadWorld world(kRanks, "shm");
+  const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     save_checkpoint_on_rank0(pg, path, [&](auto& out) { net->save(out); });
   });
   for (int r = 0; r < kRanks; ++r) {

@@ -13,13 +13,13 @@
 #include "common/clock.h"
 #include "harness/process_ranks.h"
 #include "harness/reserved_port.h"
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/torch/ddp.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 struct NetImpl : nn::Module {
@@ -41,7 +41,7 @@ std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](Process
 
 TEST(DistributedDataParallel, MismatchedModelsAreRefusedOnEveryRankNamingTheDifference) {
   std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(16), std::make_shared<NetImpl>(17)};
-  ThreadWorld world(2);
+  TorchThreadWorld world(2);
   auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
     DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
   });
@@ -69,7 +69,7 @@ struct OffCpuNetImpl : nn::Module {
 
 TEST(DistributedDataParallel, AModelOffTheCpuIsRefusedNamingTheTensorAndDevice) {
   auto model = std::make_shared<OffCpuNetImpl>();
-  ThreadWorld world(1);
+  TorchThreadWorld world(1);
   try {
     DistributedDataParallel<OffCpuNetImpl> ddp(model, borrow(world.group(0)));
     FAIL() << "no InvalidArgument";
@@ -83,7 +83,7 @@ TEST(DistributedDataParallel, AModelOffTheCpuIsRefusedNamingTheTensorAndDevice) 
 // Bucket sizes that are no number of MB are refused at construction (a NaN
 // cap was converted to an integer, which is undefined, and gave any plan).
 TEST(DistributedDataParallel, BucketSizesThatAreNoNumberOfMegabytesAreRefused) {
-  ThreadWorld world(1);
+  TorchThreadWorld world(1);
   for (const double mb : {std::nan(""), -1.0, std::numeric_limits<double>::infinity(), 1e300}) {
     for (const bool first : {false, true}) {
       DDPOptions options;
@@ -107,7 +107,7 @@ TEST(DistributedDataParallel, BucketSizesThatAreNoNumberOfMegabytesAreRefused) {
 TEST(DistributedDataParallel, MismatchedOptionsAreRefusedOnEveryRankNamingOptionValuesAndRanks) {
   std::vector<std::shared_ptr<NetImpl>> models;
   for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<NetImpl>(16));
-  ThreadWorld world(3);
+  TorchThreadWorld world(3);
   auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
     DDPOptions options;
     if (rank == 1) options.bucket_cap_mb = 0.01;
@@ -130,11 +130,11 @@ TEST(DistributedDataParallel, MismatchedOptionsAreRefusedOnEveryRankNamingOption
 TEST(DistributedDataParallel, AParameterWithoutGradientIsAClearErrorAtTheNextForward) {
   std::vector<std::shared_ptr<NetImpl>> models;
   for (int r = 0; r < 3; ++r) models.push_back(std::make_shared<NetImpl>(16, /*with_side=*/true));
-  ThreadWorld world(3, "shm", std::chrono::seconds(30));
+  TorchThreadWorld world(3, "shm", std::chrono::seconds(30));
+  const auto x = ::torch::randn({8, 6});
   const auto start = Clock::now();
   auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
     DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
-    auto x = ::torch::randn({8, 6});
     for (int step = 0; step < 3; ++step) {
       // The side branch is used on rank 0 only.
       ddp.forward(x, rank == 0).sum().backward();
@@ -160,7 +160,7 @@ TEST(DistributedDataParallel, BuffersFollowRankZeroAndLayoutAndTimingsAreReporte
     ::torch::manual_seed(r);
     models.push_back(std::make_shared<NetImpl>());
   }
-  ThreadWorld world(2);
+  TorchThreadWorld world(2);
   std::vector<::torch::Tensor> running_means(2);
   world.run([&](int rank, ProcessGroup& pg) {
     DDPOptions options;
@@ -187,7 +187,7 @@ TEST(DistributedDataParallel, BuffersFollowRankZeroAndLayoutAndTimingsAreReporte
 TEST(DistributedDataParallel, EveryTrainingForwardStartsFromRankZerosBuffers) {
   for (bool broadcast : {true, false}) {
     std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
-    ThreadWorld world(2);
+    TorchThreadWorld world(2);
     std::vector<::torch::Tensor> means(2);
     world.run([&](int rank, ProcessGroup& pg) {
       DDPOptions options;
@@ -206,10 +206,10 @@ TEST(DistributedDataParallel, EveryTrainingForwardStartsFromRankZerosBuffers) {
 
 TEST(DistributedDataParallel, EvaluationOnOneRankIssuesNoCollective) {
   std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
-  ThreadWorld world(2, "tcp", std::chrono::seconds(10));
+  const auto x = ::torch::randn({8, 6});
+  TorchThreadWorld world(2, "tcp", std::chrono::seconds(10));
   world.run([&](int rank, ProcessGroup& pg) {
     DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg));
-    auto x = ::torch::randn({8, 6});
     ddp.forward(x).sum().backward();
     // Barriers number the group's operations around the evaluation: one
     // more operation in between than the barrier itself is a stray
@@ -232,7 +232,7 @@ TEST(DistributedDataParallel, EvaluationOnOneRankIssuesNoCollective) {
 
 TEST(DistributedDataParallel, NoSyncGuardRestoresSynchronisation) {
   auto model = std::make_shared<NetImpl>();
-  ThreadWorld world(1);
+  TorchThreadWorld world(1);
   world.run([&](int, ProcessGroup& pg) {
     DistributedDataParallel<NetImpl> ddp(model, borrow(pg));
     EXPECT_TRUE(ddp.reducer().sync());
@@ -271,15 +271,15 @@ std::vector<::torch::Tensor> train(ProcessGroup& pg, std::shared_ptr<NetImpl> mo
 
 TEST(DistributedDataParallel, StepStatisticsSplitDataLoadingAndSkipEvaluation) {
   std::vector<std::shared_ptr<NetImpl>> models{std::make_shared<NetImpl>(), std::make_shared<NetImpl>()};
-  ThreadWorld world(2, "shm");
+  TorchThreadWorld world(2, "shm");
   std::vector<RankSummary> summaries(2);
   std::vector<std::vector<RankSummary>> windows(2);
   double rank0_ms_outside_pause = 0;  // rank 0's loop, less its evaluation pause
+  const auto x = ::torch::randn({8, 6}), y = ::torch::randn({8, 3});
   world.run([&](int rank, ProcessGroup& pg) {
     DDPOptions options;
     options.stats_window = 4;
     DistributedDataParallel<NetImpl> ddp(models[static_cast<std::size_t>(rank)], borrow(pg), options);
-    auto x = ::torch::randn({8, 6}), y = ::torch::randn({8, 3});
     const auto loop_start = Clock::now();
     double pause_ms = 0;
     auto loading = ddp.data_timer();
@@ -332,7 +332,7 @@ TEST(DistributedDataParallel, TcpBackendGivesTheSameParametersAsShm) {
       models.push_back(std::make_shared<NetImpl>());
     }
     const auto data = batch();
-    ThreadWorld world(2, backend);
+    TorchThreadWorld world(2, backend);
     std::vector<std::vector<::torch::Tensor>> per_rank(2);
     world.run([&](int rank, ProcessGroup& pg) {
       per_rank[static_cast<std::size_t>(rank)] = train(pg, models[static_cast<std::size_t>(rank)], 3, data);
@@ -356,7 +356,7 @@ TEST(DistributedDataParallel, GradientsOutliveTheWrapperAndTheGroup) {
     const auto data = batch();
     std::vector<std::vector<::torch::Tensor>> seen(2);
     {
-      ThreadWorld world(2, "shm");
+      TorchThreadWorld world(2, "shm");
       world.run([&](int rank, ProcessGroup& pg) {
         DDPOptions options;
         options.gradient_as_bucket_view = view;

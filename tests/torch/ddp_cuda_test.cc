@@ -29,14 +29,14 @@
 
 #include "harness/process_ranks.h"
 #include "torch/gpu_ranks.h"
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 using lockstep::testing::TempDir;
 using lockstep::testing::exact_fp32;
 namespace nn = ::torch::nn;
@@ -178,7 +178,7 @@ std::vector<::torch::Tensor> train_rank(int rank, ProcessGroup& pg, const Case& 
 std::vector<::torch::Tensor> train_on_cpu(int n, const std::string& backend, const Case& c) {
   std::vector<std::pair<Net, Batches>> inputs;
   for (int rank = 0; rank < n; ++rank) inputs.push_back(rank_inputs(rank, c));
-  ThreadWorld world(n, backend);
+  TorchThreadWorld world(n, backend);
   std::vector<::torch::Tensor> out;
   world.run([&](int rank, ProcessGroup& pg) {
     const auto& [model, batches] = inputs[static_cast<std::size_t>(rank)];
@@ -264,6 +264,30 @@ TEST_P(OnCuda, DdpEqualsOneProcessOnTheCpuAndDdpOnTheCpu) {
   }
 }
 
+// The CPU twin that the GPU test compares with, held to the one-process
+// reference on every machine (no GPU needed), so that it cannot drift from
+// the truth between the rare runs on a GPU.
+class CpuTwin : public ::testing::TestWithParam<std::pair<int, std::string>> {};
+
+TEST_P(CpuTwin, DdpOnTheCpuEqualsOneProcess) {
+  const auto [n, backend] = GetParam();
+  at::set_num_threads(1);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const auto want = reference(n, c);
+    const auto on_cpu = train_on_cpu(n, backend, c);
+    ASSERT_GE(on_cpu.size(), want.size());
+    expect_close(std::vector<::torch::Tensor>(on_cpu.begin(), on_cpu.begin() + static_cast<long>(want.size())), want,
+                 c.rtol, c.name + ": the CPU twin against one process");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ThreadRanks, CpuTwin,
+                         ::testing::Values(std::make_pair(2, std::string("shm")), std::make_pair(2, std::string("tcp"))),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "ranks_" + info.param.second;
+                         });
+
 // Join on the GPU: two rank processes over shm, against the same Join on
 // the CPU (join_test checks the CPU against its reference semantics).
 TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
@@ -286,7 +310,7 @@ TEST(OnCudaJoin, UnevenInputsEndWithTheSameModelAsOnTheCpu) {
   at::set_num_threads(1);
   std::vector<std::pair<Net, Batches>> inputs;
   for (int rank = 0; rank < 2; ++rank) inputs.push_back(rank_inputs(rank, Case{}));
-  ThreadWorld world(2, "shm");
+  TorchThreadWorld world(2, "shm");
   std::vector<::torch::Tensor> on_cpu;
   world.run([&](int rank, ProcessGroup& pg) {
     const auto& [model, batches] = inputs[static_cast<std::size_t>(rank)];
@@ -314,7 +338,7 @@ TEST(OnCudaRefusals, AModuleSplitAcrossDevicesIsRefusedNamingBoth) {
       [] {
         Net model = make_model(7);
         model->fc2->to(::torch::Device(::torch::kCUDA, 0));
-        ThreadWorld world(1);
+        TorchThreadWorld world(1);
         testing::expect_invalid_argument(
             [&] {
               DistributedDataParallel<NetImpl> ddp(

@@ -16,13 +16,13 @@
 #include <functional>
 #include <mutex>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/torch/ddp.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 struct MlpImpl : nn::Module {
@@ -122,7 +122,7 @@ std::vector<std::vector<::torch::Tensor>> train_ddp(bool conv, int n, const Case
   for (int r = 0; r < n; ++r) models.push_back(make_model<Model>(7 + r, c.side != nullptr));  // different on purpose
   std::vector<std::pair<::torch::Tensor, ::torch::Tensor>> batches;
   for (int step = 0; step < kSteps; ++step) batches.push_back(global_batch(conv, step));
-  ThreadWorld world(n, backend);  // "hierK": hier on pretend hosts of K ranks (thread_world.h)
+  TorchThreadWorld world(n, backend);  // "hierK": hier on pretend hosts of K ranks (thread_world.h)
   std::vector<std::vector<::torch::Tensor>> out(static_cast<std::size_t>(n));
   world.run([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];

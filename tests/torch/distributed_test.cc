@@ -5,7 +5,7 @@
 
 #include <torch/torch.h>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/distributed.h"
 
@@ -13,7 +13,7 @@ namespace lockstep {
 namespace {
 
 namespace dist = lockstep::torch;
-using testing::ThreadWorld;
+using testing::TorchThreadWorld;
 using ::torch::Tensor;
 
 class TensorCollectives : public ::testing::TestWithParam<std::string> {};
@@ -24,7 +24,7 @@ Tensor ramp(int r, std::int64_t n, ::torch::ScalarType type = ::torch::kFloat) {
 }
 
 TEST_P(TensorCollectives, AllReduceMatchesTheRawApiInEveryDType) {
-  ThreadWorld world(3, GetParam());
+  TorchThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     for (auto type : {::torch::kFloat, ::torch::kDouble, ::torch::kHalf, ::torch::kBFloat16, ::torch::kInt,
                       ::torch::kLong, ::torch::kByte}) {
@@ -38,7 +38,7 @@ TEST_P(TensorCollectives, AllReduceMatchesTheRawApiInEveryDType) {
 }
 
 TEST_P(TensorCollectives, AsyncOpsReturnWorkAndFinishOnWait) {
-  ThreadWorld world(2, GetParam());
+  TorchThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     Tensor t = ::torch::full({1000}, static_cast<float>(rank + 1));
     auto work = dist::all_reduce(pg, t, Reduction::premul_sum(0.5), /*async_op=*/true);
@@ -55,7 +55,7 @@ TEST_P(TensorCollectives, AsyncOpsReturnWorkAndFinishOnWait) {
 }
 
 TEST_P(TensorCollectives, AllGatherIntoListsEqualOrUneven) {
-  ThreadWorld world(3, GetParam());
+  TorchThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     std::vector<Tensor> list;
     for (int q = 0; q < 3; ++q) list.push_back(::torch::empty({2, 3}));
@@ -73,7 +73,7 @@ TEST_P(TensorCollectives, AllGatherIntoListsEqualOrUneven) {
 }
 
 TEST_P(TensorCollectives, ReduceScatterGatherAndScatter) {
-  ThreadWorld world(3, GetParam());
+  TorchThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     Tensor out = ::torch::empty({2});
     dist::reduce_scatter_tensor(pg, out, ::torch::arange(6, ::torch::kFloat));
@@ -94,7 +94,7 @@ TEST_P(TensorCollectives, ReduceScatterGatherAndScatter) {
 }
 
 TEST_P(TensorCollectives, AllToAllSingleWithAndWithoutSplitSizes) {
-  ThreadWorld world(2, GetParam());
+  TorchThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     // Equal: rows [2r, 2r+1] of every rank's 4 x 3 input come to rank r.
     Tensor in = ramp(rank, 12).view({4, 3});
@@ -120,7 +120,7 @@ TEST_P(TensorCollectives, AllToAllSingleWithAndWithoutSplitSizes) {
 }
 
 TEST_P(TensorCollectives, MismatchedSplitSizesAreAMismatchError) {
-  ThreadWorld world(2, GetParam(), std::chrono::seconds(10));
+  TorchThreadWorld world(2, GetParam(), std::chrono::seconds(10));
   auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
     Tensor in = ::torch::zeros({4});
     Tensor out = ::torch::zeros({4});
@@ -135,7 +135,7 @@ TEST_P(TensorCollectives, MismatchedSplitSizesAreAMismatchError) {
 }
 
 TEST_P(TensorCollectives, PointToPointAndBatches) {
-  ThreadWorld world(3, GetParam());
+  TorchThreadWorld world(3, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     // A ring in one batch, listed receive-first on purpose, with messages
     // large enough to wait for their receiver.
@@ -157,7 +157,7 @@ TEST_P(TensorCollectives, PointToPointAndBatches) {
 }
 
 TEST_P(TensorCollectives, NonContiguousInputsAreCopiedAndOutputsRefused) {
-  ThreadWorld world(2, GetParam());
+  TorchThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     Tensor wide = ramp(rank, 12).view({3, 4});
     Tensor column = wide.t();  // a non-contiguous view
@@ -175,7 +175,7 @@ TEST_P(TensorCollectives, NonContiguousInputsAreCopiedAndOutputsRefused) {
 }
 
 TEST_P(TensorCollectives, WrongDeviceDTypeOrListSizeIsInvalidArgument) {
-  ThreadWorld world(2, GetParam());
+  TorchThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     Tensor meta = ::torch::empty({4}, ::torch::TensorOptions().device(::torch::kMeta));
     EXPECT_THROW(dist::all_reduce(pg, meta), InvalidArgument);
@@ -192,7 +192,7 @@ TEST_P(TensorCollectives, WrongDeviceDTypeOrListSizeIsInvalidArgument) {
 }
 
 TEST_P(TensorCollectives, ArchivesTravelThroughTheObjectCollectives) {
-  ThreadWorld world(2, GetParam());
+  TorchThreadWorld world(2, GetParam());
   world.run([](int rank, ProcessGroup& pg) {
     ::torch::serialize::OutputArchive out;
     out.write("weights", ramp(rank, 3));

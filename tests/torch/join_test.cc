@@ -10,14 +10,14 @@
 
 #include <torch/torch.h>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 struct MlpImpl : nn::Module {
@@ -119,7 +119,7 @@ std::vector<std::vector<::torch::Tensor>> train_with_join(const Case& c, const B
   const int world = static_cast<int>(c.batches.size());
   std::vector<std::shared_ptr<Model>> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model<Model>(7 + r));
-  ThreadWorld tw(world, "shm", std::chrono::seconds(30));
+  TorchThreadWorld tw(world, "shm", std::chrono::seconds(30));
   std::vector<std::vector<::torch::Tensor>> out(static_cast<std::size_t>(world));
   tw.run([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];
@@ -207,7 +207,7 @@ TEST(Join, ThrowOnEarlyTerminationStopsEveryRank) {
   std::vector<std::shared_ptr<MlpImpl>> models;
   for (int r = 0; r < 3; ++r) models.push_back(make_model<MlpImpl>(7 + r));
   std::vector<int> steps_done(3, 0);
-  ThreadWorld tw(3, "shm", std::chrono::seconds(30));
+  TorchThreadWorld tw(3, "shm", std::chrono::seconds(30));
   const auto errors = tw.run_collecting([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];
     DistributedDataParallel<MlpImpl> ddp(model, std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}));
@@ -242,7 +242,7 @@ TEST(Join, DisabledItChangesNothing) {
 }
 
 TEST(Join, BadJoinablesAreRefusedWithAReason) {
-  ThreadWorld tw(2, "shm", std::chrono::seconds(30));
+  TorchThreadWorld tw(2, "shm", std::chrono::seconds(30));
   auto a = make_model<MlpImpl>(1), b = make_model<MlpImpl>(1);
   std::vector<std::string> messages(2);
   tw.run([&](int rank, ProcessGroup& pg) {

@@ -12,14 +12,14 @@
 #include <filesystem>
 
 #include "fashion_mnist/dataset.h"
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/powersgd.h"
 #include "lockstep/torch/ddp.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
@@ -69,7 +69,7 @@ Result train_and_test(const Split& train, const Split& test, std::shared_ptr<Com
   std::vector<std::shared_ptr<MlpImpl>> models;
   for (int r = 0; r < kRanks; ++r) models.push_back(std::make_shared<MlpImpl>());
   Result result;
-  ThreadWorld world(kRanks, "shm", std::chrono::seconds(60));
+  TorchThreadWorld world(kRanks, "shm", std::chrono::seconds(60));
   world.run([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];
     DDPOptions options;

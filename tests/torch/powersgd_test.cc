@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/powersgd.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/join.h"
@@ -14,7 +14,7 @@
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 struct NetImpl : nn::Module {
@@ -58,7 +58,7 @@ Trained train(int n, const std::function<std::shared_ptr<CommHook>()>& make_hook
   std::vector<std::shared_ptr<CommHook>> hooks;
   for (int r = 0; r < n; ++r) hooks.push_back(make_hook ? make_hook() : nullptr);
   Trained out;
-  ThreadWorld world(n, "shm", std::chrono::seconds(30));
+  TorchThreadWorld world(n, "shm", std::chrono::seconds(30));
   world.run([&](int rank, ProcessGroup& pg) {
     auto model = models[static_cast<std::size_t>(rank)];
     DDPOptions o = options;
@@ -144,11 +144,14 @@ TEST(PowerSGD, ARankThatJoinedShadowsTheCompressedAllreduces) {
   // the three collectives per bucket line up and nobody hangs.
   PowerSGDOptions o = full_rank();
   const auto batches = make_batches();
-  ThreadWorld world(2, "shm", std::chrono::seconds(30));
+  const auto models = testing::per_rank(2, [](int) {
+    ::torch::manual_seed(3);
+    return std::make_shared<NetImpl>();
+  });
+  TorchThreadWorld world(2, "shm", std::chrono::seconds(30));
   std::vector<std::vector<::torch::Tensor>> params(2);
   world.run([&](int rank, ProcessGroup& pg) {
-    ::torch::manual_seed(3);
-    auto model = std::make_shared<NetImpl>();
+    auto model = models[static_cast<std::size_t>(rank)];
     DDPOptions d;
     d.comm_hook = powersgd_hook(o);
     DistributedDataParallel<NetImpl> ddp(model, std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), d);
@@ -185,7 +188,7 @@ TEST(PowerSGD, ARankDeficientGradientIsAveragedExactlyAtFullRank) {
     data.push_back(::torch::cat({w, ::torch::randn({static_cast<std::int64_t>(n)}), ::torch::zeros({1})}).contiguous());
   }
   const auto average = (data[0] + data[1] + data[2]) / 3;
-  ThreadWorld world(3, "shm", std::chrono::seconds(30));
+  TorchThreadWorld world(3, "shm", std::chrono::seconds(30));
   world.run([&](int rank, ProcessGroup& pg) {
     auto hook = powersgd_hook(full_rank());
     auto& d = data[static_cast<std::size_t>(rank)];

@@ -11,14 +11,14 @@
 
 #include <atomic>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 
 constexpr int kRanks = 2;
@@ -40,7 +40,7 @@ std::pair<::torch::Tensor, ::torch::Tensor> batch(int rank, int step) {
 // before training. Returns rank 0's parameters.
 std::vector<::torch::Tensor> train(const std::function<DDPOptions()>& options,
                                    const std::function<void(DistributedDataParallel<nn::SequentialImpl>&)>& setup) {
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   std::vector<::torch::Tensor> out;
   std::vector<nn::Sequential> nets;
   for (int r = 0; r < kRanks; ++r) nets.push_back(make_mlp());
@@ -114,10 +114,12 @@ TEST(RegisterCommHook, StateAndFunctionFormRunsTheFunctionWithItsState) {
 }
 
 TEST(RegisterCommHook, IsRefusedASecondTimeAfterTheOptionsHookAndAfterTheFirstForward) {
-  ThreadWorld world(kRanks, "shm");
+  // Three models per rank, one per case below.
+  const auto nets = testing::per_rank(kRanks, [](int) { return std::vector{make_mlp(), make_mlp(), make_mlp()}; });
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     {
-      auto net = make_mlp();
+      auto net = nets[static_cast<std::size_t>(rank)][0];
       DistributedDataParallel ddp(net, borrow(pg));
       ddp.register_comm_hook(bf16_compress_hook());
       const std::string again = message_of([&] { ddp.register_comm_hook(fp16_compress_hook()); });
@@ -125,7 +127,7 @@ TEST(RegisterCommHook, IsRefusedASecondTimeAfterTheOptionsHookAndAfterTheFirstFo
           << again;
     }
     {
-      auto net = make_mlp();
+      auto net = nets[static_cast<std::size_t>(rank)][1];
       DDPOptions o;
       o.comm_hook = fp16_compress_hook();
       DistributedDataParallel ddp(net, borrow(pg), o);
@@ -133,7 +135,7 @@ TEST(RegisterCommHook, IsRefusedASecondTimeAfterTheOptionsHookAndAfterTheFirstFo
       EXPECT_NE(twice.find("given as DDPOptions::comm_hook"), std::string::npos) << twice;
     }
     {
-      auto net = make_mlp();
+      auto net = nets[static_cast<std::size_t>(rank)][2];
       DistributedDataParallel ddp(net, borrow(pg));
       const auto [x, y] = batch(rank, 0);
       ::torch::mse_loss(ddp.forward(x), y).backward();
@@ -146,9 +148,10 @@ TEST(RegisterCommHook, IsRefusedASecondTimeAfterTheOptionsHookAndAfterTheFirstFo
 }
 
 TEST(RegisterCommHook, RanksThatRegisterDifferentHooksGetAMismatchError) {
-  ThreadWorld world(kRanks, "shm");
+  const auto nets = testing::per_rank(kRanks, [](int) { return make_mlp(); });
+  TorchThreadWorld world(kRanks, "shm");
   const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
-    auto net = make_mlp();
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ddp.register_comm_hook(rank == 0 ? fp16_compress_hook() : bf16_compress_hook());
   });

@@ -11,7 +11,7 @@
 
 #include <numeric>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "lockstep/torch/sync_batchnorm.h"
@@ -19,7 +19,7 @@
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 using ::torch::Tensor;
 
@@ -106,7 +106,7 @@ void run_equivalence(int ranks, const Shape& shape, c10::optional<double> moment
     ref.eval_output = forward(eval_input).detach();
   }
 
-  ThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, "shm");
   std::vector<Observed> got(static_cast<std::size_t>(ranks));
   world.run([&](int rank, ProcessGroup& pg) {
     SyncBatchNorm bn(SyncBatchNormOptions(channels).momentum(momentum).process_group(borrow(pg)));
@@ -218,7 +218,7 @@ void expect_ddp_training_equal(::torch::ScalarType type, int steps, double toler
     nets.push_back(make_convnet());
     nets.back()->to(type);
   }
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   std::vector<std::vector<Tensor>> got(kRanks);
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = convert_sync_batchnorm(nets[static_cast<std::size_t>(rank)], borrow(pg));
@@ -249,7 +249,7 @@ TEST(SyncBatchNorm, DdpTrainingEqualsOneProcessInDoublePrecision) {
 }
 
 TEST(SyncBatchNorm, SubGroupsKeepTheirOwnStatistics) {
-  ThreadWorld world(4, "shm");
+  TorchThreadWorld world(4, "shm");
   std::vector<Tensor> means(4);
   world.run([&](int rank, ProcessGroup& pg) {
     const std::vector<int> mine = rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
@@ -276,10 +276,11 @@ TEST(SyncBatchNorm, InputWithoutBatchDimensionIsRefused) {
 }
 
 TEST(SyncBatchNorm, OneValuePerChannelOverAllRanksIsRefused) {
-  ThreadWorld world(2, "shm");
+  const auto inputs = testing::per_rank(2, [](int rank) { return ::torch::randn({rank == 0 ? 1 : 0, 3}); });
+  TorchThreadWorld world(2, "shm");
   const auto errors = world.run_collecting([&](int rank, ProcessGroup& pg) {
     SyncBatchNorm bn(SyncBatchNormOptions(3).process_group(borrow(pg)));
-    bn(rank == 0 ? ::torch::randn({1, 3}) : ::torch::randn({0, 3}));
+    bn(inputs[static_cast<std::size_t>(rank)]);
   });
   for (const auto& e : errors) {
     ASSERT_TRUE(e);

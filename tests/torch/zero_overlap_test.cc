@@ -3,7 +3,7 @@
 // data), whichever schedule, bucket sizes, gradient or parameter layout,
 // backend and world size, with parameter groups and a scheduler too; the
 // consolidated state is the unsharded optimizer's; misuse is refused with a
-// clear message. Ranks are threads (every collective has the ThreadWorld's
+// clear message. Ranks are threads (every collective has the thread world's
 // deadline).
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "zero_fixtures.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
@@ -23,7 +23,7 @@
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 using ::torch::Tensor;
 
@@ -120,7 +120,7 @@ TEST_P(Equivalence, OverlappedTrainingEqualsDdpWithTheUnshardedOptimizer) {
   std::vector<Tensor> want;
   std::unique_ptr<::torch::optim::Optimizer> want_optimizer;
   {
-    ThreadWorld world(ranks, v.backend);
+    TorchThreadWorld world(ranks, v.backend);
     std::vector<nn::Sequential> nets;
     for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7));
     std::vector<std::unique_ptr<::torch::optim::Optimizer>> opts(static_cast<std::size_t>(ranks));
@@ -144,7 +144,7 @@ TEST_P(Equivalence, OverlappedTrainingEqualsDdpWithTheUnshardedOptimizer) {
   for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7 + r));  // DDP makes them equal
   std::vector<std::vector<Tensor>> got(static_cast<std::size_t>(ranks));
   std::vector<std::size_t> buckets(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, v.backend);
+  TorchThreadWorld world(ranks, v.backend);
   const int to = ranks - 1;
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
@@ -208,7 +208,7 @@ TEST_P(GroupsAndScheduler, EachBucketStepsWithItsGroupsScheduledOptions) {
   batch(0);
   std::vector<Tensor> want;
   {
-    ThreadWorld world(ranks, "shm");
+    TorchThreadWorld world(ranks, "shm");
     std::vector<nn::Sequential> nets;
     for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7));
     world.run([&](int rank, ProcessGroup& pg) {
@@ -228,7 +228,7 @@ TEST_P(GroupsAndScheduler, EachBucketStepsWithItsGroupsScheduledOptions) {
   std::vector<nn::Sequential> nets;
   for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7));
   std::vector<std::vector<Tensor>> got(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg), small_buckets(false));
@@ -261,9 +261,10 @@ void expect_refused(Fn fn, const std::string& message) {
 }
 
 TEST(HookWithZeroStep, RefusesAnOptimizerBuiltWithoutOverlapWithDdp) {
-  ThreadWorld world(1, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+  const auto nets = testing::per_rank(1, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(1, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd());
     expect_refused([&] { hook_with_zero_step(allreduce_hook(), ddp, zero); },
@@ -273,9 +274,10 @@ TEST(HookWithZeroStep, RefusesAnOptimizerBuiltWithoutOverlapWithDdp) {
 }
 
 TEST(HookWithZeroStep, RefusesTheBalancedElementsPartition) {
-  ThreadWorld world(1, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+  const auto nets = testing::per_rank(1, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(1, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ZeroOptions options = overlapping();
     options.partition = ZeroPartition::balanced_elements;
@@ -287,9 +289,10 @@ TEST(HookWithZeroStep, RefusesTheBalancedElementsPartition) {
 }
 
 TEST(HookWithZeroStep, RefusesAParameterTheDdpModuleDoesNotReduce) {
-  ThreadWorld world(1, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+  const auto nets = testing::per_rank(1, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(1, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     auto params = net->parameters();
     params.push_back(::torch::zeros({3}, ::torch::requires_grad()));
@@ -302,9 +305,10 @@ TEST(HookWithZeroStep, RefusesAParameterTheDdpModuleDoesNotReduce) {
 }
 
 TEST(HookWithZeroStep, RefusesASecondHookForTheSameOptimizer) {
-  ThreadWorld world(1, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+  const auto nets = testing::per_rank(1, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(1, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     // The form docs/torch.md shows: options, then ZeroOptions.
     ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), ::torch::optim::SGDOptions(0.1),
@@ -320,9 +324,10 @@ TEST(HookWithZeroStep, RefusesASecondHookForTheSameOptimizer) {
 // nothing for it to finish.
 TEST(HookWithZeroStep, StepWithoutTheHookIsRefused) {
   batch(0);
-  ThreadWorld world(2, "shm");
+  const auto nets = testing::per_rank(2, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(2, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd(), overlapping());
     backward(ddp, 0, rank, 2);
@@ -335,9 +340,10 @@ TEST(HookWithZeroStep, StepWithoutTheHookIsRefused) {
 
 TEST(HookWithZeroStep, StepWithoutABackwardIsRefused) {
   batch(0);
-  ThreadWorld world(2, "shm");
+  const auto nets = testing::per_rank(2, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(2, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd(), overlapping());
     ddp.register_comm_hook(hook_with_zero_step(allreduce_hook(), ddp, zero));
@@ -352,9 +358,10 @@ TEST(HookWithZeroStep, StepWithoutABackwardIsRefused) {
 
 // DDP rescales for joined ranks after the hooks ran: refused, not wrong.
 TEST(HookWithZeroStep, JoinIsRefused) {
-  ThreadWorld world(1, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(7);
+  const auto nets = testing::per_rank(1, [](int) { return make_mlp(7); });
+  TorchThreadWorld world(1, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     DistributedDataParallel ddp(net, borrow(pg));
     ZeroRedundancyOptimizer zero(net->parameters(), borrow(pg), sgd(), overlapping());
     expect_refused([&] { Join join({ddp, zero}); },

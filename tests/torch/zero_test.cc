@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "harness/thread_world.h"
+#include "torch/thread_ranks.h"
 #include "zero_fixtures.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
@@ -22,7 +22,7 @@
 namespace lockstep::torch {
 namespace {
 
-using lockstep::testing::ThreadWorld;
+using lockstep::testing::TorchThreadWorld;
 namespace nn = ::torch::nn;
 using ::torch::Tensor;
 
@@ -130,7 +130,7 @@ TEST_P(Equivalence, ShardedTrainingEqualsTheUnshardedOptimizer) {
   std::vector<nn::Sequential> nets;
   for (int r = 0; r < ranks; ++r) nets.push_back(make_mlp(7 + r));  // DDP makes them equal
   std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, "shm");
   const int to = ranks - 1;  // consolidate on the last rank, not only rank 0
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
@@ -185,7 +185,7 @@ TEST_P(Checkpoints, InterchangeWithTheUnshardedOptimizer) {
   for (int r = 0; r < kRanks; ++r) nets.push_back(make_mlp(7));
   std::vector<std::vector<Tensor>> params(kRanks);
   std::string saved_by_shards;
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     {
@@ -240,7 +240,7 @@ TEST(ZeroRedundancyOptimizer, EachRankHoldsAboutOneNthOfTheState) {
   std::vector<std::size_t> per_rank(kRanks);
   std::vector<nn::Sequential> nets;
   for (int r = 0; r < kRanks; ++r) nets.push_back(make_net());
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     for (auto& p : net->parameters()) p.mutable_grad() = ::torch::ones_like(p);
@@ -259,10 +259,11 @@ TEST(ZeroRedundancyOptimizer, EachRankHoldsAboutOneNthOfTheState) {
 }
 
 TEST(ZeroRedundancyOptimizer, MisuseIsRefusedClearly) {
-  ThreadWorld world(2, "shm");
+  const auto nets = testing::per_rank(2, [](int) { return make_mlp(1); });
+  TorchThreadWorld world(2, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     EXPECT_THROW(ZeroRedundancyOptimizer(std::vector<Tensor>{}, borrow(pg), sgd()), InvalidArgument);
-    auto net = make_mlp(1);
+    auto net = nets[static_cast<std::size_t>(rank)];
     ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), sgd());
     try {
       opt.consolidate_state_dict(2);
@@ -277,11 +278,14 @@ TEST(ZeroRedundancyOptimizer, MisuseIsRefusedClearly) {
 // More ranks than parameters: some shards are empty, training still works.
 TEST(ZeroRedundancyOptimizer, EmptyShardsWhenRanksOutnumberParameters) {
   constexpr int kRanks = 3;
-  ThreadWorld world(kRanks, "shm");
+  const auto layers = testing::per_rank(kRanks, [](int) {
+    ::torch::manual_seed(3);
+    return nn::Linear(nn::LinearOptions(4, 2).bias(false));  // one parameter
+  });
+  TorchThreadWorld world(kRanks, "shm");
   std::vector<Tensor> weights(kRanks);
   world.run([&](int rank, ProcessGroup& pg) {
-    ::torch::manual_seed(3);
-    nn::Linear fc(nn::LinearOptions(4, 2).bias(false));  // one parameter
+    auto fc = layers[static_cast<std::size_t>(rank)];
     ZeroRedundancyOptimizer opt(fc->parameters(), borrow(pg), sgd());
     EXPECT_EQ(opt.owner(0), 0);
     EXPECT_EQ(opt.local_optimizer() != nullptr, rank == 0);
@@ -325,7 +329,7 @@ TEST(ZeroRedundancyOptimizer, AStepLRSchedulerDrivesTheShards) {
   }
   std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)};
   std::vector<std::vector<Tensor>> params(kRanks);
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     ZeroRedundancyOptimizer opt(net->parameters(), borrow(pg), ::torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -374,7 +378,7 @@ TEST(ZeroRedundancyOptimizer, ParameterGroupsKeepTheirOwnOptions) {
   }
   std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7), make_mlp(7)};
   std::vector<std::vector<Tensor>> params(kRanks);
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     auto [groups, later] = groups_of(net);
@@ -431,7 +435,7 @@ TEST(ZeroRedundancyOptimizer, SavesAndLoadsThroughTorchSaveAndLoad) {
   std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)}, fresh{make_mlp(8), make_mlp(8)};
   std::vector<std::vector<Tensor>> params(kRanks);
   std::string saved;
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     ZeroRedundancyOptimizer opt(groups_of(net, 0.01, 0.02), borrow(pg), ::torch::optim::AdamOptions(1.0));
@@ -497,7 +501,7 @@ TEST_P(BucketView, EqualsTheDefaultLayoutBitForBit) {
   std::vector<nn::Sequential> plain_nets, viewed_nets;
   for (int r = 0; r < ranks; ++r) plain_nets.push_back(make_mlp(7)), viewed_nets.push_back(make_mlp(7));
   std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto plain_net = plain_nets[static_cast<std::size_t>(rank)], viewed_net = viewed_nets[static_cast<std::size_t>(rank)];
     const auto model_params = viewed_net->parameters();
@@ -545,7 +549,7 @@ TEST(BucketView, ParameterGroupsAddedLaterJoinTheBuffer) {
   }
   std::vector<nn::Sequential> nets{make_mlp(7), make_mlp(7)};
   std::vector<std::vector<Tensor>> params(kRanks);
-  ThreadWorld world(kRanks, "shm");
+  TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     auto [first, later] = split(net);
@@ -604,7 +608,7 @@ Shares train_dominant(int ranks, ZeroPartition partition, const std::vector<Tens
   std::vector<std::int64_t> elements(static_cast<std::size_t>(ranks));
   std::vector<std::size_t> bytes(static_cast<std::size_t>(ranks));
   std::vector<std::vector<Tensor>> params(static_cast<std::size_t>(ranks));
-  ThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     ZeroOptions o;
@@ -674,9 +678,10 @@ TEST_P(DominantTensor, BalancedElementsGiveEachRankItsShare) {
 INSTANTIATE_TEST_SUITE_P(Ranks, DominantTensor, ::testing::Values(2, 3));
 
 TEST(ZeroPartition, BalancedElementsRefuseWhatCannotStepCuts) {
-  ThreadWorld world(2, "shm");
-  world.run([&](int, ProcessGroup& pg) {
-    auto net = make_mlp(1);
+  const auto nets = testing::per_rank(2, [](int) { return make_mlp(1); });
+  TorchThreadWorld world(2, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto net = nets[static_cast<std::size_t>(rank)];
     ZeroOptions o;
     o.partition = ZeroPartition::balanced_elements;
     const Factory lbfgs = [](std::vector<Tensor> p) {
