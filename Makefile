@@ -8,7 +8,11 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps deps-run deps-torch2 configure configure-run build build-run build-torch2 build-python run test test-torch2 test-python test-battery run-battery test-battery-full test-python-oldest wheel test-wheel test-tsan test-asan test-fuzz bench clean
+.PHONY: all deps deps-run deps-torch2 deps-oldest configure configure-run build build-run build-torch2 build-python \
+  build-python-cuda build-python-oldest build-fuzz run test check test-cpp run-cpp-tests run-net-tests test-torch2 \
+  run-torch2-tests test-python run-python-tests test-python-cuda run-python-cuda-tests test-battery run-battery \
+  test-battery-full test-python-oldest run-python-oldest-tests wheel test-wheel run-wheel-test test-tsan test-asan \
+  test-fuzz run-fuzz bench clean
 
 all: build
 
@@ -51,19 +55,47 @@ run: build-run
 	$(BUILD_DIR)/lockstep run --nproc-per-node $(NPROC) --unprefixed-rank0 -- \
 	  $(BUILD_DIR)/examples/fashion_mnist --epochs $(EPOCHS) --checkpoint $(BUILD_DIR)/fashion_mnist.ckpt --fresh
 
-# --no-tests=error: a build without its tests (GoogleTest missing) fails
-# here rather than passing with nothing run. The PyTorch 2.x environment
-# comes first: the launcher's and the c10d store's tests run PyTorch 2.x
-# programs and servers from it (and skip without it). The slow-labelled
-# accuracy test (PowerSGD on Fashion-MNIST, 5 seeds, about 3.5 minutes here)
-# runs once, in test-torch2, where PyTorch 2.x's libtorch runs it in half
-# the time; `cd build && ctest -L slow` runs it against this build.
-test: build deps-torch2
-	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS) -LE slow
-	@$(MAKE) --no-print-directory test-fuzz
-	@$(MAKE) --no-print-directory test-torch2
-	@$(MAKE) --no-print-directory test-python
-	@$(MAKE) --no-print-directory test-python-oldest
+# Everything, from a clean clone in about 45 minutes on 2 cores
+# (scripts/test-all.sh): each part below, in three lanes that run at once
+# (the builds at the lowest CPU priority, so they only take what the tests
+# leave; the tests; the emulated networks' tests, which mostly wait), with
+# each phase's time printed at the end. Each part also runs alone: `make
+# test-cpp`, `make test-torch2`, `make test-python`, ...
+test: deps
+	@scripts/test-all.sh
+
+# The C++ suite of $(BUILD_DIR) but the tests of emulated hosts, real Slurm
+# and torchrun on the default port (run-net-tests). --no-tests=error: a
+# build without its tests (GoogleTest missing) fails here rather than
+# passing with nothing run. The PyTorch 2.x environment comes first: the
+# launcher's and the c10d store's tests run PyTorch 2.x programs and
+# servers from it (and skip without it). The slow-labelled accuracy test
+# (PowerSGD on Fashion-MNIST, 5 seeds, about 3.5 minutes here) runs once, in
+# test-torch2, where PyTorch 2.x's libtorch runs it in half the time; `cd
+# build && ctest -L slow` runs it against this build.
+NET_TESTS = ^(netns|root|torchrun)\.
+test-cpp: build deps-torch2
+	@$(MAKE) --no-print-directory run-cpp-tests run-net-tests
+
+run-cpp-tests:
+	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS) -LE slow -E '$(NET_TESTS)'
+
+# Hosts in network namespaces, nftables faults, a real Slurm (root only;
+# each skips elsewhere, saying why) and torchrun on its default port: one
+# at a time, since several train on both cores and time what they see.
+run-net-tests:
+	@cd $(BUILD_DIR) && ctest --output-on-failure -R '$(NET_TESTS)'
+
+# The everyday loop: an incremental build of $(BUILD_DIR) and the tests that
+# need neither root, nor network namespaces, nor a second PyTorch, nor
+# minutes of training (labels unit and multiproc, and the torch tests of
+# this build's libtorch), in about 10 minutes after a one-file change.
+# CHECK_TESTS=regex narrows it further.
+CHECK_TESTS ?= .
+check: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS) -L '^(unit|multiproc|torch)$$' \
+	  -E '$(NET_TESTS)|^(fashion_mnist_test|step_diagnostics_test|pytorch_zero_join_parity|c10d_store_test)\.' \
+	  -R '$(CHECK_TESTS)'
 
 # The second libtorch: PyTorch 2.x from PyPI (pinned in
 # scripts/torch2-requirements.txt) in the project's own virtual environment,
@@ -103,37 +135,73 @@ build-torch2: deps-torch2
 	@cmake --build $(TORCH2_DIR) -j $(JOBS) --target torch_checks
 
 test-torch2: build-torch2
+	@$(MAKE) --no-print-directory run-torch2-tests
+
+run-torch2-tests:
 	@cd $(TORCH2_DIR) && ctest --output-on-failure -j $(JOBS) -L torch
 
 # The torch.distributed backend "lockstep" (python/, docs/python.md): the
-# package built by pip with PyTorch's extension tooling against the
-# libraries of $(TORCH2_DIR) (the same libtorch), installed into
-# $(TORCH2_DIR)/python (not into the environment), and its tests, which
-# start real ranks and compare every operation with Gloo's.
+# package as pip builds it from a checkout (its own liblockstep, CPU, fmt
+# compiled in, in python/build/lockstep), installed into $(TORCH2_DIR)/python
+# (not into the environment), and its tests, which start real ranks and
+# compare every operation with Gloo's, then PyTorch's own battery over it.
+# The wheel (make wheel) and the oldest PyTorch's package reuse that
+# liblockstep, and the wheel the compiled extension too.
 PYTHON_DIR = $(TORCH2_DIR)/python
-build-python: build-torch2
-	@LOCKSTEP_BUILD_DIR=$(abspath $(TORCH2_DIR)) $(TORCH2_PYTHON) -m pip install --disable-pip-version-check -q \
-	  --no-build-isolation --no-deps --upgrade --target $(PYTHON_DIR) ./python
+PIP_BUILD = -m pip --disable-pip-version-check -q
+PIP_INSTALL = $(PIP_BUILD) install --no-build-isolation --no-deps --upgrade
+build-python: deps-torch2
+	@$(TORCH2_PYTHON) $(PIP_INSTALL) --target $(PYTHON_DIR) ./python
 	@echo "built: $(PYTHON_DIR)/lockstep_torch (PYTHONPATH=$(abspath $(PYTHON_DIR)))"
 
 test-python: build-python
+	@$(MAKE) --no-print-directory run-python-tests run-battery
+
+# The package's tests over whatever PYTHON_DIR holds, built for
+# TORCH2_PYTHON; PYTEST_ARGS narrows them. Its shared objects search no
+# working directory (tests/lint/runpath.sh).
+PYTEST_ARGS ?= .
+run-python-tests:
+	@tests/lint/runpath.sh $(PYTHON_DIR)
 	@cd python/tests && PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_CLI=$(abspath $(BUILD_DIR))/lockstep \
-	  $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider .
-	@$(MAKE) --no-print-directory test-battery
-	@$(MAKE) --no-print-directory test-wheel
+	  $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The package's CUDA build (LOCKSTEP_WITH_CUDA=1: CUDA tensors staged
+# through pinned host memory), which a CPU-only machine builds as well
+# (the environment's CUDA compiler and headers; liblockstep from
+# $(TORCH2_DIR), which takes CUDA memory), into $(TORCH2_DIR)/python-cuda.
+# Without a GPU its CPU-tensor tests run at world 2, with the bindings
+# check: what a GPU machine would import first fails here first.
+PYTHON_CUDA_DIR = $(TORCH2_DIR)/python-cuda
+build-python-cuda: build-torch2
+	@CUDA_HOME=$(TORCH2_CUDA) LOCKSTEP_WITH_CUDA=1 LOCKSTEP_BUILD_DIR=$(abspath $(TORCH2_DIR)) \
+	  $(TORCH2_PYTHON) $(PIP_INSTALL) --target $(PYTHON_CUDA_DIR) ./python
+	@echo "built: $(PYTHON_CUDA_DIR)/lockstep_torch, the CUDA build (PYTHONPATH=$(abspath $(PYTHON_CUDA_DIR)))"
+
+test-python-cuda: build-python-cuda
+	@$(MAKE) --no-print-directory run-python-cuda-tests
+
+run-python-cuda-tests:
+	@$(MAKE) --no-print-directory run-python-tests PYTHON_DIR=$(PYTHON_CUDA_DIR) \
+	  PYTEST_ARGS="test_library_bindings.py test_cuda.py test_backend.py -k 'not -3]'"
 
 # A wheel of the package, as `pip wheel` makes it from a checkout: it
-# builds its own liblockstep (CPU, fmt compiled in) and carries it, so the
-# wheel needs nothing at run time but the torch it was built for, whose
-# release its version and Requires-Dist name (docs/python.md, "Install").
+# carries its own liblockstep (CPU, fmt compiled in), so the wheel needs
+# nothing at run time but the torch it was built for, whose release its
+# version and Requires-Dist name (docs/python.md, "Install"). Made from the
+# objects build-python compiled (the same variant: python/build/pt*cpu).
 # test-wheel installs it into a fresh virtual environment and trains DDP.
 WHEEL_DIR = $(TORCH2_DIR)/wheel
 wheel: deps-torch2
 	@rm -rf $(WHEEL_DIR)
-	@$(TORCH2_PYTHON) -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps -w $(WHEEL_DIR) ./python
+	@$(TORCH2_PYTHON) $(PIP_BUILD) wheel --no-build-isolation --no-deps -w $(WHEEL_DIR) ./python
 	@echo "built: $$(ls $(WHEEL_DIR)/*.whl)"
 
 test-wheel: wheel
+	@$(MAKE) --no-print-directory run-wheel-test
+
+run-wheel-test:
+	@tests/lint/runpath.sh $(WHEEL_DIR)/*.whl
 	@scripts/test-wheel.sh $(WHEEL_DIR)
 
 # PyTorch's own distributed test battery against the "lockstep" backend
@@ -164,20 +232,25 @@ test-battery-full:
 
 # The oldest PyTorch the Python package supports (docs/python.md, pinned in
 # scripts/torch-oldest-requirements.txt), in an environment of its own: the
-# package built against it (with its own liblockstep, as a user's pip would),
-# then its tests and PyTorch's battery (gloo's selection, world 2; world 3
-# runs on the newest, test-battery) on it. Part of `make test`: another 5 GB
-# environment and about 10 minutes on two cores.
+# package built against it (as a user's pip would; the liblockstep of
+# build-python's), then its tests and PyTorch's battery (gloo's selection,
+# world 2; world 3 runs on the newest, test-battery) on it. Part of `make
+# test`: another 5 GB environment.
 OLDEST_VENV ?= .venv/torch-oldest
 OLDEST_DIR ?= build-torch-oldest
-test-python-oldest: deps
+OLDEST_PYTHON = $(OLDEST_VENV)/bin/python
+deps-oldest: deps
 	@scripts/install-torch2.sh $(OLDEST_VENV) scripts/torch-oldest-requirements.txt
-	@$(OLDEST_VENV)/bin/python -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps \
-	  --upgrade --target $(OLDEST_DIR)/python ./python
-	@cd python/tests && PYTHONPATH=$(abspath $(OLDEST_DIR))/python $(abspath $(OLDEST_VENV))/bin/python -m pytest -q \
-	  -p no:cacheprovider .
-	@$(MAKE) --no-print-directory run-battery TORCH2_PYTHON=$(OLDEST_VENV)/bin/python PYTHON_DIR=$(OLDEST_DIR)/python \
-	  BATTERY_RUNS="gloo:2"
+
+build-python-oldest: deps-oldest
+	@$(OLDEST_PYTHON) $(PIP_INSTALL) --target $(OLDEST_DIR)/python ./python
+
+test-python-oldest: build-python-oldest
+	@$(MAKE) --no-print-directory run-python-oldest-tests
+
+run-python-oldest-tests:
+	@$(MAKE) --no-print-directory run-python-tests run-battery TORCH2_PYTHON=$(OLDEST_PYTHON) \
+	  PYTHON_DIR=$(OLDEST_DIR)/python BATTERY_RUNS="gloo:2"
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything that does
 # not need libtorch. Open MPI's own allocations at finalize are suppressed
@@ -208,14 +281,20 @@ FUZZ_SECONDS ?= 20
 # (the fuzz_corpus.checkpoint test); its integrity check, which runs first
 # and needs no libtorch, is fuzzed here (checkpoint_archive).
 FUZZ_TARGETS = store_frames_fuzz op_headers_fuzz checkpoint_archive_fuzz
-test-fuzz: deps
+test-fuzz: build-fuzz
+	@$(MAKE) --no-print-directory run-fuzz
+
+build-fuzz: deps
 	@mkdir -p $(FUZZ_DIR)
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_FUZZ=ON \
 	  -DLOCKSTEP_FUZZ_SECONDS=$(FUZZ_SECONDS) -DLOCKSTEP_BUILD_TOOLS=OFF -DLOCKSTEP_WITH_MPI=OFF -DLOCKSTEP_WITH_TORCH=OFF \
 	  $(CMAKE_FLAGS) \
 	  > $(FUZZ_DIR)/configure.log 2>&1 || { cat $(FUZZ_DIR)/configure.log; exit 1; }
 	@cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(FUZZ_TARGETS)
-	@cd $(FUZZ_DIR) && ctest --output-on-failure -L fuzz
+
+# The fuzzers at once, one per core.
+run-fuzz:
+	@cd $(FUZZ_DIR) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 # ThreadSanitizer build of the threaded parts: stores, process groups and the
 # shm and tcp backends with ranks as threads of one process.
@@ -233,4 +312,5 @@ bench: build
 	$(BUILD_DIR)/lockstep bench --op allreduce --backend tcp -np 2 -b 4 -e 64M -f 4 -n 20 -w 5 -c 1
 
 clean:
-	rm -rf $(BUILD_DIR) $(TSAN_DIR) $(ASAN_DIR) $(FUZZ_DIR) $(TORCH2_DIR) python/build python/lockstep_torch.egg-info
+	rm -rf $(BUILD_DIR) $(TSAN_DIR) $(ASAN_DIR) $(FUZZ_DIR) $(TORCH2_DIR) $(OLDEST_DIR) python/build \
+	  python/lockstep_torch.egg-info
