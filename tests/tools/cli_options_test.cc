@@ -4,6 +4,8 @@
 // (they used to run one rank for --np 0, print rows for -n 0, or take a
 // --grace-period of nan as 0). And bench takes its backend as every
 // lockstep program does: --backend, else LOCKSTEP_BACKEND, else auto.
+// `lockstep --version` says what the build has, and every usage line
+// names the program.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -171,6 +173,37 @@ std::string bench_backend(std::vector<std::string> more, testing::EnvMap env) {
 TEST(CliOptions, BenchTakesLockstepBackendUnlessBackendIsGiven) {
   EXPECT_EQ(bench_backend({}, {{"LOCKSTEP_BACKEND", "tcp"}}), "tcp");
   EXPECT_EQ(bench_backend({"--backend", "shm"}, {{"LOCKSTEP_BACKEND", "tcp"}}), "shm");
+}
+
+// A newcomer's first command, `lockstep --version`, used to answer "A
+// subcommand is required".
+TEST(CliOptions, VersionNamesTheVersionLibtorchAndEveryBackendAndExitsZero) {
+  for (const std::string flag : {"--version", "-V"}) {
+    const auto r = testing::run_program(LOCKSTEP_CLI, {flag}, {}, 30s);
+    EXPECT_EQ(r.exit_code, 0) << flag << testing::describe(r);
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(^lockstep \d+\.\d+\.\d+\n)"))) << flag << "\n" << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\nlibtorch: (\d+\.\d+|none))"))) << flag << "\n" << r.output;
+    // Each backend of the table, built in or listed as not built.
+    std::smatch backends;
+    ASSERT_TRUE(std::regex_search(r.output, backends, std::regex(R"(\nbackends: ([^\n]*))")))
+        << flag << "\n" << r.output;
+    for (const std::string name : {"shm", "tcp", "hier", "mpi", "nccl"})
+      EXPECT_TRUE(std::regex_search(backends[1].str(), std::regex("\\b" + name + "\\b")))
+          << name << " in " << backends[1];
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\nCUDA memory: (yes|no))"))) << flag << "\n" << r.output;
+  }
+}
+
+// CLI11 printed "Usage: run [OPTIONS] program...", without the program's name.
+TEST(CliOptions, EveryUsageLineNamesTheProgram) {
+  const auto top = testing::run_program(LOCKSTEP_CLI, {"--help"}, {}, 30s);
+  EXPECT_EQ(top.exit_code, 0) << testing::describe(top);
+  EXPECT_TRUE(contains(top.output, "Usage: lockstep [OPTIONS] SUBCOMMAND")) << top.output;
+  for (const std::string command : {"run", "bench", "doctor", "simulate"}) {
+    const auto r = testing::run_program(LOCKSTEP_CLI, {command, "--help"}, {}, 30s);
+    EXPECT_EQ(r.exit_code, 0) << command << testing::describe(r);
+    EXPECT_TRUE(contains(r.output, "Usage: lockstep " + command + " [OPTIONS]")) << r.output;
+  }
 }
 
 }  // namespace

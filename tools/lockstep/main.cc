@@ -3,6 +3,7 @@
 //   lockstep bench   measure collectives (nccl-tests' interface)
 //   lockstep doctor  explain how a data-parallel program scales
 //   lockstep simulate  predict how it scales on a cluster that is not here
+//   lockstep --version  what this build has: its version, libtorch, backends
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,10 +16,16 @@
 #include "run/run_arguments.h"
 #include "run/run_command.h"
 #include "simulate/simulate_command.h"
+#include "version.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"lockstep: synchronous data-parallel training in C++"};
+  // Named, so that every usage line names the program ("Usage: lockstep run
+  // ..."): CLI11 takes the name from argv only when it parses argv itself.
+  CLI::App app{"lockstep: synchronous data-parallel training in C++", "lockstep"};
   app.require_subcommand(1);
+  // Answered before the subcommand is required, and exits 0.
+  app.set_version_flag("-V,--version", lockstep::cli::version_text,
+                       "Print the version, the libtorch and the backends this lockstep was built with, and exit");
   lockstep::cli::RunOptions run;
   lockstep::cli::BenchOptions bench;
   const CLI::App* run_app = lockstep::cli::add_run_command(app, run);

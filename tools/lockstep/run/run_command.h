@@ -43,7 +43,7 @@ struct RunOptions {
   std::string duplicate_stderr_filters;
   std::string local_addr;  // this node's address for MASTER_ADDR when it is node 0 (default: the one that reaches the store)
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-  // torchrun options lockstep refuses, with the reason (run_command.cc).
+  // torchrun options lockstep refuses, with the reason (job_plan.cc).
   bool virtual_local_rank = false;
   std::string numa_binding;
   std::string logs_specs;

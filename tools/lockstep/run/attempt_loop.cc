@@ -1,0 +1,298 @@
+// run_nodes: the launchers' store, then the attempt loop with restarts and
+// re-forms. See attempt_loop.h, run_command.h and docs/launcher.md.
+//
+// One attempt, step by step:
+//   1. (several nodes) each launcher publishes its process count under the
+//      attempt's keys and waits for every node's, which fixes the world size
+//      and each node's first global rank;
+//   2. it starts its ranks with the environment torchrun would give them;
+//   3. it supervises them (supervisor.h); a failure anywhere is published in
+//      the store so every node stops its ranks too;
+//   4. on success every node reports done; node 0, which hosts the store,
+//      waits for all of them before it exits.
+// After each attempt it removes the shared-memory segments its ranks left
+// (a rank killed during shm set-up leaves its peers' segments linked): their
+// names carry this launcher's LOCKSTEP_SHM_TAG. Every wait for other nodes
+// reads the signalfd between short slices (interruption.h), so Ctrl-C and
+// SIGTERM work at every stage.
+#include "run/attempt_loop.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/launcher_cleanup.h"
+#include "common/env.h"
+#include "common/env_vars.h"
+#include "common/host.h"
+#include "common/launcher_keys.h"
+#include "diag/tracer.h"
+#include "lockstep/error.h"
+#include "lockstep/store.h"
+#include "run/elastic_job.h"
+#include "run/elastic_rendezvous.h"
+#include "run/failure_report.h"
+#include "run/interruption.h"
+#include "run/launcher_store.h"
+#include "run/rank_environment.h"
+#include "run/round_store.h"
+#include "run/round_watch.h"
+#include "run/run_arguments.h"
+#include "run/scratch_directory.h"
+#include "run/static_rendezvous.h"
+#include "run/supervisor.h"
+
+namespace lockstep::cli {
+namespace {
+
+// The store's host waits for every node to finish before exiting.
+void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd,
+                    const std::function<std::optional<std::string>()>& gone = nullptr) {
+  const std::string done = fmt::format("launcher/{}/done", round);
+  const std::string failed = round_failed_key(round);
+  while (store.add(done, 0) < nnodes && !store.check({failed})) {
+    throw_if_interrupted(signal_fd, "the other nodes to finish");
+    if (auto why = gone ? gone() : std::nullopt) {
+      std::fprintf(stderr, "lockstep run: not waiting for the other nodes to finish: %s\n", why->c_str());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Removes what this node's ranks left in /dev/shm; they have all exited.
+void remove_leftover_segments(const std::string& shm_tag) {
+  const std::size_t removed = remove_launcher_segments(shm_tag);
+  if (removed > 0)
+    std::fprintf(stderr, "lockstep run: removed %zu shared-memory segment(s) left in /dev/shm by this node's ranks\n",
+                 removed);
+}
+
+// With LOCKSTEP_TRACE set, each rank wrote <prefix>.rank<r>.json: merge this
+// node's into one file (<prefix>.json on node 0, <prefix>.node<k>.json on
+// others), one track group per rank.
+void merge_rank_traces(const Round& round, int nproc) {
+  const auto prefix = env_string(env::kTrace);
+  if (!prefix) return;
+  std::vector<std::string> files;
+  for (int local = 0; local < nproc; ++local) files.push_back(fmt::format("{}.rank{}.json", *prefix, round.first_rank + local));
+  const std::string out = round.node_rank == 0 ? *prefix + ".json" : fmt::format("{}.node{}.json", *prefix, round.node_rank);
+  const std::size_t merged = diag::merge_traces(files, out);
+  if (merged > 0) std::fprintf(stderr, "lockstep run: timeline of %zu rank(s) in %s (open it in Perfetto or chrome://tracing)\n", merged, out.c_str());
+}
+
+// The supervisor's options for the ranks of `round` as the command line
+// sets them; the loop adds each rank's directory and the watch of the
+// other nodes.
+SupervisorOptions supervisor_options(const RunOptions& o, const JobIdentity& job, const Round& round) {
+  SupervisorOptions sup;
+  sup.prefix_output = !o.no_prefix;
+  sup.write_logs = !o.log_dir.empty();
+  sup.tee = o.tee;
+  sup.redirects = o.redirects;
+  const std::vector<int> shown = parse_local_ranks(o.local_ranks_filter);
+  sup.console_ranks = std::set<int>(shown.begin(), shown.end());
+  sup.stdout_filters = parse_filters(o.duplicate_stdout_filters);
+  sup.stderr_filters = parse_filters(o.duplicate_stderr_filters);
+  sup.attempt_dir = job.run_dir / fmt::format("attempt_{}", round.number);
+  sup.grace = Duration(static_cast<std::int64_t>(o.grace_seconds * 1000));
+  sup.monitor_interval = Duration(static_cast<std::int64_t>(o.monitor_interval * 1000));
+  sup.unprefixed_rank0 = o.unprefixed_rank0;
+  return sup;
+}
+
+}  // namespace
+
+// The launchers' store and the run id first; then, each attempt: the round
+// (step 1), the ranks (step 2), their supervision with the watch of the
+// other nodes (step 3), and what its end means: done (step 4), interrupted,
+// a re-form without a restart counted, a restart, or the job's failure.
+int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd) {
+  const bool single = !plan.elastic && plan.nodes.max == 1;
+  const Deadline rendezvous_deadline = Deadline::after(plan.join_timeout);
+  JobIdentity job;
+  std::unique_ptr<TcpStoreServer> server;
+  const std::shared_ptr<Store> control = control_store(o, plan, single, job, server, rendezvous_deadline, signal_fd);
+  Store& store = *control;
+  // How messages name the launchers' store.
+  const std::string store_name = plan.etcd ? fmt::format("etcd at {}", o.rdzv_endpoint)
+                                           : fmt::format("the store at {}:{}", job.store_addr, job.store_port);
+  const std::string who = plan.elastic ? fmt::format("the node on host {}", host_name())
+                                       : fmt::format("node {} (host {})", plan.node_rank, host_name());
+  job.run_id = agree_run_id(store, o, plan, server != nullptr, job, who, rendezvous_deadline, signal_fd);
+  // Unique to this launcher (unlike the run id, which every node shares and
+  // a user may choose), so it names exactly this node's segments.
+  job.shm_tag = random_hex(6);
+  ScratchDirectory scratch;
+  job.run_dir = (o.log_dir.empty() ? scratch.create() : std::filesystem::path(o.log_dir)) / job.run_id;
+  std::unique_ptr<ElasticRendezvous> elastic;
+  if (plan.elastic) elastic = start_elastic_rendezvous(store, o, plan, job, store_name, nproc, signal_fd);
+
+  int failures = 0;
+  int last_world = -1;
+  const std::vector<std::string> command =
+      rank_command(o.program, EntryPoint{.module = o.module, .no_python = o.no_python, .run_path = o.run_path});
+  for (int attempt = 0;; ++attempt) {
+    Round round;
+    Endpoint master;
+    RoundStore round_store;  // the ranks' store of this round, under etcd
+    try {
+      if (elastic) {
+        auto next = elastic->next_round();
+        if (!next) {
+          std::fprintf(stderr, "lockstep run: the job finished while this node waited to join it\n");
+          return 0;
+        }
+        round = *next;
+      } else {
+        round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
+      }
+      master = program_master(store, round, single, o.local_addr, signal_fd, Deadline::after(plan.join_timeout));
+      if (plan.etcd) {
+        round_store = open_round_store(store, round, master.host, env_string(env::kStoreToken),
+                                       Deadline::after(plan.join_timeout), signal_fd);
+        job.store_addr = round_store.host;
+        job.store_port = round_store.port;
+        job.token = round_store.token;
+      }
+    } catch (const Interrupted& e) {
+      if (elastic) elastic->stop_beating();  // its connection is not a reader to wait for
+      announce_interruption(store, server.get(), who, e, elastic ? elastic->interruption_key() : kInterruptedKey);
+      throw;
+    } catch (const PeerError&) {
+      if (elastic) elastic->stop_beating();
+      keep_store_for_readers(server.get());  // another launcher published why the nodes stop
+      throw;
+    }
+    if (elastic || round.world_size != last_world)
+      std::fprintf(stderr, "lockstep run: %d rank(s) on node %d of %d (world size %d), %s, run %s%s\n", nproc,
+                   round.node_rank, round.nnodes, round.world_size,
+                   plan.etcd ? fmt::format("rendezvous in {}, ranks' store {}:{}", store_name, job.store_addr,
+                                           job.store_port).c_str()
+                             : fmt::format("store {}:{} ({})", job.store_addr, job.store_port,
+                                           store_protection(single, plan)).c_str(),
+                   job.run_id.c_str(), elastic ? fmt::format(", round {}", round.number).c_str() : "");
+    last_world = round.world_size;
+    SupervisorOptions sup = supervisor_options(o, job, round);
+    std::vector<RankProcess> ranks;
+    ranks.reserve(static_cast<std::size_t>(nproc));
+    for (int local = 0; local < nproc; ++local) {
+      sup.rank_dirs.push_back(attempt_dir(job, round, local));
+      std::filesystem::create_directories(sup.rank_dirs.back());
+      std::filesystem::remove(sup.rank_dirs.back() / "error.json");  // an earlier job's, with this run id
+      ranks.emplace_back(round.first_rank + local, command, rank_env(o, round, nproc, local, job, master, failures));
+    }
+    const std::string failed_key = round_failed_key(round.number);
+    StopReasons stop;
+    if (!single)
+      sup.remote_failure = watch_other_nodes(store, elastic.get(), plan, job, store_name, round, round_store, stop);
+    const AttemptResult result = supervise(ranks, signal_fd, sup);
+    remove_leftover_segments(job.shm_tag);
+    merge_rank_traces(round, nproc);
+
+    if (result.ok) {
+      if (!single) {
+        // "done" last: once every node has said it, the store's host leaves.
+        if (elastic) elastic->mark_finished();
+        if (elastic) elastic->mark_done(round);
+        store.add(fmt::format("launcher/{}/done", round.number), 1);
+        // Under etcd, node 0 of the round hosts its ranks' store instead.
+        if ((server || round_store.server) && elastic)
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
+        else if (server)
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd);
+      }
+      return 0;
+    }
+    if (result.interrupted_by != 0) {
+      if (!single) store.compare_set(failed_key, "", fmt::format("{} was interrupted", who));
+      return 128 + result.interrupted_by;
+    }
+    if (stop.store_unanswered) {
+      // Not a failure of the ranks: no restart is counted (as a node joining).
+      std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", ranks.size(),
+                   result.first_failure->reported_by.c_str());
+      if (!reach_store_again(store, job, plan.join_timeout, signal_fd)) return 1;
+      continue;  // joins the next round, or learns that the job is over
+    }
+    // A node waiting to join stops this attempt too when a peer's ranks,
+    // stopped for it a moment earlier, made ours fail first.
+    if (elastic && !stop.regroup && !stop.store_lost && round.nnodes < plan.nodes.max) {
+      try {
+        stop.regroup = elastic->nodes_waiting(round) > 0;
+      } catch (const Error&) {
+        // The store is gone: handled as a failure below.
+      }
+    }
+    // So does a node that stopped beating: our ranks may fail first (they
+    // were in a collective with ranks another launcher stopped for it).
+    if (elastic && !stop.regroup && !stop.store_lost && !stop.round_over) {
+      try {
+        if (auto lost = elastic->lost_node(round)) {
+          const RankFailure& f = *result.first_failure;
+          print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+          std::fprintf(stderr, "lockstep run: meanwhile %s; re-forming the group without it\n", lost->c_str());
+          continue;
+        }
+      } catch (const Error&) {
+        // The store is gone: handled as a failure below.
+      }
+    }
+    if (stop.round_over && !stop.regroup && !stop.store_lost) {
+      // Not a failure of the ranks: no restart is counted (as a node joining).
+      std::fprintf(stderr, "lockstep run: stopped this node's %zu rank(s): %s\n", ranks.size(),
+                   result.first_failure->reported_by.c_str());
+      continue;  // joins the next round, or learns that the job is over
+    }
+    if (stop.regroup) {
+      std::fprintf(stderr, "lockstep run: a new node is waiting to join; stopped this node's %zu rank(s) to re-form the group\n",
+                   ranks.size());
+      elastic->open_next_round(round);
+      continue;
+    }
+    const RankFailure& f = *result.first_failure;
+    const bool failed_here = !single && f.reported_by.empty();
+    if (failed_here) {
+      try {
+        store.set(node_failed_key(round.number, round.node_rank), failure_line(f, round.node_rank));
+        store.compare_set(failed_key, "", failure_line(f, round.node_rank));
+      } catch (const TimeoutError& e) {
+        if (!elastic) throw;
+        stop.store_unanswered = true;  // cut off from it, perhaps for a while: reached again below
+        std::fprintf(stderr, "lockstep run: %s did not answer in time (%s)\n", store_name.c_str(), e.what());
+      } catch (const Error& e) {
+        if (!elastic) throw;
+        stop.store_lost = true;  // its host died with the others' ranks; say why this node stops
+        std::fprintf(stderr, "lockstep run: %s is gone (%s); the job cannot go on without it\n", store_name.c_str(),
+                     e.what());
+      }
+    }
+    print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+    if (failed_here && !stop.store_lost) print_other_nodes_failures(store, round, std::chrono::seconds(1));
+    if (failures >= o.max_restarts || stop.store_lost) {
+      // The failed rank's own code; a failure on another node has none here.
+      return f.reported_by.empty() ? f.status.as_exit_code() : 1;
+    }
+    ++failures;
+    if (stop.store_unanswered) {
+      // The others re-form without this node meanwhile: it joins their next round.
+      if (!reach_store_again(store, job, plan.join_timeout, signal_fd)) return f.status.as_exit_code();
+      std::fprintf(stderr, "lockstep run: restart %d of %d: joining the job's next round\n", failures, o.max_restarts);
+      continue;
+    }
+    std::fprintf(stderr, "lockstep run: restarting all ranks (restart %d of %d)%s\n", failures, o.max_restarts,
+                 elastic ? " with the nodes that are left or join" : "");
+    if (elastic) elastic->open_next_round(round);
+  }
+}
+
+}  // namespace lockstep::cli
