@@ -74,27 +74,65 @@ downloads() {
   phase downloads venv-oldest "" nice_make deps-oldest
 }
 
-# --- builds: logged to a file, shown when a build fails ---
+# --- builds: logged to a file, shown when a build fails; in the order the
+# tests can use them soonest (the small ones before build-torch2) ---
 builds() {
   phase builds build "" nice_make build &&
-  phase builds build-torch2 venv-torch2 nice_make build-torch2 &&
   phase builds build-fuzz "" nice_make build-fuzz &&
   phase builds build-python venv-torch2 nice_make build-python &&
   phase builds wheel build-python nice_make wheel &&
-  phase builds build-python-cuda build-torch2 nice_make build-python-cuda &&
-  phase builds build-oldest "venv-oldest build-python" nice_make build-python-oldest
+  phase builds build-oldest "venv-oldest build-python" nice_make build-python-oldest &&
+  phase builds build-torch2 venv-torch2 nice_make build-torch2 &&
+  phase builds build-python-cuda build-torch2 nice_make build-python-cuda
 }
 
-# --- tests: the output CI shows as it comes ---
+# ready NEEDS: 0 when every phase named is done, 2 when one of them failed
+# or was skipped, 1 while any is still to come.
+ready() {
+  local need
+  for need in $1; do
+    [ -e "$state/$need.failed" ] || [ -e "$state/$need.skipped" ] && return 2
+    [ -e "$state/$need.done" ] || return 1
+  done
+  return 0
+}
+
+# --- tests: the output CI shows as it comes. Each suite as NAME|NEEDS|TARGET;
+# the first whose builds are done runs next, so that the lane never waits
+# for one build while another's suite could run ---
+test_suites=(
+  "cpp-tests|build venv-torch2|run-cpp-tests"
+  "fuzz|build-fuzz|run-fuzz"
+  "python-tests|build-python|run-python-tests"
+  "battery|build-python|run-battery"
+  "wheel-test|wheel|run-wheel-test"
+  "oldest-tests|build-oldest|run-python-oldest-tests"
+  "torch2-tests|build-torch2|run-torch2-tests"
+  "python-cuda-tests|build-python-cuda|run-python-cuda-tests"
+)
 tests() {
-  phase tests cpp-tests "build venv-torch2" "${make_quiet[@]}" run-cpp-tests &&
-  phase tests torch2-tests build-torch2 "${make_quiet[@]}" run-torch2-tests &&
-  phase tests fuzz build-fuzz "${make_quiet[@]}" run-fuzz &&
-  phase tests python-tests build-python "${make_quiet[@]}" run-python-tests &&
-  phase tests battery build-python "${make_quiet[@]}" run-battery &&
-  phase tests wheel-test wheel "${make_quiet[@]}" run-wheel-test &&
-  phase tests python-cuda-tests build-python-cuda "${make_quiet[@]}" run-python-cuda-tests &&
-  phase tests oldest-tests build-oldest "${make_quiet[@]}" run-python-oldest-tests
+  local pending=("${test_suites[@]}") i chosen name needs target status
+  while [ ${#pending[@]} -gt 0 ]; do
+    chosen=-1
+    for i in "${!pending[@]}"; do
+      IFS='|' read -r name needs target <<< "${pending[$i]}"
+      ready "$needs"
+      status=$?
+      if [ $status -eq 0 ] || [ $status -eq 2 ] || [ -e "$state/stop" ]; then
+        chosen=$i
+        break
+      fi
+    done
+    if [ $chosen -lt 0 ]; then
+      sleep 2
+      continue
+    fi
+    # (phase records a suite whose build failed, or a stopping run, as skipped.)
+    phase tests "$name" "$needs" "${make_quiet[@]}" "$target"
+    unset "pending[$chosen]"
+    pending=("${pending[@]}")
+  done
+  ! [ -e "$state/stop" ]
 }
 
 # --- networks: logged to a file, shown at the end; after the C++ suite,
