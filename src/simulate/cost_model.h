@@ -1,8 +1,9 @@
-// The time one all-reduce takes, per algorithm, from the latency (alpha),
-// per-byte (beta) and reduction (gamma) terms of the links it crosses: the
-// Hockney model, with each algorithm's step counts and byte volumes as the
-// shm and tcp backends implement them (docs/algorithms.md). Values and pure
-// functions; thread-safe.
+// The time one all-reduce, all-gather or reduce-scatter takes, per
+// algorithm, from the latency (alpha), per-byte (beta) and reduction
+// (gamma) terms of the links it crosses: the Hockney model, with each
+// algorithm's step counts and byte volumes as the shm and tcp backends
+// implement them (docs/algorithms.md). Values and pure functions;
+// thread-safe.
 #pragma once
 
 #include <string>
@@ -76,16 +77,27 @@ struct Cluster {
   // backend that runs at another rate than in place (gradient_as_bucket_view,
   // one set), which the links above are fitted to. Not calibrated: both
   // modes take the links above.
-  struct OutOfPlace {
+  struct FittedLink {
     bool calibrated = false;
     Link link;
     double gamma_us_per_byte = 0;
   };
-  OutOfPlace out_of_place;
+  FittedLink out_of_place;
+  // Fully sharded training's all-gather and reduce-scatter, where calibrated
+  // from `lockstep bench --op allgather` / `--op reduce_scatter` rows (fp32):
+  // the links above are fitted to the all-reduce, which on the shm backend
+  // runs a single-copy path on shared buffers that these two do not have.
+  // Not calibrated: the links above, with each collective's own steps and
+  // volumes (allgather_terms, reduce_scatter_terms).
+  FittedLink allgather;
+  FittedLink reduce_scatter;
   // The calibration's mean relative error (0: not calibrated), so that a
   // poor fit is reported wherever the cluster is used.
   double fit_error = 0;
 };
+
+// The hosts `ranks` ranks fill, ranks_per_host on each.
+int hosts_for(const Cluster& c, int ranks);
 
 // The coefficients of one algorithm's cost on a single kind of link:
 // time = steps * alpha + wire * S * beta + reduced * S * gamma.
@@ -105,5 +117,36 @@ double cost_us(const CostTerms& t, const Link& link, double gamma_us_per_byte, d
 // algorithm spanning hosts is paced by the slower inter-host link; the
 // hierarchical one adds its three phases. 0 for a world of one.
 double allreduce_us(const Cluster& c, int world, double bytes);
+
+// The all-gather and the reduce-scatter, `bytes` the whole buffer as in
+// nccl-tests (the all-gather's output, the reduce-scatter's input), as the
+// backends run them: the tcp backend's ring at every size (the two halves
+// of the ring all-reduce: n-1 steps, (n-1)/n of the buffer sent, and for
+// the reduce-scatter (n-1)/n reduced); the shm backend's rounds through
+// slots of n x 128 KiB (one synchronisation a round; an all-gather copies
+// the whole output through memory, a reduce-scatter (n-1)/n of its input
+// in and reduces as much); recursive halving / doubling for
+// recursive_doubling and halving_doubling (log2 p steps, the halves of
+// halving_doubling's all-reduce). Flat algorithms; hierarchical on one
+// level is the ring.
+CostTerms allgather_terms(Algorithm a, int n, double bytes);
+CostTerms reduce_scatter_terms(Algorithm a, int n, double bytes);
+
+// On the cluster, with the calibrated all-gather / reduce-scatter links
+// where the cluster has them. Across hosts, hierarchical runs the hier
+// backend's two phases: the all-gather gathers a rank's blocks across
+// hosts (a ring of the hosts on bytes / ranks per host), then the rows
+// inside the host; the reduce-scatter reduces inside the host first, then
+// a ring of the hosts on bytes / ranks per host. 0 for a world of one.
+double allgather_us(const Cluster& c, int world, double bytes);
+double reduce_scatter_us(const Cluster& c, int world, double bytes);
+
+// The bytes each rank moves per collective in a bandwidth-optimal
+// algorithm, nccl-tests' bus bandwidth factor: 2(n-1)/n of the buffer for
+// an all-reduce, (n-1)/n for an all-gather or a reduce-scatter. What a
+// sharded step communicates is compared with DDP's in these.
+double allreduce_bus_bytes(int world, double bytes);
+double allgather_bus_bytes(int world, double bytes);
+double reduce_scatter_bus_bytes(int world, double bytes);
 
 }  // namespace lockstep::sim

@@ -11,11 +11,6 @@
 namespace lockstep::sim {
 namespace {
 
-int hosts_for(const Cluster& c, int ranks) {
-  const int per_host = std::max(1, std::min(c.ranks_per_host, ranks));
-  return (ranks + per_host - 1) / per_host;
-}
-
 double wire_bytes(double bytes, const std::string& hook) {
   if (hook == "none") return bytes;
   if (hook == "fp16" || hook == "bf16") return bytes / 2;

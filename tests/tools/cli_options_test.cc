@@ -112,6 +112,26 @@ TEST(CliOptions, SimulateRefusesSizesBelowOneAndNumbersThatAreNotFinite) {
                  "# lockstep simulate");
 }
 
+// The fully sharded step's options: out of range, or given without
+// --strategy fsdp (where they would change nothing), refused by name.
+TEST(CliOptions, SimulateRefusesShardingOptionsOutOfRangeOrWithoutTheStrategy) {
+  testing::TempDir dir;
+  const auto simulate = [&](std::vector<std::string> more) {
+    std::vector<std::string> args{"simulate", "--model", "mlp", "--out", dir.path()};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_refused({{simulate({"--strategy", "zero"}), "--strategy: zero not in {ddp,fsdp}"},
+                  {simulate({"--strategy", "fsdp", "--prefetch", "-1"}), "--prefetch: '-1' is not a whole number"},
+                  {simulate({"--strategy", "fsdp", "--units", "2.5"}), "--units: '2.5' is not a whole number"},
+                  {simulate({"--strategy", "fsdp", "--optimizer-bytes", "nan"}),
+                   "--optimizer-bytes: 'nan' is not a finite number of 0 or more"},
+                  {simulate({"--strategy", "fsdp", "--param-dtype", "fp16"}), "--param-dtype: fp16 not in {fp32,bf16}"},
+                  {simulate({"--units", "3"}), "describe the fully sharded step; add --strategy fsdp"},
+                  {simulate({"--strategy", "fsdp", "--accumulate", "4"}), "--accumulate is DDP's no_sync"}},
+                 "# lockstep simulate");
+}
+
 // A profile is of one batch, which its file does not record: --batch
 // against it is refused unless --trace-batch says which batch it was (then
 // rescaled, with a note), and without either the report does not make up a

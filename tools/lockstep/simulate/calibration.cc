@@ -127,16 +127,29 @@ std::vector<Sample> agreeing_rows(const std::vector<Sample>& s) {
 }  // namespace
 
 Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes) {
+  return fit_collective(rows, "allreduce", algorithm, min_bytes);
+}
+
+Fit fit_collective(const std::vector<cli::BenchRow>& rows, const std::string& op, Algorithm algorithm,
+                   double min_bytes) {
+  CostTerms (*terms)(Algorithm, int, double) = op == "allreduce"   ? flat_terms
+                                               : op == "allgather" ? allgather_terms
+                                               : op == "reduce_scatter"
+                                                   ? reduce_scatter_terms
+                                                   : nullptr;
+  if (terms == nullptr)
+    throw InvalidArgument(fmt::format("calibrate: no cost model for '{}'; fit allreduce, allgather or reduce_scatter",
+                                      op));
   std::vector<Sample> all;
   for (const auto& r : rows) {
-    if (r.op != "allreduce" || r.ranks < 2 || r.bytes < min_bytes || r.time_us <= 0) continue;
-    const CostTerms t = flat_terms(algorithm, r.ranks, r.bytes);
+    if (r.op != op || r.ranks < 2 || r.bytes < min_bytes || r.time_us <= 0) continue;
+    const CostTerms t = terms(algorithm, r.ranks, r.bytes);
     all.push_back({{t.steps / r.time_us, t.wire * r.bytes / r.time_us, t.reduced * r.bytes / r.time_us}, 1});
   }
   if (all.size() < 2)
-    throw InvalidArgument(fmt::format("calibrate: {} all-reduce rows of 2 or more ranks at {} bytes or more; measure "
-                                      "a range of sizes, e.g. lockstep bench -np 2 -b 64K -e 64M -f 2 --json FILE",
-                                      all.size(), min_bytes));
+    throw InvalidArgument(fmt::format("calibrate: {} {} rows of 2 or more ranks at {} bytes or more; measure a range "
+                                      "of sizes, e.g. lockstep bench -np 2 --op {} -b 64K -e 64M -f 2 --json FILE",
+                                      all.size(), op, min_bytes, op));
   const std::vector<Sample> samples = agreeing_rows(all);
   Fit fit;
   fit.outliers = all.size() - samples.size();
@@ -241,10 +254,50 @@ void calibrate_out_of_place(const std::vector<cli::BenchRow>& rows, Calibration&
   c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
 }
 
+namespace {
+
+// Fully sharded training's all-gather or reduce-scatter from fp32 rows of
+// that op, where the files have them.
+void calibrate_sharded_collective(const std::vector<cli::BenchRow>& rows, const std::string& op,
+                                  Cluster::FittedLink& fitted, Calibration& c) {
+  const bool any = std::any_of(rows.begin(), rows.end(), [&](const cli::BenchRow& r) { return r.op == op; });
+  if (!any) {
+    // The tcp backend's ring all-gather and reduce-scatter are the two
+    // halves of its ring all-reduce over the same link, so the all-reduce's
+    // alpha and beta carry over; the shm backend reduces shared buffers
+    // (DDP's buckets) on a single-copy path these two do not have.
+    c.notes.push_back(fmt::format("{}: no rows (bench --op {} --json); fully sharded steps take the all-reduce's link "
+                                  "with the {}'s own steps and volume{}",
+                                  op, op, op,
+                                  c.algorithm == Algorithm::shm ? " (on shm the all-reduce's shared-buffer rate is "
+                                                                  "not theirs: measure them)"
+                                                                : ""));
+    return;
+  }
+  const Fit fit = fit_collective(rows, op, c.algorithm, c.min_bytes);
+  fitted = {true, fit.link, fit.gamma_us_per_byte};
+  c.notes.push_back(fmt::format("{} (fully sharded training): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; mean error "
+                                "{:.1f}%, max {:.1f}%",
+                                op, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(), 100 * fit.mean_error,
+                                100 * fit.max_error));
+  const std::string poor = poor_fit_warning(fit.mean_error, "fp32 " + op);
+  if (!poor.empty()) c.warnings.push_back(poor);
+  c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
+}
+
+std::vector<cli::BenchRow> rows_of_op(const std::vector<cli::BenchRow>& rows, const std::string& op) {
+  std::vector<cli::BenchRow> out;
+  for (const auto& r : rows)
+    if (r.op == op) out.push_back(r);
+  return out;
+}
+
+}  // namespace
+
 Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::string& algorithm_name,
                               double min_bytes, int ranks_per_host) {
   Calibration c;
-  const std::vector<cli::BenchRow> fp32 = rows_of(all, "float");
+  const std::vector<cli::BenchRow> fp32 = rows_of_op(rows_of(all, "float"), "allreduce");
   // The links are fitted to the in-place rows (gradient_as_bucket_view,
   // and the hooks' own all-reduces); out-of-place rows alone serve too.
   const std::vector<cli::BenchRow> in_place = placed(fp32, false);
@@ -291,8 +344,10 @@ Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::
   else
     c.notes.push_back("in place: no rows (bench --shared-buffers without --out-of-place); gradient_as_bucket_view "
                       "is taken to reduce at the out-of-place rate of DDP's default reducer");
-  calibrate_hook(rows_of(all, "half"), "fp16", c);
-  calibrate_hook(rows_of(all, "bfloat16"), "bf16", c);
+  calibrate_hook(rows_of_op(rows_of(all, "half"), "allreduce"), "fp16", c);
+  calibrate_hook(rows_of_op(rows_of(all, "bfloat16"), "allreduce"), "bf16", c);
+  calibrate_sharded_collective(rows_of(all, "float"), "allgather", cl.allgather, c);
+  calibrate_sharded_collective(rows_of(all, "float"), "reduce_scatter", cl.reduce_scatter, c);
   return c;
 }
 
@@ -317,9 +372,11 @@ std::string cluster_json(const Cluster& c) {
                       {"fit_error", c.fit_error}};
   if (c.fp16.calibrated) j["fp16"] = hook(c.fp16);
   if (c.bf16.calibrated) j["bf16"] = hook(c.bf16);
-  if (c.out_of_place.calibrated) {
-    j["out_of_place"] = link(c.out_of_place.link);
-    j["out_of_place"]["gamma_gb_per_s"] = c.out_of_place.gamma_us_per_byte > 0 ? 1e-3 / c.out_of_place.gamma_us_per_byte : 0;
+  for (auto [key, fitted] : {std::pair{"out_of_place", &c.out_of_place}, std::pair{"allgather", &c.allgather},
+                             std::pair{"reduce_scatter", &c.reduce_scatter}}) {
+    if (!fitted->calibrated) continue;
+    j[key] = link(fitted->link);
+    j[key]["gamma_gb_per_s"] = fitted->gamma_us_per_byte > 0 ? 1e-3 / fitted->gamma_us_per_byte : 0;
   }
   return j.dump(1) + "\n";
 }
@@ -356,11 +413,13 @@ Cluster parse_cluster_json(const std::string& text) {
     h->narrow_gb_per_s = j[key].value("narrow_gb_per_s", 0.0);
     h->widen_gb_per_s = j[key].value("widen_gb_per_s", 0.0);
   }
-  if (j.contains("out_of_place")) {
-    c.out_of_place.calibrated = true;
-    c.out_of_place.link = link("out_of_place");
-    const double g = j["out_of_place"].value("gamma_gb_per_s", 0.0);
-    c.out_of_place.gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
+  for (auto [key, fitted] : {std::pair{"out_of_place", &c.out_of_place}, std::pair{"allgather", &c.allgather},
+                             std::pair{"reduce_scatter", &c.reduce_scatter}}) {
+    if (!j.contains(key)) continue;
+    fitted->calibrated = true;
+    fitted->link = link(key);
+    const double g = j[key].value("gamma_gb_per_s", 0.0);
+    fitted->gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
   }
   if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0)
     throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}: the rate and "

@@ -30,6 +30,14 @@ struct Fit {
 // Throws InvalidArgument when fewer than two rows remain.
 Fit fit_allreduce(const std::vector<cli::BenchRow>& rows, Algorithm algorithm, double min_bytes = 0);
 
+// The same for the rows of one collective, `op` as bench names it:
+// allreduce, allgather or reduce_scatter, each with its own step counts
+// and volumes (flat_terms, allgather_terms, reduce_scatter_terms) and
+// bench's size (the whole buffer: the all-gather's output, the
+// reduce-scatter's input).
+Fit fit_collective(const std::vector<cli::BenchRow>& rows, const std::string& op, Algorithm algorithm,
+                   double min_bytes = 0);
+
 // The median, over the all-reduce rows `fit_allreduce` would fit, of the
 // share of the time a rank's process was on a core (its CPU time over the
 // wall time, at most 1); 0 when the rows carry no CPU times (tables, or
@@ -41,9 +49,11 @@ double comm_cpu_share(const std::vector<cli::BenchRow>& rows, double min_bytes =
 // step time), so the user is told to re-measure.
 constexpr double kPoorFitError = 0.15;
 
-// A cluster fitted to one or more `lockstep bench` runs: the fp32 rows set
-// the links (DDP's plain all-reduce), half and bfloat16 rows the fp16 and
-// bf16 hooks' rates (Cluster::Hook16). `notes` say where each term came
+// A cluster fitted to one or more `lockstep bench` runs: the fp32
+// all-reduce rows set the links (DDP's plain all-reduce), half and bfloat16
+// rows the fp16 and bf16 hooks' rates (Cluster::Hook16), fp32 allgather
+// and reduce_scatter rows those of fully sharded training
+// (Cluster::allgather, reduce_scatter). `notes` say where each term came
 // from; `warnings` what is wrong with the measurements and what to do.
 struct Calibration {
   Cluster cluster;

@@ -1,7 +1,8 @@
 // `lockstep simulate`; see simulate_command.h. Steps: calibrate a cluster
 // from bench results when asked; build the cluster and the workload; predict
-// every world size; write report.md (table, bottleneck, recommendation),
-// scaling.png and, with --json, the numbers.
+// every world size (DDP's step, or the fully sharded one beside DDP's);
+// write report.md (table, bottleneck, recommendation), scaling.png and,
+// with --json, the numbers.
 #include "simulate/simulate_command.h"
 
 #include <cstdio>
@@ -19,6 +20,8 @@
 #include "lockstep/error.h"
 #include "simulate/calibration.h"
 #include "simulate/cluster_presets.h"
+#include "simulate/fully_sharded_report.h"
+#include "simulate/fully_sharded_workload.h"
 #include "simulate/step_simulation.h"
 
 namespace lockstep::cli {
@@ -213,6 +216,73 @@ nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const sim::Re
             {"accumulation_for_90", r.accumulation_for_90}}}};
 }
 
+double element_bytes(const std::string& dtype) { return dtype == "bf16" ? 2 : 4; }
+
+bool sharded(const SimulateOptions& o) { return o.strategy == "fsdp" || !o.sharded_trace.empty(); }
+
+// Options of the fully sharded step given without it would change nothing.
+void check_strategy(const SimulateOptions& o) {
+  if (sharded(o)) {
+    if (o.accumulation > 1)
+      throw InvalidArgument("simulate: --accumulate is DDP's no_sync; the fully sharded step is simulated one "
+                            "synchronised micro-batch at a time: leave --accumulate out with --strategy fsdp");
+    return;
+  }
+  const SimulateOptions defaults;
+  if (o.units != defaults.units || o.prefetch != defaults.prefetch || o.no_reshard_after_forward ||
+      o.param_dtype != defaults.param_dtype || o.reduce_dtype != defaults.reduce_dtype ||
+      o.optimizer_bytes != defaults.optimizer_bytes)
+    throw InvalidArgument("simulate: --units, --prefetch, --no-reshard-after-forward, --param-dtype, --reduce-dtype "
+                          "and --optimizer-bytes describe the fully sharded step; add --strategy fsdp");
+}
+
+// The units, from a fully sharded trace or from the data-parallel
+// workload's gradients; and the data-parallel workload DDP is compared on.
+std::pair<sim::ShardedWorkload, sim::Workload> sharded_workload_for(const SimulateOptions& o) {
+  if (o.sharded_trace.empty()) {
+    sim::Workload w = workload_for(o);
+    return {sim::units_from(w, o.units), w};
+  }
+  if (o.units > 0)
+    throw InvalidArgument("simulate: --units with --sharded-trace: the trace's units are the ones fully_shard made; "
+                          "leave --units out");
+  sim::ShardedWorkload w = sim::sharded_from_trace(o.sharded_trace, o.trace_rank);
+  w.batch = o.trace_batch;
+  if (o.data_ms >= 0) w.data_ms = o.data_ms;
+  return {w, sim::as_data_parallel(w)};
+}
+
+int run_sharded(const SimulateOptions& o, const sim::Scenario& s, const fs::path& dir) {
+  sim::ShardingOptions sharding;
+  sharding.prefetch = o.prefetch;
+  sharding.reshard_after_forward = !o.no_reshard_after_forward;
+  sharding.param_bytes = element_bytes(o.param_dtype);
+  sharding.reduce_bytes = element_bytes(o.reduce_dtype);
+  sharding.optimizer_bytes = o.optimizer_bytes;
+  const auto [w, data_parallel] = sharded_workload_for(o);
+  std::vector<ShardedComparison> runs;
+  std::vector<PlotRow> rows;
+  for (const auto n : parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize)) {
+    const int ranks = static_cast<int>(n);
+    runs.push_back({sim::predict_sharded(w, s, sharding, ranks), sim::predict(data_parallel, s, ranks)});
+    const auto& q = runs.back().fsdp;
+    rows.push_back({q.ranks, q.step.compute_ms, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
+  }
+  const auto alternatives = sharding_alternatives(w, s, sharding, runs.back().fsdp.ranks);
+  std::string report = render_sharded(w, s, sharding, runs, alternatives);
+  const std::string png =
+      plot_scaling(rows, dir, "lockstep simulate: predicted fully sharded step and efficiency", "stragglers");
+  report += png.empty() ? "\n(No plot: gnuplot is not installed.)\n"
+                        : fmt::format("\n![scaling]({})\n", fs::path(png).filename().string());
+  std::ofstream(dir / "report.md") << report;
+  if (!o.json.empty())
+    std::ofstream(o.json) << nlohmann::json{{"strategy", "fsdp"}, {"fsdp", sharded_json(w, sharding, runs, alternatives)}}
+                                 .dump(1)
+                          << "\n";
+  std::printf("%s\nreport: %s\n", report.c_str(), (dir / "report.md").string().c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_simulate_command(CLI::App& app, SimulateOptions& o) {
@@ -266,6 +336,32 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
       ->delimiter(',')
       ->excludes(jitter);
   s->add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view (reduced in place in one set of buckets)");
+  s->add_option("--strategy", o.strategy,
+                "ddp, or fsdp: the fully sharded step (fully_shard, ZeRO-3) beside DDP's, with memory per rank")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ddp", "fsdp"}));
+  s->add_option("--sharded-trace", o.sharded_trace,
+                "Profile: a LOCKSTEP_TRACE file of a fully sharded run, its units' compute and parameters (fsdp)");
+  s->add_option("--units", o.units,
+                "fsdp: group the model's layers into at most this many units of about equal parameters (0: one per "
+                "layer; the first is the root)")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
+  s->add_option("--prefetch", o.prefetch, "fsdp: all-gathers issued ahead of the unit computing")
+      ->capture_default_str()
+      ->check(checks::non_negative_count());
+  s->add_flag("--no-reshard-after-forward", o.no_reshard_after_forward,
+              "fsdp: keep the gathered parameters from forward to backward (ZeRO-2: no all-gather in backward)");
+  s->add_option("--param-dtype", o.param_dtype, "fsdp: the dtype parameters are gathered in: fp32, bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  s->add_option("--reduce-dtype", o.reduce_dtype, "fsdp: the dtype gradients are reduce-scattered in: fp32, bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  s->add_option("--optimizer-bytes", o.optimizer_bytes,
+                "fsdp: optimizer state per parameter, for memory (Adam 8, SGD with momentum 4, SGD 0)")
+      ->capture_default_str()
+      ->check(checks::non_negative_number());
   s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
   s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
   s->add_option("--json", o.json, "Also write the predictions to this JSON file");
@@ -279,7 +375,9 @@ int run_simulate(const SimulateOptions& o) {
   const fs::path dir(o.out);
   fs::create_directories(dir);
   sim::Scenario s;
-  const bool has_workload = !o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty();
+  check_strategy(o);
+  const bool has_workload =
+      !o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty() || !o.sharded_trace.empty();
   if (!o.calibrate.empty()) {
     s.cluster = calibrate(o, dir);
     if (!has_workload) return 0;
@@ -295,6 +393,7 @@ int run_simulate(const SimulateOptions& o) {
     std::printf("compute spread %.1f%% (from %zu trace file(s))\n", 100 * s.jitter, o.jitter_from.size());
   }
   s.bucket_view = o.bucket_view;
+  if (sharded(o)) return run_sharded(o, s, dir);
   const sim::Workload w = workload_for(o);
   std::vector<sim::ScalePrediction> predictions;
   std::vector<PlotRow> rows;

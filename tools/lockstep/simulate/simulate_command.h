@@ -4,6 +4,8 @@
 // LOCKSTEP_STATS file, or a model description) and a cluster (a preset, a
 // file, or one calibrated from `lockstep bench` results); names the
 // bottleneck and the bucket size and compression that minimise the step.
+// With --strategy fsdp it predicts the fully sharded step instead, beside
+// DDP's, with each rank's memory.
 #pragma once
 
 #include <string>
@@ -41,6 +43,15 @@ struct SimulateOptions {
   double jitter = 0;
   std::vector<std::string> jitter_from;  // LOCKSTEP_TRACE files to measure the jitter from
   bool bucket_view = false;  // gradient_as_bucket_view (in place in one set of buckets)
+  // Fully sharded training (--strategy fsdp).
+  std::string strategy = "ddp";  // ddp, fsdp
+  std::string sharded_trace;     // a LOCKSTEP_TRACE of a fully sharded run: its units (implies fsdp)
+  int units = 0;                 // group the layers into at most this many units; 0: one per layer
+  int prefetch = 1;
+  bool no_reshard_after_forward = false;
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype = "fp32";
+  double optimizer_bytes = 8;
   bool list_presets = false;
   std::string out = "lockstep-simulate";
   std::string json;
