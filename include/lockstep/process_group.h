@@ -87,8 +87,16 @@ class Work {
   const OpInfo& info() const { return info_; }
   // E.g. "allreduce #12 (float x 1000, sum)".
   std::string description() const { return describe(info_, seq_); }
+  // The rank a recv's message came from, as c10d's Work::sourceRank(): the
+  // source a recv named, or for recv_any the rank that sent the message,
+  // known once it has arrived (completion callbacks see it; -1 before, if
+  // the recv failed first, and for every other operation).
+  int source_rank() const;
   // Set by the process group on an operation over CUDA memory.
   void attach_stream_order(std::shared_ptr<detail::StreamOrder> order);
+  // Set by the process group on a recv_any: where the operation writes the
+  // sender's rank once it has received the message.
+  void attach_source(std::shared_ptr<const std::atomic<int>> source);
   // Steady-clock microseconds: when the operation was issued, started and
   // finished; 0 if not yet. Operations short enough to run on the issuing
   // thread are stamped at the kernel tick's resolution (1-4 ms) unless a
@@ -114,6 +122,7 @@ class Work {
   std::vector<std::function<void(const Work&)>> callbacks_;
   std::vector<std::function<void(const Work&)>> continuations_;  // then(): run once done_ is set
   std::shared_ptr<detail::StreamOrder> stream_order_;  // set before the Work is handed out
+  std::shared_ptr<const std::atomic<int>> source_;     // recv_any only; set before the Work is handed out
 };
 
 // How to form a group. Every field has a default taken from `config`, which
@@ -244,6 +253,18 @@ class ProcessGroup {
   // Point to point. A send and its recv must agree on size, dtype and tag.
   std::shared_ptr<Work> send(ConstBuffer data, int dst, int tag = 0);
   std::shared_ptr<Work> recv(Buffer data, int src, int tag = 0);
+  // A recv from any other rank (MPI_ANY_SOURCE; torch.distributed's recv
+  // without src): takes the first message sent to this rank by any peer,
+  // and Work::source_rank() then says who sent it. Messages are never lost
+  // or taken twice, and one sender's messages arrive in the order it sent
+  // them; among senders the order is not defined. The message taken must
+  // agree with `data` and `tag` as for recv (it is not skipped for a later
+  // one that would), or the recv fails with a MismatchError naming the
+  // sender: a sender that may run ahead to messages of another size needs
+  // ordering (a barrier between the phases). Refused (InvalidArgument)
+  // where the backend cannot receive without naming the peer (nccl), and
+  // in a group of one.
+  std::shared_ptr<Work> recv_any(Buffer data, int tag = 0);
 
   bool supports(Collective collective, DType dtype, ReduceOp op = ReduceOp::sum) const;
 

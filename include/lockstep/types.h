@@ -139,7 +139,7 @@ struct OpInfo {
   std::size_t count = 0;          // elements (allgather, gather: per rank input; reduce_scatter, scatter: per rank
                                   // output; all_to_all: the block, or the total for per-rank counts; allgather_v: the total)
   ReduceOp op = ReduceOp::sum;    // for reductions
-  int peer = -1;                  // root, destination or source; -1 if none
+  int peer = -1;                  // root, destination or source; -1 if none (recv: from any rank)
   int tag = 0;                    // send/recv
   // Per-rank-count collectives (allgather_v, all_to_all with counts): a
   // digest of the counts every rank must agree on; 0 for the others. The

@@ -134,6 +134,16 @@ class Backend {
                            const std::vector<std::size_t>& counts) = 0;
   virtual void send(const OpContext& op, ConstBuffer data, int dst, int tag) = 0;
   virtual void recv(const OpContext& op, Buffer data, int src, int tag) = 0;
+  // Receives the first message any peer sends to this rank and returns the
+  // sender's rank. A message is taken whole, once, and one sender's
+  // messages in the order sent; its header is checked as recv's, naming
+  // the sender. Waits as recv does (deadline, cancellation, dead peers).
+  // Called only where why_no_recv_any() is empty.
+  virtual int recv_any(const OpContext& op, Buffer data, int tag) = 0;
+  // Why recv_any cannot run on this backend, and what to do instead; empty
+  // where it can. The front end refuses the call with it, before anything
+  // is queued, so the group stays usable.
+  virtual std::string why_no_recv_any() const { return {}; }
 
   virtual bool supports(Collective, DType, ReduceOp) const { return true; }
 

@@ -48,6 +48,8 @@ class ForwardingBackend : public Backend {
   }
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override { inner_->send(op, data, dst, tag); }
   void recv(const OpContext& op, Buffer data, int src, int tag) override { inner_->recv(op, data, src, tag); }
+  int recv_any(const OpContext& op, Buffer data, int tag) override { return inner_->recv_any(op, data, tag); }
+  std::string why_no_recv_any() const override { return inner_->why_no_recv_any(); }
   bool supports(Collective c, DType t, ReduceOp o) const override { return inner_->supports(c, t, o); }
   bool handles_device_memory() const override { return inner_->handles_device_memory(); }
   std::size_t inline_max_bytes() const override { return inner_->inline_max_bytes(); }

@@ -245,6 +245,25 @@ std::shared_ptr<Work> ProcessGroup::recv(Buffer data, int src, int tag) {
                        /*numbered=*/false);
 }
 
+std::shared_ptr<Work> ProcessGroup::recv_any(Buffer data, int tag) {
+  check_buffer(data, "recv_any");
+  const Route r = route(*impl_, "recv_any", {{"data", data}});
+  const std::string refusal = r.backend->why_no_recv_any();
+  LOCKSTEP_CHECK_ARG(refusal.empty(), "recv_any: {}", refusal);
+  LOCKSTEP_CHECK_ARG(size() > 1, "recv_any: this group of one has no other rank to receive from");
+  // The backend learns the sender while the operation runs, possibly on
+  // this thread before submit returns: it writes it here, and the Work,
+  // handed out only after, reads it from here.
+  auto source = std::make_shared<std::atomic<int>>(-1);
+  auto work = submit_routed(*impl_, info_of(Collective::recv, data, ReduceOp::sum, /*peer=*/-1, tag), r,
+                            [data, tag, source](Backend& b, const OpContext& ctx) {
+                              source->store(b.recv_any(ctx, data, tag), std::memory_order_release);
+                            },
+                            /*numbered=*/false);
+  work->attach_source(std::move(source));
+  return work;
+}
+
 void ProcessGroup::annotate(std::uint64_t seq, std::string label) {
   impl_->diagnostics->recorder().label(seq, std::move(label));
 }

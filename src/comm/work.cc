@@ -38,6 +38,16 @@ void Work::synchronize(Duration timeout) {
 
 void Work::attach_stream_order(std::shared_ptr<detail::StreamOrder> order) { stream_order_ = std::move(order); }
 
+void Work::attach_source(std::shared_ptr<const std::atomic<int>> source) { source_ = std::move(source); }
+
+int Work::source_rank() const {
+  if (info_.collective != Collective::recv) return -1;
+  if (!source_) return info_.peer;
+  // Written (release) once the message is in, before the Work completes, so
+  // completion callbacks read it too; -1 until then and after a failure.
+  return source_->load(std::memory_order_acquire);
+}
+
 bool Work::done() const { return done_.load(std::memory_order_acquire); }
 
 std::exception_ptr Work::error() const {
@@ -59,6 +69,7 @@ void Work::on_complete(std::function<void(const Work&)> callback) {
 std::shared_ptr<Work> Work::then(std::function<void(const Work&)> continuation) {
   auto next = std::make_shared<Work>(seq_, info_, issued_us_);
   next->stream_order_ = stream_order_;
+  next->source_ = source_;
   // Runs once this Work counts as done (unlike on_complete's callbacks), so
   // a waiter on `next` finds this one done too, as with c10d's futures.
   auto run = [next, continuation = std::move(continuation)](const Work& done) {

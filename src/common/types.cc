@@ -144,7 +144,8 @@ std::string describe(const OpInfo& info, std::uint64_t seq) {
       details = shape + " to rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
       break;
     case Collective::recv:
-      details = shape + " from rank " + std::to_string(info.peer) + ", tag " + std::to_string(info.tag);
+      details = shape + (info.peer < 0 ? std::string(" from any rank") : " from rank " + std::to_string(info.peer)) +
+                ", tag " + std::to_string(info.tag);
       break;
   }
   if (info.device.is_cuda()) details += (details.empty() ? "" : ", ") + std::string("on ") + to_string(info.device);

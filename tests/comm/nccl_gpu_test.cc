@@ -208,6 +208,26 @@ TEST_F(NcclOnGpu, MemoryOfAnotherDeviceIsRefusedNamingBothDevices) {
   cudaFree(other);
 }
 
+// NCCL has no receive from any source: recv_any is refused as it is issued
+// (on CUDA and on host memory), saying why and what to use instead, and the
+// group goes on.
+TEST_F(NcclOnGpu, RecvFromAnySourceIsRefusedNamingTheCauseAndTheGroupGoesOn) {
+  DeviceBytes device(4 * sizeof(float));
+  std::vector<float> host(4);
+  for (const Buffer& data : {device.view(4, DType::f32), view(std::span(host))}) {
+    try {
+      pg_->recv_any(data);
+      ADD_FAILURE() << "recv_any was accepted on " << to_string(data.device);
+    } catch (const InvalidArgument& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("nccl backend cannot receive from any source"), std::string::npos) << message;
+      EXPECT_NE(message.find("Name the source"), std::string::npos) << message;
+    }
+  }
+  EXPECT_FALSE(pg_->aborted());
+  pg_->barrier()->wait();
+}
+
 // NCCL runs one rank per GPU: two ranks on the one device of this machine
 // are refused at group creation with a ConfigError that says so, on every
 // rank that gets that far, and nothing hangs.

@@ -198,8 +198,9 @@ std::chrono::nanoseconds MpiBackend::spin_for(std::size_t bytes) const {
   return kMinSpin + std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(bytes) / kSpinBytesPerSecond * 1e9));
 }
 
-void MpiBackend::wait(MPI_Request& request, const OpContext& op, const char* call, std::size_t bytes, int peer) {
-  const WaitOutcome outcome = test_until(request, op.deadline, spin_for(bytes), crowded_);
+void MpiBackend::wait(MPI_Request& request, const OpContext& op, const char* call, std::size_t bytes, int peer,
+                      MPI_Status* status) {
+  const WaitOutcome outcome = test_until(request, op.deadline, spin_for(bytes), crowded_, status);
   if (outcome.done) return;
   check(outcome.error, op, call);
   // Timed out. MPI cannot cancel a collective, so the request is left to
@@ -212,6 +213,12 @@ void MpiBackend::wait(MPI_Request& request, const OpContext& op, const char* cal
                                    "only slow, raise LOCKSTEP_TIMEOUT",
                                    self_, op.description(), seconds, call, peer, peer),
                        peer);
+  if (op.info.collective == Collective::recv)  // from any source
+    throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s in {} waiting for a message from any rank, and "
+                                   "none sent one. The ranks are stuck, slower than the timeout, or issued a "
+                                   "different sequence of operations (no send to this rank); if they are only slow, "
+                                   "raise LOCKSTEP_TIMEOUT",
+                                   self_, op.description(), seconds, call));
   throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s in {}: some rank of this group of {} has not "
                                  "joined it, and MPI cannot say which. That rank is stuck, slower than the timeout, "
                                  "or issued a different sequence of collectives; if it is only slow, raise "

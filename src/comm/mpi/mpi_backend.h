@@ -16,7 +16,8 @@
 //                 with MismatchError instead of wrong data or a hang
 //   send / recv   a header message (tag, dtype, bytes) the receiver checks,
 //                 then the payload, on two MPI tags of the group's
-//                 communicator
+//                 communicator; a recv from any source takes the header
+//                 from MPI_ANY_SOURCE and the payload from its sender
 //   timeouts      MPI cannot cancel a collective: after a timeout the
 //                 request is abandoned (never waited on again), the group
 //                 aborts, and the buffers it used may still be written if
@@ -61,6 +62,7 @@ class MpiBackend final : public Backend {
   void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  int recv_any(const OpContext& op, Buffer data, int tag) override;
   void shutdown(Deadline deadline) override;
   std::size_t inline_max_bytes() const override { return kInlineMaxBytes; }
 
@@ -96,9 +98,14 @@ class MpiBackend final : public Backend {
   void check(int code, const OpContext& op, const char* call) const;
   // Waits for `request` until op's deadline (see runtime.h). `peer` is the
   // rank waited for when there is one (send/recv), else -1. On timeout the
-  // request is abandoned and TimeoutError thrown.
-  void wait(MPI_Request& request, const OpContext& op, const char* call, std::size_t bytes, int peer = -1);
+  // request is abandoned and TimeoutError thrown. `status`, if given,
+  // receives the request's status.
+  void wait(MPI_Request& request, const OpContext& op, const char* call, std::size_t bytes, int peer = -1,
+            MPI_Status* status = MPI_STATUS_IGNORE);
   std::chrono::nanoseconds spin_for(std::size_t bytes) const;
+  // recv and recv_any: receives a message from `from` (a rank or
+  // MPI_ANY_SOURCE) and returns its sender.
+  int receive(const OpContext& op, Buffer data, int from, int tag);
 
   MPI_Comm create_communicator(const BackendContext& ctx);
 

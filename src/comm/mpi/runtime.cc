@@ -81,17 +81,18 @@ std::string error_text(int code) {
   return std::string(text, static_cast<std::size_t>(length));
 }
 
-WaitOutcome test_until(MPI_Request& request, Deadline deadline, std::chrono::nanoseconds spin, bool yield) {
+WaitOutcome test_until(MPI_Request& request, Deadline deadline, std::chrono::nanoseconds spin, bool yield,
+                       MPI_Status* status) {
   WaitOutcome out;
   int done = 0;
-  out.error = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+  out.error = MPI_Test(&request, &done, status);
   if (out.error != MPI_SUCCESS || done) {
     out.done = out.error == MPI_SUCCESS;
     return out;
   }
   const auto spin_until = Clock::now() + spin;
   for (;;) {
-    out.error = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    out.error = MPI_Test(&request, &done, status);
     if (out.error != MPI_SUCCESS) return out;
     if (done) {
       out.done = true;

@@ -58,7 +58,10 @@ struct WaitOutcome {
 // that outlasts the spin goes on at the pace of the tests. Measured: naps
 // growing to 1 ms made the no-single-copy sweep 7x slower. With `yield`
 // (ranks outnumber cores) every spinning test also gives the core away.
+// `status`, if given, receives the completed request's status (a receive
+// from MPI_ANY_SOURCE learns its sender there).
 inline constexpr std::chrono::microseconds kNap{50};
-WaitOutcome test_until(MPI_Request& request, Deadline deadline, std::chrono::nanoseconds spin, bool yield);
+WaitOutcome test_until(MPI_Request& request, Deadline deadline, std::chrono::nanoseconds spin, bool yield,
+                       MPI_Status* status = MPI_STATUS_IGNORE);
 
 }  // namespace lockstep::mpi

@@ -5,7 +5,8 @@
 // headers and payloads pair up. The receiver checks the header against what
 // it expects; on a mismatch it still takes the payload (into scratch
 // memory), so the sender completes, and then throws MismatchError naming
-// both sides.
+// both sides. A recv from any source posts its header's receive with
+// MPI_ANY_SOURCE and reads the sender from the status.
 #include <fmt/format.h>
 
 #include "comm/mpi/mpi_backend.h"
@@ -34,11 +35,20 @@ void MpiBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
   wait(request, op, "MPI_Isend", data.bytes(), dst);
 }
 
-void MpiBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
+void MpiBackend::recv(const OpContext& op, Buffer data, int src, int tag) { receive(op, data, src, tag); }
+
+int MpiBackend::recv_any(const OpContext& op, Buffer data, int tag) { return receive(op, data, MPI_ANY_SOURCE, tag); }
+
+// The header from `from` (a rank, or MPI_ANY_SOURCE: the first header any
+// rank sent), then the payload from the rank that sent that header, which
+// MPI delivers after it (messages of one sender and tag do not overtake).
+int MpiBackend::receive(const OpContext& op, Buffer data, int from, int tag) {
   auto* received = reinterpret_cast<P2pHeader*>(header_.get(sizeof(P2pHeader)));
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Irecv(received, sizeof *received, MPI_BYTE, src, kHeaderTag, comm_, &request), op, "MPI_Irecv");
-  wait(request, op, "MPI_Irecv", sizeof *received, src);
+  MPI_Status status{};
+  check(MPI_Irecv(received, sizeof *received, MPI_BYTE, from, kHeaderTag, comm_, &request), op, "MPI_Irecv");
+  wait(request, op, "MPI_Irecv", sizeof *received, from == MPI_ANY_SOURCE ? -1 : from, &status);
+  const int src = status.MPI_SOURCE;
   const P2pHeader header = *received;
   if (header.magic != kP2pMagic)
     throw MismatchError(fmt::format("{}: {} from rank {}: what rank {} sent is not a lockstep message; is another "
@@ -52,6 +62,7 @@ void MpiBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
     wait(request, op, "MPI_Irecv", header.bytes, src);
   }
   if (!match) throw_p2p_mismatch(header, self_, op, src, data, tag);
+  return src;
 }
 
 }  // namespace lockstep::mpi

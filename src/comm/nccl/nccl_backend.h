@@ -7,7 +7,8 @@
 //   collectives   allreduce, broadcast, allgather, reduce_scatter, reduce
 //                 are NCCL's; gather, scatter, all_to_all, allgather_v,
 //                 send and recv are grouped ncclSend/ncclRecv; barrier is a
-//                 one-element allreduce on device scratch
+//                 one-element allreduce on device scratch; a recv from any
+//                 source is refused (NCCL has none)
 //   completion    an operation on CUDA memory returns once queued, its
 //                 completion polled by the progress engine (so the device
 //                 gets bucket after bucket with no host wait between
@@ -51,6 +52,10 @@ class NcclBackend final : public Backend {
                    const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  // NCCL has no receive from any source (ncclRecv names its peer):
+  // refused by the front end with why_no_recv_any().
+  int recv_any(const OpContext& op, Buffer data, int tag) override;
+  std::string why_no_recv_any() const override;
 
   void shutdown(Deadline deadline) override;
 

@@ -3,6 +3,8 @@
 // of the operation progresses together and none waits for a receive that
 // is not posted yet), and send/recv. A rank's block for itself is a device
 // copy on the same stream. Not thread-safe: see nccl_backend.h.
+#include <string>
+
 #include <fmt/format.h>
 
 #include "comm/nccl/nccl_backend.h"
@@ -166,5 +168,14 @@ void NcclBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
     comm_->settle(ncclRecv(out, data.count, to_nccl(data.dtype), src, comm, p.stream()), op, "queueing ncclRecv");
   p.finish("waiting for ncclRecv");
 }
+
+std::string NcclBackend::why_no_recv_any() const {
+  return "the nccl backend cannot receive from any source: NCCL has no such receive (ncclRecv names its peer). "
+         "Name the source (recv(data, src, tag); torch.distributed: recv(tensor, src=...)), or receive through a "
+         "group of a backend that can (tcp, shm, hier or mpi: GroupOptions::backend, with a GroupOptions::name of "
+         "its own; torch.distributed: a new_group with backend \"gloo\")";
+}
+
+int NcclBackend::recv_any(const OpContext&, Buffer, int) { throw InvalidArgument(why_no_recv_any()); }
 
 }  // namespace lockstep::nccl

@@ -4,7 +4,8 @@
 // writer never invalidates a line another rank is polling for a different
 // reason.
 //
-//   control block     magic, owner, round counters, two inline lines
+//   control block     magic, owner, round counters, two inline lines,
+//                     the doorbell of messages to this rank
 //   p2p counters      sent-to[q] and received-from[q], one line each
 //   p2p mailboxes     to each peer: two slots of kMailboxBytes
 //   data slots        kSlots slots of slot_bytes: the pipeline
@@ -61,6 +62,11 @@ struct ControlBlock {
   // When this rank last woke a peer sleeping on one of its lines (the
   // lines have no room for it; read only by a peer that slept).
   alignas(64) WakeStamp lines_woke_at{0};
+  // Bumped by a peer each time it posts the first chunk of a message to
+  // this rank: what a recv from any source sleeps on, since it cannot
+  // sleep on every peer's sent-to counter at once. Written by the peers,
+  // not by the owner.
+  Counter p2p_doorbell;
 };
 
 // Offsets of each part, the same for every rank of a group.

@@ -62,6 +62,7 @@ class ShmBackend final : public Backend {
   void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  int recv_any(const OpContext& op, Buffer data, int tag) override;
   void shutdown(Deadline deadline) override;
   std::size_t inline_max_bytes() const override { return one_shot_max_; }
   std::shared_ptr<std::byte[]> allocate_shared(std::size_t bytes, Deadline deadline) override;
@@ -84,6 +85,9 @@ class ShmBackend final : public Backend {
   Counter& p2p_sent(int q, int to) const;
   Counter& p2p_received(int q, int from) const;
   std::byte* mailbox(int q, int to, std::uint64_t chunk) const;
+  // A peer whose next message to this rank has arrived (its first chunk
+  // is posted), looking at the ranks after `after` first; -1 if none.
+  int peer_with_message(int after) const;
 
   // Round protocol (see layout.h). begin_round waits until every peer has
   // consumed what this rank's slot held kSlots rounds ago, and returns the
@@ -190,6 +194,7 @@ class ShmBackend final : public Backend {
   PeerBeganASmallOperation peer_began_a_small_operation_{*this};
   std::vector<std::uint64_t> p2p_chunks_sent_;      // per peer
   std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
+  int last_any_source_ = 0;                         // the sender recv_any took last; the next looks after it first
   std::vector<const void*> sources_;  // scratch for kernel source lists
   std::shared_ptr<SharedAllocations> allocations_ = std::make_shared<SharedAllocations>();
   std::mutex allocate_mutex_;                      // serialises allocate_shared callers

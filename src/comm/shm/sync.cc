@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/clock.h"
 #include "lockstep/error.h"
@@ -60,6 +61,11 @@ void Counter::post(std::uint64_t v) {
   if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value, woke_at);
 }
 
+void Counter::bump() {
+  value.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) != 0) wake_all(value, woke_at);
+}
+
 void Counter::post_stamped(std::uint64_t v, std::uint64_t what, std::uint64_t count) {
   stamp.posted.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -102,10 +108,9 @@ bool PeerWatch::departed(int peer) const {
   return flag != nullptr && flag->load(std::memory_order_acquire) != 0;
 }
 
-void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
-                       const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op,
-                       const char* what, const DivergenceCheck* divergence) const {
-  const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
+template <typename Reached, typename Check>
+void Waiter::wait_phases(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                         const WakeStamp& woke_at, const Reached& reached, const Check& check) const {
   // A peer in lockstep arrives within a few hundred nanoseconds: look a
   // while before reading the clock.
   if (policy_ == SpinPolicy::spin) {
@@ -137,6 +142,34 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
       if (first_sleep >= 0 && woken >= first_sleep) budget_.record_wake(now_ns() - woken);
       return;
     }
+    check();
+    if (first_sleep < 0) first_sleep = now_ns();
+    // Announce the sleep, then look again: a poster either sees the
+    // sleeper (and wakes it) or changed `word` before this load, and then
+    // reached() sees its post or the futex refuses to sleep on a stale value.
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint64_t seen = word.load(std::memory_order_seq_cst);
+    if (!reached()) {
+      timespec slice{0, kSleepSliceNanos};
+      ::syscall(SYS_futex, futex_word(word), FUTEX_WAIT, static_cast<std::uint32_t>(seen), &slice, nullptr, 0);
+    }
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void Waiter::throw_lost(int peer, const OpContext& op, const char* what) const {
+  throw PeerError(fmt::format("{}: {}: lost rank {}: its process exited while this rank waited for it ({}) "
+                              "without leaving the group; it crashed, was killed or exited without destroying "
+                              "its process group. Check rank {}'s output for the cause",
+                              self_, op.description(), peer, what, peer),
+                  peer);
+}
+
+void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                       const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op,
+                       const char* what, const DivergenceCheck* divergence) const {
+  const auto reached = [&] { return word.load(std::memory_order_acquire) >= target; };
+  wait_phases(word, sleepers, woke_at, reached, [&] {
     if (divergence != nullptr) divergence->check(peer, op);
     if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
     if (op.expired())  // on the group's clock; only once the spin budget is spent
@@ -148,30 +181,44 @@ void Waiter::slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::
                          peer);
     // A peer that left posted everything it ever will before saying so:
     // look once more, then it is a departure, told apart from a crash.
-    if (peers_->departed(peer)) {
-      if (reached()) return;
+    if (peers_->departed(peer) && !reached())
       throw PeerError(fmt::format("{}: {}: rank {} left the group while this rank waited for it ({}): it destroyed "
                                   "its process group (a clean exit, not a crash) having issued fewer collectives than "
                                   "this rank, or after a failure of its own. Every rank must issue the same "
                                   "collectives (e.g. the same number of steps); check rank {}'s output",
                                   self_, op.description(), peer, what, peer),
                       peer);
+    if (!peers_->alive(peer)) throw_lost(peer, op, what);
+  });
+}
+
+void Waiter::wait_for_any(const Counter& doorbell, const std::vector<int>& peers, const std::function<bool()>& arrived,
+                          const OpContext& op, const char* what) const {
+  const std::string ranks = fmt::format("{}", fmt::join(peers, ", "));
+  wait_phases(doorbell.value, doorbell.sleepers, doorbell.woke_at, arrived, [&] {
+    if (op.cancelled()) throw OperationCancelled(fmt::format("{}: {} was cancelled", self_, op.description()));
+    if (op.expired())
+      throw TimeoutError(fmt::format("{}: {} timed out after {:.1f} s waiting for {} from any of ranks {}, none of "
+                                     "which sent one. They are stuck, slower than the timeout, or issued a different "
+                                     "sequence of operations (no send to this rank); if they are only slow, raise "
+                                     "LOCKSTEP_TIMEOUT",
+                                     self_, op.description(), static_cast<double>(op.timeout.count()) / 1000.0, what,
+                                     ranks));
+    bool all_left = true;
+    for (int peer : peers) {
+      if (peers_->departed(peer)) continue;
+      all_left = false;
+      if (!peers_->alive(peer)) throw_lost(peer, op, fmt::format("for {} from any rank", what).c_str());
     }
-    if (!peers_->alive(peer))
-      throw PeerError(fmt::format("{}: {}: lost rank {}: its process exited while this rank waited for it ({}) "
-                                  "without leaving the group; it crashed, was killed or exited without destroying "
-                                  "its process group. Check rank {}'s output for the cause",
-                                  self_, op.description(), peer, what, peer),
-                      peer);
-    if (first_sleep < 0) first_sleep = now_ns();
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const std::uint64_t seen = word.load(std::memory_order_seq_cst);
-    if (seen < target) {
-      timespec slice{0, kSleepSliceNanos};
-      ::syscall(SYS_futex, futex_word(word), FUTEX_WAIT, static_cast<std::uint32_t>(seen), &slice, nullptr, 0);
-    }
-    sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
+    // Peers that left posted everything they ever will before saying so:
+    // look once more, then nobody is left to send.
+    if (all_left && !arrived())
+      throw PeerError(fmt::format("{}: {}: every rank that could send to this one ({}) left the group while it "
+                                  "waited for {}: they destroyed their process groups (a clean exit, not a crash) "
+                                  "having sent fewer messages than this rank receives, or after a failure of their "
+                                  "own. Check their output",
+                                  self_, op.description(), ranks, what));
+  });
 }
 
 }  // namespace lockstep::shm

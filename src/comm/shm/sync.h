@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,6 +50,9 @@ struct alignas(64) Counter {
   // Publishes a new value and wakes sleepers, if any.
   void post(std::uint64_t v);
   void add(std::uint64_t delta) { post(value.load(std::memory_order_relaxed) + delta); }
+  // Adds one, atomically, and wakes sleepers: for a counter that several
+  // ranks write (a doorbell), unlike post and add.
+  void bump();
   // Records what this rank is running, then posts.
   void post_stamped(std::uint64_t v, std::uint64_t what, std::uint64_t count);
   // The stamp of post `v`, if the counter still holds it (a peer may have
@@ -122,10 +126,28 @@ class Waiter {
     slow_wait(word, sleepers, woke_at, target, peer, op, what, divergence);
   }
 
+  // Waits until `arrived()` is true: something any of `peers` may post,
+  // each of them bumping `doorbell` after it did. Spins and sleeps as
+  // wait_at_least, and fails as it does: at the deadline (TimeoutError
+  // naming `peers`), on cancellation, and when a peer's process died; a
+  // peer that left the group on purpose is only an error once every one
+  // of `peers` has (PeerError). `what` names what is awaited ("a message").
+  void wait_for_any(const Counter& doorbell, const std::vector<int>& peers, const std::function<bool()>& arrived,
+                    const OpContext& op, const char* what) const;
+
  private:
   void slow_wait(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
                  const WakeStamp& woke_at, std::uint64_t target, int peer, const OpContext& op, const char* what,
                  const DivergenceCheck* divergence) const;
+  // The phases every wait goes through (spin, yield, sleep on `word` in
+  // slices) until reached() is true; between sleeps, check() throws to end
+  // the wait.
+  template <typename Reached, typename Check>
+  void wait_phases(const std::atomic<std::uint64_t>& word, std::atomic<std::uint32_t>& sleepers,
+                   const WakeStamp& woke_at, const Reached& reached, const Check& check) const;
+  // The PeerError for a peer whose process exited while this rank waited
+  // (`what`: for what).
+  [[noreturn]] void throw_lost(int peer, const OpContext& op, const char* what) const;
 
   const PeerWatch* peers_;
   SpinPolicy policy_;

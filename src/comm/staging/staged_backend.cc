@@ -86,4 +86,12 @@ void StagedBackend::recv(const OpContext& op, Buffer data, int src, int tag) {
   area(op).whole(op, ConstBuffer{nullptr, 0, data.dtype}, data, [&](ConstBuffer, Buffer out) { host_.recv(op, out, src, tag); });
 }
 
+int StagedBackend::recv_any(const OpContext& op, Buffer data, int tag) {
+  DeviceGuard guard(device_of(op));
+  int source = -1;
+  area(op).whole(op, ConstBuffer{nullptr, 0, data.dtype}, data,
+                 [&](ConstBuffer, Buffer out) { source = host_.recv_any(op, out, tag); });
+  return source;
+}
+
 }  // namespace lockstep::cuda

@@ -39,6 +39,8 @@ class StagedBackend final : public Backend {
                    const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  int recv_any(const OpContext& op, Buffer data, int tag) override;
+  std::string why_no_recv_any() const override { return host_.why_no_recv_any(); }
   bool supports(Collective c, DType t, ReduceOp o) const override { return host_.supports(c, t, o); }
   // The host backend's group ends with it; nothing of this one's to say goodbye to.
   void shutdown(Deadline) override {}

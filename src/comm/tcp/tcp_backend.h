@@ -5,8 +5,9 @@
 // lists the algorithms) run over the mesh, which implements the Transport
 // interface; hier runs the same code across hosts. What is tcp's own: the
 // mesh (mesh.h, transfer.h) and point to point (send_recv.cc): a header
-// (tag, byte count) checked by the receiver, then the payload. Every
-// transfer's data carries its stamp (op_stamp.h).
+// (tag, byte count) checked by the receiver, then the payload; a recv from
+// any source takes the first peer with a message waiting (first_sender.h).
+// Every transfer's data carries its stamp (op_stamp.h).
 //
 // Not thread-safe: used by the group's progress thread only.
 #pragma once
@@ -34,6 +35,7 @@ class TcpBackend final : public Backend {
   void allgather_v(const OpContext& op, ConstBuffer input, Buffer output, const std::vector<std::size_t>& counts) override;
   void send(const OpContext& op, ConstBuffer data, int dst, int tag) override;
   void recv(const OpContext& op, Buffer data, int src, int tag) override;
+  int recv_any(const OpContext& op, Buffer data, int tag) override;
   void shutdown(Deadline deadline) override;
 
   // The mesh as a transport over every rank of the group, for a backend
@@ -48,6 +50,7 @@ class TcpBackend final : public Backend {
  private:
   Mesh mesh_;
   TransportCollectives collectives_;
+  int last_any_source_ = 0;  // the sender recv_any took last; the next looks after it first
 };
 
 }  // namespace lockstep

@@ -20,9 +20,9 @@
 namespace lockstep {
 namespace {
 
-constexpr int kCancelCheckMs = 50;
-
 bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+}  // namespace
 
 PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::string& how) {
   if (mesh.departed(peer))
@@ -37,6 +37,8 @@ PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::
                                mesh.self(), op.description(), peer, how, peer),
                    peer);
 }
+
+namespace {
 
 TimeoutError timed_out(const Mesh& mesh, const OpContext& op, std::span<const Channel> channels) {
   int peer = -1;

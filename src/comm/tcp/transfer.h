@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 
 #include "comm/backend.h"
 #include "comm/tcp/mesh.h"
@@ -26,5 +27,14 @@
 namespace lockstep {
 
 void run_transfer(Mesh& mesh, const OpContext& op, std::span<const Channel> channels);
+
+// How often a poll that waits for peers wakes to see whether the group
+// aborted meanwhile (another rank failed): then the operation is
+// cancelled, not left to its deadline.
+inline constexpr int kCancelCheckMs = 50;
+
+// The PeerError for a peer whose connection broke (`how`), or that left
+// the group on purpose if it said goodbye.
+PeerError lost_peer(const Mesh& mesh, const OpContext& op, int peer, const std::string& how);
 
 }  // namespace lockstep

@@ -1,8 +1,9 @@
 // The mpi backend beyond the sweep, on real MPI processes (ctest starts this
 // binary under mpirun; every rank runs every test): point to point and its
-// mismatches, sub-groups, concurrent groups, bitwise-identical results, NaN
-// and signed-zero semantics, ranks that disagree with MPI's, and (run
-// separately, with LOCKSTEP_TIMEOUT=2) a rank that skips a collective.
+// mismatches, receives from any source, sub-groups, concurrent groups,
+// bitwise-identical results, NaN and signed-zero semantics, ranks that
+// disagree with MPI's, and (run separately, with LOCKSTEP_TIMEOUT=2) a rank
+// that skips a collective.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "comm/recv_any_cases.h"
 #include "comm/reference.h"
 #include "common/clock.h"
 #include "common/half.h"
@@ -100,6 +102,46 @@ TEST(MpiPointToPoint, MismatchedDtypeIsAMismatchError) {
   std::vector<float> in(10);
   expect_mismatch("mismatch-dtype", const_view(std::span<const std::int32_t>(out)), 0, view(std::span(in)), 0,
                   {"10 x float", "40 bytes of int32"});
+}
+
+// Receives from any source (MPI_ANY_SOURCE underneath): rank 0 takes every
+// other rank's numbered messages, small and large (past the eager limit),
+// checking content, reported source and each sender's order.
+TEST(MpiRecvAny, EverySendersMessagesArriveWholeOnceAndInOrderWithTheirSource) {
+  auto pg = mpi_world("recv-any");
+  for (std::size_t count : {std::size_t{16}, std::size_t{40'000}}) {
+    SCOPED_TRACE(std::to_string(count) + " elements");
+    if (pg->rank() == 0) testing::receive_from_every_sender(*pg, /*messages=*/6, count);
+    else testing::send_numbered_messages(*pg, 0, /*messages=*/6, count);
+    // A sender's send may complete before rank 0 takes it: without the
+    // barrier, a sender could start on the next size while rank 0 still
+    // takes this size from the others, and its message would be the first.
+    pg->barrier()->wait();
+  }
+}
+
+// The last rank sends 10 floats where rank 0's recv_any expects 20: rank 0
+// fails naming that rank, whose send completes.
+TEST(MpiRecvAny, AMismatchedMessageIsAMismatchErrorNamingItsSender) {
+  auto pg = mpi_world("recv-any-mismatch");
+  const int sender = pg->size() - 1;
+  std::vector<float> buf(20, 1.0f);
+  if (pg->rank() == sender) {
+    EXPECT_NO_THROW(pg->send(ConstBuffer{buf.data(), 10, DType::f32}, 0, 3)->wait());
+  } else if (pg->rank() == 0) {
+    try {
+      pg->recv_any(view(std::span(buf)), 3)->wait();
+      ADD_FAILURE() << "a mismatched recv_any succeeded";
+    } catch (const MismatchError& e) {
+      const std::string what = e.what();
+      const std::string from = "from rank " + std::to_string(sender);
+      EXPECT_NE(what.find("from any rank"), std::string::npos) << what;
+      EXPECT_NE(what.find(from + " expected tag 3, 20 x float (80 bytes)"), std::string::npos) << what;
+      EXPECT_NE(what.find("but rank " + std::to_string(sender) + " sent tag 3, 40 bytes of float"), std::string::npos)
+          << what;
+    }
+    EXPECT_TRUE(pg->aborted());
+  }
 }
 
 TEST(MpiSubGroups, OnlyTheListedRanksTakePartAndInTheListedOrder) {
@@ -319,6 +361,23 @@ TEST(MpiTimeout, ARecvFromASilentRankIsATimeoutNamingIt) {
     EXPECT_NE(std::string(e.what()).find("waiting for rank 1"), std::string::npos) << e.what();
   }
   pg->store()->set("test/gave-up", "1");
+}
+
+TEST(MpiTimeout, ARecvFromAnySourceNoRankAnswersIsATimeoutSayingSo) {
+  auto pg = mpi_world("silent-any");
+  ASSERT_EQ(pg->timeout(), 2s) << "run with LOCKSTEP_TIMEOUT=2";
+  if (pg->rank() != 0) {
+    pg->store()->wait({"test/any-gave-up"}, 60s);  // never sends
+    return;
+  }
+  std::vector<float> v(10);
+  try {
+    pg->recv_any(view(std::span(v)), 7)->wait();
+    ADD_FAILURE() << "a recv_any completed without a send";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for a message from any rank"), std::string::npos) << e.what();
+  }
+  pg->store()->set("test/any-gave-up", "1");
 }
 
 }  // namespace
