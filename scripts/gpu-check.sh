@@ -12,8 +12,11 @@
 #
 # Usage: scripts/gpu-check.sh STEP...      steps, in the order given, each
 #                                          timed (elapsed seconds per step, and in all)
-#   figures   what a short loan of a GPU machine should run, most valuable first:
-#             gpubuild gputest python memcheck gpubench (scripts/gpu-check.sh figures)
+#   loan      everything a loan of a GPU machine is for, in one call of 540 s, most valuable
+#             first: gpubuild gputest python pyprobe memcheck staging gpuddp allreduce16 ddp16
+#             racecheck (DEADLINE_S=540 OUT=... scripts/gpu-check.sh loan; each step capped,
+#             each report in $OUT as soon as it exists; on an H200 about 470 s)
+#   figures   a shorter loan: gpubuild gputest python memcheck gpubench
 #   build     configure and build everything (build dir: $BUILD, default build-gpu)
 #   gpubuild  configure and build only what gputest, gpubench and memcheck run
 #   test      every test except those needing network namespaces (netns, root)
@@ -25,12 +28,19 @@
 #   python    the torch.distributed backend's CUDA build (LOCKSTEP_WITH_CUDA=1 pip install
 #             ./python, against $BUILD's liblockstep, into $BUILD/python) and its CUDA tests
 #             (python/tests/test_cuda.py, 2 ranks sharing the GPU; needs pytest; estimated 2-3 minutes)
-#   pyprobe   where a rank of that CUDA build fails: scripts/python-probe.py at world 1 and 2,
-#             CPU and CUDA tensors, rank 0 under cuda-gdb (estimated 1-2 minutes after python)
+#   pyprobe   where a rank of that CUDA build fails: scripts/python-probe.py at world 2 and 1,
+#             CPU and CUDA tensors, every rank with scripts/crash_backtrace.c preloaded (the C++
+#             stack of a crash, named by addr2line) and rank 0 with lockstep's debug log (at
+#             most 20 s a case: under a minute)
 #   memcheck  compute-sanitizer's memcheck over DDP on CUDA in a world of one
 #             (at most $MEMCHECK_LIMIT seconds, default 90)
 #   sanitize  compute-sanitizer's memcheck and racecheck over every DDP-on-CUDA case (long)
+#   racecheck compute-sanitizer's racecheck over DDP on CUDA in a world of one (what is left
+#             of a loan)
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
+#   allreduce16  all-reduce at 16 ranks: lockstep, its shared buffers and Open MPI, then Gloo
+#             alone (a table each, the slow Gloo last)
+#   ddp16     DDP at 16 ranks (CPU tensors): lockstep against PyTorch's DDP over Gloo, one run
 #   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
 #   smallmsg  the shm wait policy's candidates (adaptive, fixed spins) against Open MPI
 #             at 4 B, 4 KiB and 64 KiB, 2 to 16 ranks (SMALL_RANKS, SPINS_US, RUNS)
@@ -145,30 +155,47 @@ step_python() {
 }
 
 # Where a rank of the Python package's CUDA build fails: scripts/python-probe.py
-# (init_process_group, one all_reduce) at world 1 and 2 on CPU and CUDA
-# tensors, rank 0 under cuda-gdb (the C++ stack of every thread on a crash)
-# and with lockstep's debug log (how far its group formation got),
-# each case at most 60 s.
+# (init_process_group, one all_reduce) at world 2 and 1 on CPU and CUDA
+# tensors, each case at most 20 s. Every rank runs with
+# scripts/crash_backtrace.c preloaded (built here with the machine's C
+# compiler: no debugger needed), which prints the C++ stack of a crash;
+# symbolize() names its frames with addr2line. Rank 0 also writes
+# lockstep's debug log (how far its group formation got). The ranks' own
+# PIDs are waited for: in bash 5.1 a plain `wait` also waits for process
+# substitutions.
 step_pyprobe() {
   python_build
-  command -v cuda-gdb >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
-  local build world device port=29611 rank debugger=(cuda-gdb -q -batch -ex run -ex bt -ex "thread apply all bt 15" --args)
-  command -v cuda-gdb >/dev/null || { log "pyprobe: no cuda-gdb: without a debugger"; debugger=(); }
+  local build preload world device port=29611 rank pids
   build=$(cd "$BUILD" && pwd)
-  for world in 1 2; do
+  preload=$build/crash_backtrace.so
+  cc -shared -fPIC -O1 -o "$preload" scripts/crash_backtrace.c
+  for world in 2 1; do
     for device in cpu cuda; do
       port=$((port + 1))
       echo "== pyprobe: world $world, $device tensors"
-      for rank in $(seq 1 $((world - 1))); do
-        PYTHONPATH="$build/python" RANK=$rank WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-          timeout 60 "$PYTHON" -X faulthandler scripts/python-probe.py "$device" &
+      pids=()
+      for rank in $(seq 0 $((world - 1))); do
+        PYTHONPATH="$build/python" LD_PRELOAD="$preload" RANK=$rank WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 \
+          MASTER_PORT=$port LOCKSTEP_LOG_LEVEL=$([ "$rank" = 0 ] && echo debug || echo warning) \
+          timeout -k 2 20 "$PYTHON" -X faulthandler scripts/python-probe.py "$device" 2>&1 | sed "s/^/[rank $rank] /" &
+        pids+=($!)
       done
-      PYTHONPATH="$build/python" LOCKSTEP_LOG_LEVEL=debug RANK=0 WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        timeout 60 "${debugger[@]}" "$PYTHON" -X faulthandler scripts/python-probe.py "$device" 2>&1 \
-        | grep -v -E "^\[(New|Thread|Detaching)" || true
-      wait
+      wait "${pids[@]}" || true
     done
-  done 2>&1 | tee "$OUT/python-probe.log"
+  done 2>&1 | symbolize | tee "$OUT/python-probe.log"
+}
+
+# Passes its input through, and after each frame that crash_backtrace.c
+# printed as object(+offset) adds the function and source line addr2line
+# finds there.
+symbolize() {
+  local line
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    if [[ $line =~ (/[^\ \(]+)\(\+(0x[0-9a-f]+)\) ]] && command -v addr2line > /dev/null; then
+      printf '    = %s\n' "$(addr2line -f -C -p -e "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" 2> /dev/null)"
+    fi
+  done
 }
 
 # What step_gpu and step_memcheck run, and nothing else (a full build is
@@ -284,6 +311,37 @@ step_sanitize() {
   done
 }
 
+# The 16-rank all-reduce of a loan: lockstep (ordinary and shared buffers)
+# and Open MPI interleaved, then Gloo alone, each table written when done.
+step_allreduce16() {
+  offline_env
+  local common=(--np 16 --runs "${RUNS:-2}" --build "$BUILD" --python "$PYTHON" --sizes "${SIZES:-4,4K,64K,1M,16M,64M}")
+  "$PYTHON" bench/compare_allreduce.py "${common[@]}" --skip "lockstep tcp;Open MPI, malloc tuned;oneCCL;Gloo" \
+    --out "$OUT/allreduce-16.md"
+  "$PYTHON" bench/compare_allreduce.py "${common[@]}" --runs 1 \
+    --skip "lockstep shm;lockstep shm, shared buffers;lockstep tcp;Open MPI;Open MPI, malloc tuned;oneCCL" \
+    --out "$OUT/allreduce-16-gloo.md"
+}
+
+# DDP at 16 ranks on the CPU, lockstep against PyTorch's DDP over Gloo.
+step_ddp16() {
+  offline_env
+  "$PYTHON" bench/compare_ddp.py --ranks 16 --runs 1 --steps "${STEPS:-10}" --build "$BUILD" --python "$PYTHON" \
+    --out "$OUT/ddp-16.md"
+}
+
+# compute-sanitizer's racecheck (shared-memory races in the bucket kernels)
+# over DDP on CUDA in a world of one.
+step_racecheck() {
+  offline_env
+  command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
+  compute-sanitizer --tool racecheck --target-processes all --error-exitcode 3 \
+    "$BUILD/tests/ddp_cuda_test" --gtest_filter='SharedGpu/OnCuda.*/1ranks_shm' > "$OUT/sanitizer-racecheck-1rank.log" 2>&1
+  local status=$?
+  tail -5 "$OUT/sanitizer-racecheck-1rank.log"
+  return $status
+}
+
 step_allreduce() {
   offline_env
   # Each world size writes its table as soon as it is done. The tcp
@@ -376,11 +434,14 @@ step_doctor() {
 steps=()
 for step in "$@"; do
   case "$step" in
+    loan)
+      steps+=(gpubuild gputest python pyprobe memcheck staging gpuddp allreduce16 ddp16 racecheck)
+      export GPUDDP_RUNS=${GPUDDP_RUNS:-2} MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-40} ;;
     figures) steps+=(gpubuild gputest python memcheck gpubench) ;;
-    build|gpubuild|test|torchtest|gpu|gputest|gpubench|python|pyprobe|memcheck|sanitize|allreduce|shmspin|smallmsg|staging|gpuddp|single|ddp|doctor)
+    build|gpubuild|test|torchtest|gpu|gputest|gpubench|python|pyprobe|memcheck|sanitize|racecheck|allreduce|allreduce16|shmspin|smallmsg|staging|gpuddp|single|ddp|ddp16|doctor)
       steps+=("$step") ;;
-    *) log "unknown step '$step' (figures, build, gpubuild, test, torchtest, gpu, gputest, gpubench, python, pyprobe, memcheck, sanitize, allreduce," \
-           "shmspin, smallmsg, staging, gpuddp, single, ddp, doctor)"; exit 2 ;;
+    *) log "unknown step '$step' (loan, figures, build, gpubuild, test, torchtest, gpu, gputest, gpubench, python, pyprobe," \
+           "memcheck, sanitize, racecheck, allreduce, allreduce16, shmspin, smallmsg, staging, gpuddp, single, ddp, ddp16, doctor)"; exit 2 ;;
   esac
 done
 # With DEADLINE_S (a loan of a GPU machine), every step runs in a process
@@ -388,10 +449,16 @@ done
 # that fails or runs out of time does not stop the next: one broken test
 # program must not cost the figures after it. The total and the failures are
 # printed at the end.
+# The caps of a loan's steps add up to more than 540 s: the last ones get
+# what is left. (Times on an H200, 2026-11-28: gpubuild 49 s, gputest 24 s,
+# memcheck 3 s, staging 3 s, gpuddp at 2 runs 85 s, 16-rank DDP about 40 s,
+# the 16-rank all-reduce with Gloo over 50 s.)
 step_cap() {
   case $1 in
-    gputest) echo "${CAP_GPUTEST:-180}" ;; python) echo "${CAP_PYTHON:-180}" ;; pyprobe) echo 300 ;;
-    memcheck) echo $((${MEMCHECK_LIMIT:-90} + 15)) ;; gpubench) echo "${CAP_GPUBENCH:-150}" ;;
+    gpubuild) echo "${CAP_GPUBUILD:-150}" ;; gputest) echo "${CAP_GPUTEST:-90}" ;;
+    python) echo "${CAP_PYTHON:-150}" ;; pyprobe) echo 90 ;;
+    memcheck) echo $((${MEMCHECK_LIMIT:-90} + 15)) ;; staging) echo 45 ;; gpubench) echo "${CAP_GPUBENCH:-150}" ;;
+    gpuddp) echo 110 ;; allreduce16) echo 100 ;; ddp16) echo 75 ;;
     *) echo 100000 ;;
   esac
 }

@@ -23,10 +23,13 @@ class DeviceMemory {
   virtual void upload(void* device, const void* host, std::size_t bytes) = 0;
   virtual void download(void* host, const void* device, std::size_t bytes) = 0;
   // cudaMemcpy's rate between pinned host memory and the device, in GB/s,
-  // each way: the median of several copies of `bytes`.
+  // each way alone, and each way while the other runs too (two streams):
+  // the medians of several copies of `bytes`. Staging copies a chunk out
+  // while the one before it copies back in, so both_ways is its bound.
   struct CopyRates {
     double to_device = 0;
     double to_host = 0;
+    double both_ways = 0;  // each direction's rate, both at once
   };
   virtual CopyRates pinned_copy_rates(std::size_t bytes) = 0;
 };
