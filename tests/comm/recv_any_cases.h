@@ -20,7 +20,8 @@ namespace lockstep::testing {
 
 // Element i of message `number` from rank `sender`.
 inline std::int64_t message_element(int sender, int number, std::size_t i) {
-  return std::int64_t{sender} * 1'000'000'000 + std::int64_t{number} * 1'000'000 + static_cast<std::int64_t>(i % 1'000'000);
+  return std::int64_t{sender} * 1'000'000'000 + std::int64_t{number} * 1'000'000 +
+         static_cast<std::int64_t>(i % 1'000'000);
 }
 
 inline std::vector<std::int64_t> numbered_message(int sender, int number, std::size_t count) {

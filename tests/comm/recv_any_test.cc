@@ -130,6 +130,31 @@ TEST_P(RecvAnyTest, AReceiveNoRankAnswersTimesOutSayingWhomItWaitedFor) {
   }
 }
 
+// Ranks 1 and 2 skip their sends and go on to an all_to_all, which writes
+// its stamps to every peer at once. tcp and hier (whose point to point is
+// the flat tcp mesh) see both stamps at the head of rank 0's connections:
+// nobody can send, a MismatchError at once. shm keeps point to point apart
+// from collectives, so rank 0 waits until its deadline.
+TEST_P(RecvAnyTest, WhenEveryPeerWentOnToACollectiveNoSenderIsLeft) {
+  ThreadWorld world(3, GetParam(), 3s);
+  auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
+    std::vector<float> buf(3, 1.0f), out(3);
+    if (rank == 0) pg.recv_any(Buffer{buf.data(), 1, DType::f32})->wait();
+    pg.all_to_all(const_view(std::span<const float>(buf)), view(std::span(out)))->wait();
+  });
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const MismatchError& e) {
+    EXPECT_NE(GetParam(), "shm") << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1, 2 went on to a collective"), std::string::npos) << e.what();
+  } catch (const TimeoutError& e) {
+    EXPECT_EQ(GetParam(), "shm") << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "neither a MismatchError nor a TimeoutError: " << e.what();
+  }
+}
+
 // source_rank() of the other operations: a named recv reports its source,
 // everything else -1.
 TEST_P(RecvAnyTest, SourceRankOfANamedRecvIsItsSourceAndOfOtherOperationsNone) {

@@ -47,7 +47,8 @@ Head head_of(Mesh& mesh, const OpContext& op, int peer) {
 
 // No peer is left that could send: some went on to a collective (a send to
 // this rank is missing from their sequence), the others left.
-[[noreturn]] void throw_nobody_can_send(const Mesh& mesh, const OpContext& op, const std::vector<int>& in_collective) {
+[[noreturn]] void throw_nobody_can_send(const Mesh& mesh, const OpContext& op, std::vector<int> in_collective) {
+  std::sort(in_collective.begin(), in_collective.end());
   if (in_collective.empty())
     throw PeerError(fmt::format("{}: {}: every other rank left the group while this rank waited for a message from "
                                 "any of them: they destroyed their process groups (a clean exit, not a crash) having "
