@@ -46,9 +46,6 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 if SELECTION == "plugin":
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add(lockstep_torch.BACKEND)
-    # lockstep matches every receive to its sender and refuses recv without
-    # src= (docs/python.md); this is how the battery lets a backend say so.
-    DistTestCases.skip_collective["sendrecv anysource"].add(lockstep_torch.BACKEND)
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed import distributed_test  # noqa: E402

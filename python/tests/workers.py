@@ -231,7 +231,6 @@ def case_wrong_input():
     for what, call in [("bool", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
                        ("BAND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64), op=dist.ReduceOp.BAND)),
                        ("strided", lambda: dist.all_reduce(torch.ones(8)[::2])),
-                       ("recv any source", lambda: dist.recv(torch.ones(4))),
                        ("sparse MAX", lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=dist.ReduceOp.MAX))]:
         try:
             call()
@@ -245,6 +244,69 @@ def case_wrong_input():
     dist.destroy_process_group()
     if failures:
         sys.exit("; ".join(failures))
+
+
+def numbered_message(sender, number, n=100):
+    """Message `number` of rank `sender`: says both in every element."""
+    return torch.arange(n, dtype=torch.float64) + sender * 1e6 + number * 1e3
+
+
+def case_recv_any_source():
+    """Rank 0 receives every other rank's messages without naming a source,
+    by dist.recv (which returns the sender) and by dist.irecv (whose work
+    says it): each message's content, the sender reported and each sender's
+    order are checked. Ranks other than 0 send two numbered messages each."""
+    dist.init_process_group("lockstep")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        for number in range(2):
+            dist.send(numbered_message(rank, number), dst=0)
+    else:
+        next_number = {q: 0 for q in range(1, world)}
+        for k in range(2 * (world - 1)):
+            got = torch.empty(100, dtype=torch.float64)
+            if k % 2 == 0:
+                sender = dist.recv(got)
+            else:
+                work = dist.irecv(got)
+                work.wait()
+                sender = work._source_rank()
+            if sender not in next_number:
+                sys.exit(f"receive {k}: reported sender {sender}")
+            if not torch.equal(got, numbered_message(sender, next_number[sender])):
+                sys.exit(f"receive {k}: from rank {sender}, expected its message {next_number[sender]}, "
+                         f"got {got[:3].tolist()}")
+            next_number[sender] += 1
+        if any(n != 2 for n in next_number.values()):
+            sys.exit(f"messages taken per sender: {next_number}")
+        print(f"received {2 * (world - 1)} messages from any source: senders and contents right")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def case_recv_any_source_mismatch():
+    """The last rank sends 10 elements where rank 0's recv without src
+    expects 20: rank 0 raises, naming that rank."""
+    dist.init_process_group("lockstep")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        try:
+            dist.recv(torch.empty(20))
+        except dist.DistBackendError as e:
+            print(f"rank 0 raised: {e}")
+            os._exit(3)
+        print("rank 0: the mismatched recv returned")
+        os._exit(0)
+    if rank == world - 1:
+        dist.send(torch.ones(10), dst=0)
+    # Stay in the group until rank 0 has judged the message (a rank that
+    # exited meanwhile would be a lost peer to rank 0's wait); the barrier
+    # then fails with rank 0's error.
+    try:
+        dist.barrier()
+    except dist.DistBackendError:
+        pass
+    os._exit(0)
 
 
 def case_mismatch():
@@ -295,7 +357,8 @@ def main():
         sharding_workers.run(*args)
         return
     {"collectives": case_collectives, "wrong_input": case_wrong_input, "mismatch": case_mismatch,
-     "killed_rank": case_killed_rank}[case](*args)
+     "killed_rank": case_killed_rank, "recv_any_source": case_recv_any_source,
+     "recv_any_source_mismatch": case_recv_any_source_mismatch}[case](*args)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,17 @@ WorkHandle irecv(ProcessGroup& group, const Tensor& tensor, int src, int tag) {
   return finish(group.recv(data, src, tag), /*async_op=*/true, {tensor});
 }
 
+int recv_any(ProcessGroup& group, const Tensor& tensor, int tag) {
+  auto work = irecv_any(group, tensor, tag);
+  work->wait();
+  return work->source_rank();
+}
+
+WorkHandle irecv_any(ProcessGroup& group, const Tensor& tensor, int tag) {
+  const Buffer data = written(tensor, "irecv_any", "the tensor");
+  return finish(group.recv_any(data, tag), /*async_op=*/true, {tensor});
+}
+
 // Pairs in ascending order of (lower rank, higher rank); within a pair the
 // lower rank's sends come first on both sides (so they meet the higher
 // rank's receives), then the other direction. Every rank derives the same

@@ -89,6 +89,11 @@ void send(ProcessGroup& group, const Tensor& tensor, int dst, int tag = 0);
 void recv(ProcessGroup& group, const Tensor& tensor, int src, int tag = 0);
 WorkHandle isend(ProcessGroup& group, const Tensor& tensor, int dst, int tag = 0);
 WorkHandle irecv(ProcessGroup& group, const Tensor& tensor, int src, int tag = 0);
+// From whichever rank sends first (torch.distributed's recv without src;
+// ProcessGroup::recv_any): recv_any returns the sender's rank, irecv_any's
+// Work says it in source_rank() once done.
+int recv_any(ProcessGroup& group, const Tensor& tensor, int tag = 0);
+WorkHandle irecv_any(ProcessGroup& group, const Tensor& tensor, int tag = 0);
 
 struct P2POp {
   enum class Kind { isend, irecv };

@@ -308,9 +308,14 @@ c10::intrusive_ptr<c10d::Work> LockstepBackend::recv(std::vector<at::Tensor>& te
   return point_to_point({dist::P2POp::Kind::irecv, only_tensor(tensors, "recv"), src_rank, tag});
 }
 
-c10::intrusive_ptr<c10d::Work> LockstepBackend::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK_VALUE(false, "lockstep backend: recv from any source is not supported: lockstep matches every "
-                           "receive to its sender; pass src= to dist.recv / dist.irecv");
+// recv without src: the Work's sourceRank() is the sender's rank (which
+// dist.recv returns and irecv's work._source_rank() reads).
+c10::intrusive_ptr<c10d::Work> LockstepBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = only_tensor(tensors, "recv");
+  TORCH_CHECK_VALUE(!coalescing_, "lockstep backend: batch_isend_irecv takes receives with a source; a receive "
+                                  "from any source cannot be ordered with the batch's other pairs");
+  auto work = translated("recv", [&] { return dist::irecv_any(group(), t, tag); });
+  return finish(c10d::OpType::RECVANYSOURCE, {work}, {t});
 }
 
 c10::intrusive_ptr<c10d::Work> LockstepBackend::barrier(const c10d::BarrierOptions&) {

@@ -26,6 +26,7 @@ std::string_view torch_call(c10d::OpType type) {
     case c10d::OpType::ALLTOALL: return "all_to_all";
     case c10d::OpType::SEND: return "send";
     case c10d::OpType::RECV: return "recv";
+    case c10d::OpType::RECVANYSOURCE: return "recv";
     case c10d::OpType::BARRIER: return "barrier";
     case c10d::OpType::COALESCED: return "batch_isend_irecv";
     default: return "";
@@ -169,5 +170,16 @@ bool LockstepWork::wait(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> LockstepWork::getFuture() { return future_; }
+
+int LockstepWork::sourceRank() const {
+  const c10d::OpType type = retrieveOpType();
+  // A receive held for batch_isend_irecv has no part of its own here.
+  if ((type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) || parts_.size() != 1)
+    return c10d::Work::sourceRank();
+  const int source = parts_.front()->source_rank();
+  TORCH_CHECK(source >= 0, "lockstep backend: the recv has not received its message yet",
+              error_ ? " (it failed)" : "", "; call wait() first");
+  return source;
+}
 
 }  // namespace lockstep_torch

@@ -64,6 +64,10 @@ class LockstepWork final : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A recv's sender (dist.recv's return value, work._source_rank()): the
+  // source a recv named, or the rank a recv from any source took its
+  // message from, once it has arrived. Other operations throw, as c10d's.
+  int sourceRank() const override;
 
  private:
   void finish_parts();
