@@ -49,6 +49,7 @@
 #include "lockstep/reducer.h"
 #include "lockstep/step_stats.h"
 #include "lockstep/torch/join.h"
+#include "lockstep/torch/module_outputs.h"
 
 namespace lockstep::torch {
 
@@ -219,18 +220,6 @@ class NoSyncGuard {
   bool previous_;
 };
 
-namespace detail {
-inline void collect(std::vector<::torch::Tensor>& out, const ::torch::Tensor& t) { out.push_back(t); }
-inline void collect(std::vector<::torch::Tensor>& out, const std::vector<::torch::Tensor>& v) {
-  out.insert(out.end(), v.begin(), v.end());
-}
-template <typename... Ts>
-void collect(std::vector<::torch::Tensor>& out, const std::tuple<Ts...>& t) {
-  std::apply([&](const auto&... e) { (collect(out, e), ...); }, t);
-}
-template <typename T>
-void collect(std::vector<::torch::Tensor>&, const T&) {}  // no tensors to follow
-}  // namespace detail
 
 // ModuleImpl is the module class with a forward(...) method, e.g. NetImpl
 // for TORCH_MODULE(Net), or torch::nn::LinearImpl.

@@ -1,0 +1,427 @@
+#include "fsdp_unit.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+#include "lockstep/torch/distributed.h"
+
+namespace lockstep::torch::detail {
+namespace {
+
+namespace autograd = ::torch::autograd;
+using ::torch::Tensor;
+
+// Frees a tensor's memory but keeps its storage object, which views of it
+// (those autograd saved) share; allocate() gives it memory again.
+void release(const Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+void allocate(const Tensor& t, std::size_t bytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == bytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+// Gives each unit of a model a shard size of its own, so that ranks
+// gathering different units fail on the collective's count (the backends
+// compare counts before exchanging data) instead of mixing their
+// parameters. The number is how many units this rank made on this group
+// since the last root (a unit with units inside it): the unit's place in
+// its model, the same on every rank and in every run of the program, so a
+// sharded checkpoint finds the same layout. Kept in the group's store,
+// under a key of this rank's.
+std::int64_t unit_ordinal(ProcessGroup& group, bool root) {
+  if (group.size() == 1 || !group.store()) return 0;
+  const std::string key = fmt::format("fully_shard/units/rank{}", group.rank());
+  const std::int64_t ordinal = group.store()->add(key, 1) - 1;
+  if (root) group.store()->add(key, -(ordinal + 1));
+  return ordinal;
+}
+
+::torch::ScalarType common_dtype(const std::string& unit, const std::vector<std::pair<std::string, Tensor>>& params) {
+  const ::torch::ScalarType first = params.front().second.scalar_type();
+  for (const auto& [name, p] : params) {
+    if (p.scalar_type() != first)
+      throw InvalidArgument(fmt::format(
+          "fully_shard: the parameters of {} are of several dtypes ({} is {}, {} is {}); one unit gathers one "
+          "flat buffer: shard the parameters of the other dtype in a unit of their own",
+          unit, params.front().first, c10::toString(first), name, c10::toString(p.scalar_type())));
+  }
+  return first;
+}
+
+std::vector<std::int64_t> numels_of(const std::vector<Tensor>& params) {
+  std::vector<std::int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  return numels;
+}
+
+}  // namespace
+
+FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>> params,
+                   std::vector<std::pair<std::string, std::shared_ptr<FsdpUnit>>> nested,
+                   std::shared_ptr<ProcessGroup> group, FullyShardOptions options)
+    : name_(std::move(name)),
+      group_(std::move(group)),
+      options_(std::move(options)),
+      layout_({}, 1),
+      step_(std::make_shared<FsdpStep>()) {
+  if (!group_) throw InvalidArgument("fully_shard needs a process group");
+  if (options_.prefetch < 0 || options_.reduce_scatters_in_flight < 1)
+    throw InvalidArgument("fully_shard: prefetch must be at least 0 and reduce_scatters_in_flight at least 1");
+  ::torch::NoGradGuard no_grad;
+  // The units inside join this one's step: their names get this unit's
+  // path, and this unit, made last, is the root.
+  for (auto& [path, unit] : nested) {
+    for (FsdpUnit* inner : unit->step_->units) {
+      inner->name_ = inner == unit.get() ? path : path + "." + inner->name_;
+      step_->units.push_back(inner);
+    }
+    nested_.push_back(unit);
+  }
+  for (FsdpUnit* inner : step_->units) inner->step_ = step_;
+  step_->units.push_back(this);
+  step_->root = this;
+
+  verify_same_across_ranks(*group_, params, "parameters of the fully_shard unit " + name_);
+  for (auto& [param_name, p] : params) {
+    names_.push_back(param_name);
+    params_.push_back(p);
+    shapes_.push_back(p.sizes().vec());
+    if (p.requires_grad()) trained_.push_back(params_.size() - 1);
+  }
+  dtype_ = params_.empty() ? ::torch::kFloat : common_dtype(name_, params);
+  compute_dtype_ = options_.mp_policy.param_dtype.value_or(dtype_);
+  reduce_dtype_ = options_.mp_policy.reduce_dtype.value_or(compute_dtype_);
+  layout_ = ShardLayout(numels_of(params_), group_->size(), unit_ordinal(*group_, !nested_.empty()));
+  for (std::size_t i = 0; i < params_.size(); ++i) pieces_.push_back(layout_.piece_of(group_->rank(), i));
+
+  // The flat buffer of every parameter, rank 0's values when asked; this
+  // rank keeps its shard, and the whole ones are freed.
+  const auto device = params_.empty() ? ::torch::Device(::torch::kCPU) : params_.front().device();
+  Tensor flat = ::torch::zeros({layout_.flat_elements()}, ::torch::dtype(dtype_).device(device));
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    flat.narrow(0, layout_.flat_offset(i), layout_.numel(i)).copy_(params_[i].reshape(-1));
+  if (options_.sync_module_states && group_->size() > 1) broadcast(*group_, flat, 0);
+  shard_ = flat.narrow(0, layout_.shard_elements() * group_->rank(), layout_.shard_elements()).clone();
+  full_ = ::torch::empty({layout_.flat_elements()}, ::torch::dtype(compute_dtype_).device(device));
+  full_bytes_ = full_.nbytes();
+  release(full_);
+  use_sharded();
+  had_gradient_.assign(params_.size(), false);
+  accumulators_.resize(trained_.size());
+  hook_keys_.resize(trained_.size());
+}
+
+FsdpUnit::~FsdpUnit() {
+  for (std::size_t k = 0; k < accumulators_.size(); ++k)
+    if (accumulators_[k]) accumulators_[k]->del_post_hook(hook_keys_[k]);
+}
+
+std::vector<FsdpUnit*> FsdpUnit::units_within() {
+  std::vector<FsdpUnit*> out;
+  for (const auto& unit : nested_) {
+    auto inner = unit->units_within();
+    out.insert(out.end(), inner.begin(), inner.end());
+  }
+  out.push_back(this);
+  return out;
+}
+
+Tensor FsdpUnit::cast_forward_input(const Tensor& t) const {
+  const auto& policy = options_.mp_policy;
+  if (!policy.param_dtype || !policy.cast_forward_inputs || !t.defined() || !t.is_floating_point()) return t;
+  return t.scalar_type() == *policy.param_dtype ? t : t.to(*policy.param_dtype);
+}
+
+void FsdpUnit::wait_named(Work& work, const char* what) {
+  try {
+    work.wait();
+  } catch (const MismatchError& e) {
+    std::string counts;
+    for (const FsdpUnit* unit : step_->units)
+      counts += fmt::format("\n  {}: {} elements per rank", unit->name_, unit->layout_.shard_elements());
+    throw MismatchError(fmt::format(
+        "fully_shard: the {} of unit {} met another operation on a peer: {}\nEach unit's collectives have a "
+        "count of their own:{}\nA rank that skipped a unit's forward, or ran the units in another order, "
+        "issues another unit's count: every rank must run the same units in the same order",
+        what, name_, e.what(), counts));
+  }
+}
+
+// ---- gathering and resharding -------------------------------------------
+
+void FsdpUnit::start_gather() {
+  if (state_ != State::sharded) return;
+  allocate(full_, full_bytes_);
+  gather_input_ = compute_dtype_ == dtype_ ? shard_ : shard_.to(compute_dtype_);
+  gather_work_ = all_gather_into_tensor(*group_, full_, gather_input_, /*async_op=*/true);
+  state_ = State::gathering;
+}
+
+void FsdpUnit::finish_gather() {
+  if (state_ != State::gathering) return;
+  auto work = std::move(gather_work_);
+  wait_named(*work, "all-gather");
+  gather_input_ = Tensor();
+  state_ = State::unsharded;
+  use_unsharded();
+}
+
+void FsdpUnit::gather_now() {
+  start_gather();
+  finish_gather();
+}
+
+void FsdpUnit::use_unsharded() {
+  stash_gradients();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    params_[i].set_data(full_.narrow(0, layout_.flat_offset(i), layout_.numel(i)).view(shapes_[i]));
+}
+
+void FsdpUnit::use_sharded() {
+  if (state_ == State::gathering) finish_gather();
+  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_.narrow(0, pieces_[i].shard_offset, pieces_[i].count));
+  release(full_);
+  state_ = State::sharded;
+}
+
+// The gradients the shards had before this step are set aside while
+// backward fills the parameters' whole gradients, and added back after.
+void FsdpUnit::stash_gradients() {
+  if (stashed_) return;
+  stash_.assign(params_.size(), Tensor());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    stash_[i] = params_[i].grad();
+    if (stash_[i].defined()) params_[i].mutable_grad() = Tensor();
+  }
+  stashed_ = true;
+}
+
+// The hook that counts the unit's gradients sits on each parameter's
+// gradient accumulator, which autograd makes anew when a parameter's dtype
+// changes (mixed precision): take it each time forward gathers.
+void FsdpUnit::hook_accumulators() {
+  for (std::size_t k = 0; k < trained_.size(); ++k) {
+    auto accumulator = autograd::impl::grad_accumulator(params_[trained_[k]]);
+    if (accumulator == accumulators_[k]) continue;
+    if (accumulators_[k]) accumulators_[k]->del_post_hook(hook_keys_[k]);
+    hook_keys_[k] = accumulator->add_post_hook(std::make_unique<autograd::utils::LambdaPostHook>(
+        [this](const autograd::variable_list& outputs, const autograd::variable_list&) {
+          on_gradient();
+          return outputs;
+        }));
+    accumulators_[k] = std::move(accumulator);
+  }
+}
+
+void FsdpUnit::start_prefetch(const std::vector<FsdpUnit*>& order) {
+  if (!step_->order_known || options_.prefetch == 0) return;
+  const auto at = std::find(order.begin(), order.end(), this);
+  if (at == order.end()) return;
+  for (auto next = at + 1; next != order.end() && next - at <= options_.prefetch; ++next) (*next)->start_gather();
+}
+
+// ---- forward --------------------------------------------------------------
+
+void FsdpUnit::before_forward() {
+  const bool training = ::torch::GradMode::is_enabled();
+  auto& step = *step_;
+  if (is_root()) {
+    if (step.in_step && !step.backward_queued) finish_step();  // the last forward's backward never ran
+    step.in_step = training;
+    if (training && !step.order_known) step.forward_order.clear(), step.backward_order.clear();
+  }
+  const bool recording = training && !step.order_known;
+  if (recording && std::find(step.forward_order.begin(), step.forward_order.end(), this) == step.forward_order.end())
+    step.forward_order.push_back(this);
+  gather_now();
+  if (!training) return;
+  hook_accumulators();
+  start_prefetch(step.forward_order);
+}
+
+void FsdpUnit::after_forward(const std::vector<Tensor>& outputs) {
+  const bool training = ::torch::GradMode::is_enabled();
+  auto& step = *step_;
+  bool hooked = false;
+  if (training) {
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([this](const Tensor&) { pre_backward(); });
+      hooked = true;
+    }
+    if (!step.order_known &&
+        std::find(step.backward_order.begin(), step.backward_order.end(), this) == step.backward_order.end())
+      step.backward_order.insert(step.backward_order.begin(), this);
+  }
+  if (is_root()) {
+    if (training) step.order_known = true;
+    else finish_step();
+    return;
+  }
+  if (!training) {
+    return_to_shards();
+    return;
+  }
+  // Without a hooked output nothing would gather the parameters again for
+  // backward: keep them.
+  if (options_.reshard_after_forward && hooked) use_sharded();
+}
+
+// ---- backward -------------------------------------------------------------
+
+void FsdpUnit::pre_backward() {
+  if (!step_->backward_queued) {
+    step_->backward_queued = true;
+    FsdpStep* step = step_.get();
+    FsdpUnit* root = step->root;
+    autograd::Engine::get_default_engine().queue_callback([root] { root->end_backward(); });
+  }
+  if (backward_prepared_) return;
+  backward_prepared_ = true;
+  gather_now();
+  start_prefetch(step_->backward_order);
+}
+
+void FsdpUnit::on_gradient() {
+  if (state_ != State::unsharded)
+    throw Error(fmt::format(
+        "fully_shard: a gradient of unit {} arrived while its parameters were not gathered: a parameter was used "
+        "outside its unit's forward, or a tensor left the unit other than through its forward's outputs",
+        name_));
+  if (++gradients_ready_ == trained_.size()) post_backward();
+}
+
+Tensor FsdpUnit::flat_gradients() {
+  Tensor flat = ::torch::zeros({layout_.flat_elements()}, shard_.options().dtype(reduce_dtype_));
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor& grad = params_[i].mutable_grad();
+    if (!grad.defined()) continue;
+    had_gradient_[i] = true;
+    flat.narrow(0, layout_.flat_offset(i), layout_.numel(i)).copy_(grad.reshape(-1));
+    grad = Tensor();
+  }
+  return flat;
+}
+
+void FsdpUnit::post_backward() {
+  if (reduced_) return;
+  reduced_ = true;
+  ::torch::NoGradGuard no_grad;
+  Tensor flat = flat_gradients();
+  use_sharded();
+  if (!gradient_sync_) {
+    accumulated_ = accumulated_.defined() ? accumulated_.add_(flat) : flat;
+    return;
+  }
+  if (accumulated_.defined()) {
+    flat.add_(accumulated_);
+    accumulated_ = Tensor();
+  }
+  Tensor output = ::torch::empty({layout_.shard_elements()}, flat.options());
+  pending_ = PendingReduce{reduce_scatter_tensor(*group_, output, flat, ReduceOp::avg, /*async_op=*/true),
+                           flat, output};
+  auto& reducing = step_->reducing;
+  reducing.push_back(this);
+  while (reducing.size() > static_cast<std::size_t>(options_.reduce_scatters_in_flight)) {
+    FsdpUnit* oldest = reducing.front();
+    reducing.erase(reducing.begin());
+    oldest->finish_reduce();
+  }
+}
+
+void FsdpUnit::finish_reduce() {
+  if (!pending_.work) return;
+  auto pending = std::move(pending_);
+  pending_ = PendingReduce{};
+  wait_named(*pending.work, "reduce-scatter");
+  reduced_shard_ = pending.output.scalar_type() == dtype_ ? pending.output : pending.output.to(dtype_);
+}
+
+// After the whole graph ran: units whose gradients did not all arrive
+// (parameters unused this step, or frozen) reduce what they have, every
+// reduce-scatter finishes, and every unit returns to its shards with their
+// gradients.
+void FsdpUnit::end_backward() {
+  auto& step = *step_;
+  for (auto it = step.backward_order.begin(); it != step.backward_order.end(); ++it)
+    if ((*it)->backward_prepared_ && !(*it)->reduced_) (*it)->post_backward();
+  for (FsdpUnit* unit : step.reducing) unit->finish_reduce();
+  step.reducing.clear();
+  agree_on_used_parameters();
+  finish_step();
+}
+
+// One all-reduce of a flag per parameter of the model, after every
+// backward that reduced gradients: whether any rank gave it a gradient.
+void FsdpUnit::agree_on_used_parameters() {
+  std::vector<std::int32_t> used;
+  bool reducing = false;
+  for (FsdpUnit* unit : step_->units) {
+    reducing = reducing || unit->reduced_shard_.defined();
+    for (std::size_t i = 0; i < unit->params_.size(); ++i) used.push_back(unit->had_gradient_[i] ? 1 : 0);
+  }
+  if (!reducing) return;
+  if (group_->size() > 1) group_->allreduce(Buffer{used.data(), used.size(), DType::i32}, ReduceOp::max)->wait();
+  std::size_t k = 0;
+  for (FsdpUnit* unit : step_->units) {
+    unit->used_anywhere_.assign(unit->params_.size(), false);
+    for (std::size_t i = 0; i < unit->params_.size(); ++i) unit->used_anywhere_[i] = used[k++] != 0;
+  }
+}
+
+void FsdpUnit::finish_step() {
+  for (FsdpUnit* unit : step_->units) unit->return_to_shards();
+  step_->in_step = false;
+  step_->backward_queued = false;
+}
+
+// The unit's parameters back to their shards, with their gradients: those
+// of before the step plus this step's reduced ones, for parameters that
+// some rank used.
+void FsdpUnit::return_to_shards() {
+  if (state_ != State::sharded) use_sharded();
+  if (stashed_) {
+    const bool fresh = reduced_shard_.defined();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Tensor grad = stash_[i];
+      const ShardPiece& piece = pieces_[i];
+      if (fresh && piece.count > 0 && params_[i].requires_grad() && used_anywhere_.at(i)) {
+        // A tensor of its own, not a view of the reduced shard: optimizers'
+        // zero_grad detaches gradients in place, which a view refuses.
+        Tensor reduced = reduced_shard_.narrow(0, piece.shard_offset, piece.count);
+        grad = grad.defined() ? grad.add_(reduced) : reduced.clone();
+      }
+      params_[i].mutable_grad() = grad;
+    }
+  }
+  if (reduced_shard_.defined()) had_gradient_.assign(params_.size(), false);
+  stash_.clear();
+  stashed_ = false;
+  reduced_shard_ = Tensor();
+  backward_prepared_ = false;
+  reduced_ = false;
+  gradients_ready_ = 0;
+}
+
+void FsdpUnit::unshard() {
+  gather_now();
+}
+
+void FsdpUnit::reshard_outside_step() {
+  if (step_->in_step) throw InvalidArgument("fully_shard: reshard() during a step; call it after backward");
+  finish_step();
+}
+
+}  // namespace lockstep::torch::detail

@@ -1,0 +1,151 @@
+// One sharding unit of fully_shard (lockstep/torch/fully_shard.h): its
+// parameters' flat shard, the all-gather that makes them whole, the hooks
+// that find its backward's start and end, and the reduce-scatter of its
+// gradients. A model's units share an FsdpStep, which orders them.
+//
+// A parameter tensor is one TensorImpl for the whole run (the module and
+// the optimizer hold it); what it points at changes with set_data, which
+// keeps its autograd identity and version counter:
+//   sharded:   a 1-D view of this rank's piece of it, in shard_;
+//   unsharded: a view of its place in full_, in its own shape.
+// full_ keeps one storage for the whole run, whose memory is freed when the
+// unit reshards and allocated again before the next gather: the views
+// autograd saved during forward (weight.t(), ...) point into that storage,
+// so they see the parameters gathered for backward.
+//
+// Thread-safety: driven by the thread running forward and backward (hooks
+// and the end-of-backward callback run on it for CPU tensors).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/shard_layout.h"
+#include "libtorch_version.h"
+#include "lockstep/process_group.h"
+#include "lockstep/torch/fully_shard.h"
+
+namespace lockstep::torch::detail {
+
+class FsdpUnit;
+
+// What the units of one model share during a step.
+struct FsdpStep {
+  std::vector<FsdpUnit*> units;          // in the order they were made: blocks first, the root last
+  FsdpUnit* root = nullptr;
+  // As the first training forward ran them, which prefetching follows:
+  // forward in the order they started, backward in the reverse of the
+  // order they finished.
+  std::vector<FsdpUnit*> forward_order;
+  std::vector<FsdpUnit*> backward_order;
+  bool order_known = false;
+  bool in_step = false;                  // a training forward ran; backward has not finished
+  bool backward_queued = false;          // the end-of-backward callback is queued
+  std::vector<FsdpUnit*> reducing;       // reduce-scatters in flight, oldest first
+};
+
+class FsdpUnit {
+ public:
+  // `params`: the unit's own parameters by name (those of units inside it
+  // excluded), `nested`: those units. Shards the parameters (collective).
+  FsdpUnit(std::string name, std::vector<std::pair<std::string, ::torch::Tensor>> params,
+           std::vector<std::pair<std::string, std::shared_ptr<FsdpUnit>>> nested, std::shared_ptr<ProcessGroup> group,
+           FullyShardOptions options);
+  ~FsdpUnit();
+  FsdpUnit(const FsdpUnit&) = delete;
+  FsdpUnit& operator=(const FsdpUnit&) = delete;
+
+  void before_forward();
+  void after_forward(const std::vector<::torch::Tensor>& outputs);
+  ::torch::Tensor cast_forward_input(const ::torch::Tensor& t) const;
+
+  // Outside a step (FSDPModule.unshard / reshard).
+  void unshard();
+  void reshard_outside_step();
+
+  const std::string& name() const { return name_; }
+  ProcessGroup& group() const { return *group_; }
+  const FullyShardOptions& options() const { return options_; }
+  FullyShardOptions& options() { return options_; }
+  const ShardLayout& layout() const { return layout_; }
+  const std::vector<std::string>& param_names() const { return names_; }
+  const std::vector<::torch::Tensor>& params() const { return params_; }
+  const std::vector<std::vector<std::int64_t>>& shapes() const { return shapes_; }
+  ::torch::ScalarType dtype() const { return dtype_; }
+  const ::torch::Tensor& shard() const { return shard_; }
+  FsdpStep& step() { return *step_; }
+  // This unit and every unit inside it.
+  std::vector<FsdpUnit*> units_within();
+  void set_gradient_sync(bool sync) { gradient_sync_ = sync; }
+
+ private:
+  enum class State { sharded, gathering, unsharded };
+  struct PendingReduce {
+    std::shared_ptr<Work> work;
+    ::torch::Tensor input;   // the unsharded gradients, flat
+    ::torch::Tensor output;  // this rank's shard of their average
+  };
+  bool is_root() const { return step_->root == this; }
+  void start_gather();
+  void finish_gather();
+  void gather_now();
+  void use_unsharded();
+  void use_sharded();
+  void hook_accumulators();
+  void stash_gradients();
+  void pre_backward();
+  void on_gradient();
+  void post_backward();
+  void finish_reduce();
+  void finish_step();
+  void end_backward();
+  void agree_on_used_parameters();
+  void return_to_shards();
+  void start_prefetch(const std::vector<FsdpUnit*>& order);
+  ::torch::Tensor flat_gradients();
+  void wait_named(Work& work, const char* what);
+
+  std::string name_;
+  std::shared_ptr<ProcessGroup> group_;
+  FullyShardOptions options_;
+  std::vector<std::string> names_;
+  std::vector<::torch::Tensor> params_;
+  std::vector<std::vector<std::int64_t>> shapes_;
+  std::vector<std::size_t> trained_;  // indices of the parameters that require grad
+  ShardLayout layout_;
+  std::vector<ShardPiece> pieces_;    // this rank's piece of each parameter (count 0: none)
+  ::torch::ScalarType dtype_;         // the parameters'
+  ::torch::ScalarType compute_dtype_; // gathered and used in forward and backward
+  ::torch::ScalarType reduce_dtype_;  // gradients reduce-scattered in
+  ::torch::Tensor shard_;             // this rank's shard, dtype_
+  ::torch::Tensor full_;              // every rank's, compute_dtype_; memory only while unsharded
+  std::size_t full_bytes_ = 0;
+  State state_ = State::sharded;
+  std::shared_ptr<Work> gather_work_;
+  ::torch::Tensor gather_input_;      // the shard cast to compute_dtype_, while a gather needs it
+  std::vector<libtorch::GradAccumulator> accumulators_;  // by trained_ index
+  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<::torch::Tensor> stash_;  // gradients of the shards from before this step
+  bool stashed_ = false;
+  bool backward_prepared_ = false;
+  bool reduced_ = false;
+  std::size_t gradients_ready_ = 0;
+  // Whether each parameter got a gradient on this rank since the last
+  // reduce-scatter, and then on any rank: a parameter no rank used keeps
+  // its gradient as it was, as in one process.
+  std::vector<bool> had_gradient_;
+  std::vector<bool> used_anywhere_;
+  PendingReduce pending_;
+  ::torch::Tensor reduced_shard_;       // the finished reduce-scatter's result, dtype_
+  ::torch::Tensor accumulated_;         // unsharded gradients kept while gradient sync is off
+  bool gradient_sync_ = true;
+  std::shared_ptr<FsdpStep> step_;
+  std::vector<std::shared_ptr<FsdpUnit>> nested_;  // kept alive with the root
+};
+
+}  // namespace lockstep::torch::detail
