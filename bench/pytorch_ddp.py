@@ -7,10 +7,14 @@ without DDP (the single-process baseline), unless --ddp asks for DDP in a
 group of one. --no-sync runs backward under DDP's no_sync(), so step -
 no_sync step is the exposed communication. --device cuda trains on
 cuda:(rank % devices) (ranks may share a GPU over Gloo, not over NCCL) and
-times each step until the device is done with it.
+times each step until the device is done with it. --fsdp trains an MLP with
+FSDP2 instead of DDP (torch.distributed.fsdp.fully_shard, PyTorch 2.6 or
+later: each Linear but the last a unit, then the root), as
+examples/ddp_throughput --fsdp does with lockstep's fully_shard.
 
 Usage: /usr/bin/python3 bench/pytorch_ddp.py --model mlp -np 2 [--steps 20] [--no-sync]
        python bench/pytorch_ddp.py --model wide-mlp --device cuda -np 1 --ddp --backend nccl
+       .venv/torch2/bin/python bench/pytorch_ddp.py --model deep-mlp --fsdp -np 2
 Prints: step_ms <median of the slowest rank> samples_per_s <...>
 """
 import argparse
@@ -61,6 +65,7 @@ class ConvNet(nn.Module):
 MODELS = {
     "mlp": (lambda: Mlp(), (2048,), 64),
     "wide-mlp": (lambda: Mlp(layers=6, width=4096), (4096,), 2048),
+    "deep-mlp": (lambda: Mlp(layers=8, width=1024), (1024,), 32),
     "convnet": (lambda: ConvNet(), (1, 28, 28), 64),
 }
 
@@ -71,6 +76,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def fully_sharded(model, device_type, world):
+    """FSDP2's recipe for a model of blocks (each block a unit, then the whole
+    model), as examples/ddp_throughput --fsdp applies lockstep's: each Linear
+    but the last a unit of its own, then the root, which holds the last."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device_type, (world,))
+    for layer in model.fc[:-1]:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def run_rank(rank, args, port):
     if args.backend == "lockstep":
         import lockstep_torch  # noqa: F401  registers the backend in this rank's process
@@ -79,7 +97,7 @@ def run_rank(rank, args, port):
     torch.set_num_threads(1)
     world = args.nnodes * args.np
     rank = args.node_rank * args.np + rank
-    distributed = world > 1 or args.ddp
+    distributed = world > 1 or args.ddp or args.fsdp
     cuda = args.device == "cuda"
     # As ddp_throughput: the local rank's GPU, shared when ranks outnumber GPUs.
     device = (torch.device("cuda", (rank - args.node_rank * args.np) % torch.cuda.device_count()) if cuda
@@ -93,9 +111,13 @@ def run_rank(rank, args, port):
     make_model, shape, _ = MODELS[args.model]
     torch.manual_seed(1)
     model = make_model().to(device)
-    net = (nn.parallel.DistributedDataParallel(model, device_ids=[device] if cuda else None,
-                                               gradient_as_bucket_view=args.bucket_view)
-           if distributed else model)
+    if args.fsdp:
+        net = fully_sharded(model, device.type, world)  # in place: model's parameters are now its shards
+    elif distributed:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if cuda else None,
+                                                  gradient_as_bucket_view=args.bucket_view)
+    else:
+        net = model
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(100 + rank)
     conv = args.model == "convnet"
@@ -124,9 +146,10 @@ def run_rank(rank, args, port):
     if distributed:
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
     if rank == 0:
-        params = sum(p.numel() for p in model.parameters())
+        params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the whole tensor's
+        mode = f"FSDP2 {args.backend}" if args.fsdp else f"DDP {args.backend}" if distributed else "no DDP"
         print(f"model {args.model} ({params / 1e6:.1f}M parameters) on {args.device}, {world} rank(s), "
-              f"PyTorch {torch.__version__} {'DDP ' + args.backend if distributed else 'no DDP'}, "
+              f"PyTorch {torch.__version__} {mode}, "
               f"batch {args.batch} per rank, "
               f"{'no_sync' if args.no_sync else 'synchronised'}")
         print(f"step_ms {median.item():.2f} samples_per_s {args.batch * world * 1000 / median.item():.1f}", flush=True)
@@ -138,7 +161,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=list(MODELS), default="mlp")
     parser.add_argument("-np", type=int, default=2)
-    parser.add_argument("--batch", type=int, help="samples per rank per step (default 64; wide-mlp 2048)")
+    parser.add_argument("--batch", type=int, help="samples per rank per step (default 64; wide-mlp 2048, deep-mlp 32)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the rank's GPU, cuda:(rank %% devices)")
     parser.add_argument("--ddp", action="store_true", help="DDP even with -np 1 (a group of one)")
@@ -146,6 +169,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-sync", action="store_true")
     parser.add_argument("--bucket-view", action="store_true")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP; the MLPs only")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "lockstep"],
                         help="torch.distributed backend; lockstep needs lockstep_torch importable "
                              "(PYTHONPATH=build-torch2/python after `make build-python`)")
@@ -158,6 +182,8 @@ def main():
     parser.add_argument("--announce", action="store_true",
                         help="rank 0 says when its first step is done (a test starts its faults then)")
     args = parser.parse_args()
+    if args.fsdp and (args.model == "convnet" or args.no_sync or args.bucket_view):
+        parser.error("--fsdp shards the MLPs (not the convnet), without --no-sync or --bucket-view")
     if args.batch is None:
         args.batch = MODELS[args.model][2]
     # NVML's count, which leaves CUDA uninitialised in this process, so the

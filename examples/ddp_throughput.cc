@@ -1,13 +1,19 @@
-// Step time of data-parallel training with lockstep's DistributedDataParallel,
-// the program behind the DDP numbers in docs/performance.md. Start it with
+// Step time of data-parallel training with lockstep's DistributedDataParallel
+// (or, with --fsdp, fully sharded), the program behind the DDP and fully
+// sharded numbers in docs/performance.md. Start it with
 // the launcher, one process per core:
 //   build/lockstep run --nproc-per-node 2 -- build/examples/ddp_throughput --model mlp
 // Models: "mlp" (6 x Linear(2048, 2048) with ReLU, MSE loss; ~25M parameters),
 // "wide-mlp" (6 x Linear(4096, 4096), MSE loss; ~101M parameters: the GPU
-// workload, default batch 2048: a step of about 24 ms on an H200)
+// workload, default batch 2048: a step of about 24 ms on an H200),
+// "deep-mlp" (8 x Linear(1024, 1024), MSE loss; ~8.4M parameters: the fully
+// sharded workload, default batch 32)
 // and "convnet" (the Fashion-MNIST net: Conv 1->32->64, MaxPool, Linear
 // 9216->128->10, cross-entropy). Batch is per rank (default 64, wide-mlp
-// 2048); SGD. --no-sync measures
+// 2048, deep-mlp 32); SGD. --fsdp trains an MLP fully sharded
+// (lockstep::torch::fully_shard: each Linear but the last a unit, then the
+// root, which holds the last) instead of under DDP: bench/compare_fsdp.py
+// measures it against PyTorch's FSDP2 and this program's DDP. --no-sync measures
 // the same step with gradient synchronisation off, so step - no_sync step is
 // the communication the step exposes. --device cuda trains on the GPU of
 // the local rank (cuda:(local rank % devices), the local rank as any
@@ -28,6 +34,7 @@
 #include <lockstep/powersgd.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
+#include <lockstep/torch/fully_shard.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -42,12 +49,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using examples::ConvNetImpl;
+using examples::DeepMlpImpl;
 using examples::MlpImpl;
 using examples::WideMlpImpl;
 
@@ -58,6 +68,7 @@ struct Options {
   int warmup = 3;
   bool no_sync = false;
   bool no_ddp = false;
+  bool fsdp = false;
   std::string device = "cpu";
   bool bucket_view = false;
   double bucket_cap_mb = 25;
@@ -69,7 +80,10 @@ struct Options {
 // Samples per rank when --batch is not given: wide-mlp is the GPU workload,
 // whose step should take tens of milliseconds there (2048 x 6 x 101M
 // parameters: 1.2 Tflop per step).
-int default_batch(const std::string& model) { return model == "wide-mlp" ? 2048 : 64; }
+int default_batch(const std::string& model) {
+  if (model == "wide-mlp") return 2048;
+  return model == "deep-mlp" ? 32 : 64;
+}
 
 // The device this rank trains on: the CPU, or its local rank's GPU.
 torch::Device training_device(const std::string& name, int local_rank) {
@@ -80,12 +94,137 @@ torch::Device training_device(const std::string& name, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+// This rank's median step, and the communication DDP left exposed in it
+// (its own count; 0 without DDP).
+struct StepTimes {
+  double step_ms = 0;
+  double exposed_ms = 0;
+};
+
+// Runs o.warmup untimed steps, then o.steps timed ones: each zeroes the
+// gradients, runs forward_backward (which returns the loss) and the
+// optimizer's step. exposed_ms() is read after each timed step.
+StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::optim::Optimizer& opt,
+                     const std::function<torch::Tensor()>& forward_backward,
+                     const std::function<double()>& exposed_ms) {
+  // A step ends when the device is done with it, not when it is queued.
+  const auto finish_step = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
+  std::vector<double> step_ms, exposed;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    const torch::Tensor loss = forward_backward();
+    opt.step();
+    finish_step();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    // Read after the step is timed, so the read (a copy from the GPU with
+    // --device cuda, after finish_step has waited for it) is not measured.
+    // Steps on diverged parameters would time a different computation.
+    if (const double l = loss.item<double>(); !std::isfinite(l))
+      throw std::runtime_error("the loss became " + std::string(std::isnan(l) ? "nan" : "inf") + " at step " +
+                               std::to_string(s + 1) + " on rank " + std::to_string(rank) +
+                               "; the timings of such steps mean nothing");
+    if (s >= o.warmup) {
+      step_ms.push_back(ms);
+      exposed.push_back(exposed_ms());
+    }
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  std::sort(exposed.begin(), exposed.end());
+  return {step_ms[step_ms.size() / 2], exposed[exposed.size() / 2]};
+}
+
+// How the model was trained, as the report says it.
+std::string training_mode(const Options& o) {
+  if (o.fsdp) return "fully sharded";
+  return std::string(o.no_ddp ? "without DDP" : o.no_sync ? "no_sync" : "synchronised") +
+         (o.bucket_view ? ", gradient_as_bucket_view" : "");
+}
+
+// Rank 0 prints the slowest rank's medians, as the step is only as fast as
+// it. Collective.
+void report(const Options& o, lockstep::ProcessGroup& pg, torch::Device device, std::size_t params, StepTimes t) {
+  pg.allreduce(lockstep::Buffer{&t.step_ms, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
+  pg.allreduce(lockstep::Buffer{&t.exposed_ms, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
+  if (pg.rank() != 0) return;
+  std::printf("model %s (%.1fM parameters) on %s, %d rank(s), backend %s, batch %d per rank, %s, hook %s\n",
+              o.model.c_str(), static_cast<double>(params) / 1e6, device.str().c_str(), pg.size(), pg.backend().c_str(),
+              o.batch, training_mode(o).c_str(), o.hook.c_str());
+  if (o.fsdp)  // DDP's exposed communication has no counterpart here
+    std::printf("step_ms %.2f samples_per_s %.1f\n", t.step_ms, o.batch * pg.size() * 1000.0 / t.step_ms);
+  else
+    std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", t.step_ms, t.exposed_ms,
+                o.batch * pg.size() * 1000.0 / t.step_ms);
+}
+
+std::size_t parameter_count(torch::nn::Module& model) {
+  std::size_t params = 0;
+  for (auto& p : model.parameters()) params += static_cast<std::size_t>(p.numel());
+  return params;
+}
+
+// This rank's inputs and targets, the same every step.
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch rank_batch(const Options& o, int rank, torch::Device device) {
+  const bool conv = o.model == "convnet";
+  const int64_t width = o.model == "wide-mlp"   ? WideMlpImpl::kWidth
+                        : o.model == "deep-mlp" ? DeepMlpImpl::kWidth
+                                                : 2048;
+  torch::manual_seed(100 + rank);
+  auto x = (conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, width})).to(device);
+  auto y = (conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, width})).to(device);
+  return {x, y};
+}
+
+torch::Tensor loss_of(const Options& o, const torch::Tensor& out, const torch::Tensor& y) {
+  return o.model == "convnet" ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
+}
+
+// FSDP2's recipe for a model of blocks (each block a unit, then the whole
+// model), as bench/pytorch_ddp.py --fsdp applies it: each Linear but the
+// last a unit of its own, then the root, which holds the last.
+std::shared_ptr<lockstep::torch::FullyShard<torch::nn::SequentialImpl>> fully_sharded(
+    MlpImpl& mlp, const std::shared_ptr<lockstep::ProcessGroup>& pg) {
+  torch::nn::Sequential net;
+  for (std::size_t i = 0; i + 1 < mlp.fc.size(); ++i) {
+    net->push_back(lockstep::torch::fully_shard(mlp.fc[i], pg));
+    net->push_back(torch::nn::ReLU());
+  }
+  net->push_back(mlp.fc.back());
+  return lockstep::torch::fully_shard(net, pg);
+}
+
+int run_fully_sharded(const Options& o, const std::shared_ptr<lockstep::ProcessGroup>& pg, MlpImpl& mlp,
+                      torch::Device device) {
+  const std::size_t params = parameter_count(mlp);  // whole: sharding leaves this rank's pieces
+  auto model = fully_sharded(mlp, pg);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  const Batch batch = rank_batch(o, pg->rank(), device);
+  const StepTimes t = time_steps(
+      o, device, pg->rank(), opt,
+      [&] {
+        auto loss = loss_of(o, model->forward(batch.x), batch.y);
+        loss.backward();
+        return loss;
+      },
+      [] { return 0.0; });
+  report(o, *pg, device, params, t);
+  return 0;
+}
+
 template <typename Model>
 int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   const torch::Device device = training_device(o.device, pg->config().launcher.local_rank);
   torch::manual_seed(1);
   auto model = std::make_shared<Model>();
   model->to(device);
+  if constexpr (std::is_base_of_v<MlpImpl, Model>) {
+    if (o.fsdp) return run_fully_sharded(o, pg, *model, device);
+  }
   lockstep::torch::DDPOptions ddp_options;
   ddp_options.gradient_as_bucket_view = o.bucket_view;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
@@ -103,63 +242,24 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   std::unique_ptr<lockstep::torch::DistributedDataParallel<Model>> ddp;
   if (!o.no_ddp) ddp = std::make_unique<lockstep::torch::DistributedDataParallel<Model>>(model, pg, ddp_options);
   torch::optim::SGD opt(model->parameters(), 0.01);
-  const bool conv = o.model == "convnet";
-  const int64_t width = o.model == "wide-mlp" ? WideMlpImpl::kWidth : 2048;
-  torch::manual_seed(100 + pg->rank());
-  auto x = (conv ? torch::randn({o.batch, 1, 28, 28}) : torch::randn({o.batch, width})).to(device);
-  auto y = (conv ? torch::randint(0, 10, {o.batch}) : torch::randn({o.batch, width})).to(device);
-  // A step ends when the device is done with it, not when it is queued.
-  const auto finish_step = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  const Batch batch = rank_batch(o, pg->rank(), device);
+  const auto forward_backward = [&] {
+    auto loss = loss_of(o, ddp ? ddp->forward(batch.x) : model->forward(batch.x), batch.y);
+    loss.backward();
+    return loss;
   };
-
-  std::vector<double> step_ms, exposed_ms;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    const auto start = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    torch::Tensor loss;
-    const auto forward_backward = [&] {
-      auto out = ddp ? ddp->forward(x) : model->forward(x);
-      loss = conv ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
-      loss.backward();
-    };
-    if (o.no_sync && ddp) {
-      auto guard = ddp->no_sync();  // as in PyTorch, around the forward and the backward
-      forward_backward();
-    } else {
-      forward_backward();
-    }
-    opt.step();
-    finish_step();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    // Read after the step is timed, so the read (a copy from the GPU with
-    // --device cuda, after finish_step has waited for it) is not measured.
-    // Steps on diverged parameters would time a different computation.
-    if (const double l = loss.item<double>(); !std::isfinite(l))
-      throw std::runtime_error("the loss became " + std::string(std::isnan(l) ? "nan" : "inf") + " at step " +
-                               std::to_string(s + 1) + " on rank " + std::to_string(pg->rank()) +
-                               "; the timings of such steps mean nothing");
-    if (s >= o.warmup) {
-      step_ms.push_back(ms);
-      exposed_ms.push_back(ddp ? ddp->last_step().backward.exposed_communication_ms() : 0.0);
-    }
-  }
-  std::sort(step_ms.begin(), step_ms.end());
-  std::sort(exposed_ms.begin(), exposed_ms.end());
-  double median = step_ms[step_ms.size() / 2], exposed = exposed_ms[exposed_ms.size() / 2];
-  // Report the slowest rank, as the step is only as fast as it.
-  pg->allreduce(lockstep::Buffer{&median, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
-  pg->allreduce(lockstep::Buffer{&exposed, 1, lockstep::DType::f64}, lockstep::ReduceOp::max)->wait();
+  const StepTimes t = time_steps(
+      o, device, pg->rank(), opt,
+      [&] {
+        if (o.no_sync && ddp) {
+          auto guard = ddp->no_sync();  // as in PyTorch, around the forward and the backward
+          return forward_backward();
+        }
+        return forward_backward();
+      },
+      [&] { return ddp ? ddp->last_step().backward.exposed_communication_ms() : 0.0; });
+  report(o, *pg, device, parameter_count(*model), t);
   if (pg->rank() == 0) {
-    std::size_t params = 0;
-    for (auto& p : model->parameters()) params += static_cast<std::size_t>(p.numel());
-    std::printf("model %s (%.1fM parameters) on %s, %d rank(s), backend %s, batch %d per rank, %s%s, hook %s\n",
-                o.model.c_str(), static_cast<double>(params) / 1e6, device.str().c_str(), pg->size(),
-                pg->backend().c_str(), o.batch,
-                o.no_ddp ? "without DDP" : o.no_sync ? "no_sync" : "synchronised",
-                o.bucket_view ? ", gradient_as_bucket_view" : "", o.hook.c_str());
-    std::printf("step_ms %.2f exposed_comm_ms %.2f samples_per_s %.1f\n", median, exposed,
-                o.batch * pg->size() * 1000.0 / median);
     if (powersgd) std::printf("compression_ratio %.1f\n", powersgd->compression_stats().ratio());
     if (ddp && ddp->bucket_autotune())
       std::printf("autotuned bucket_cap_mb %.2f buckets %zu (predicted exposed %.2f ms, %.2f ms at %.0f MB)\n",
@@ -171,26 +271,38 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
 
 int main(int argc, char** argv) {
   namespace checks = lockstep::option_checks;
-  CLI::App app{"Step time of lockstep DistributedDataParallel training"};
+  CLI::App app{"Step time of lockstep DistributedDataParallel (or fully sharded) training"};
   Options o;
-  app.add_option("--model", o.model, "mlp, wide-mlp (the GPU workload) or convnet")
-      ->check(CLI::IsMember({"mlp", "wide-mlp", "convnet"}));
-  app.add_option("--batch", o.batch, "Samples per rank per step (default 64; wide-mlp 2048)")
+  app.add_option("--model", o.model, "mlp, wide-mlp (the GPU workload), deep-mlp (the fully sharded one) or convnet")
+      ->check(CLI::IsMember({"mlp", "wide-mlp", "deep-mlp", "convnet"}));
+  app.add_option("--batch", o.batch, "Samples per rank per step (default 64; wide-mlp 2048, deep-mlp 32)")
       ->check(checks::positive_count());
   app.add_option("--steps", o.steps, "Timed steps (the median is reported)")->check(checks::positive_count());
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(checks::non_negative_count());
-  app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
-  app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
-  app.add_flag("--no-ddp", o.no_ddp, "Train without the DDP wrapper (the baseline of its overhead)");
+  auto* no_sync = app.add_flag("--no-sync", o.no_sync, "Backward under no_sync (no gradient communication)");
+  auto* bucket_view = app.add_flag("--bucket-view", o.bucket_view, "gradient_as_bucket_view");
+  auto* no_ddp = app.add_flag("--no-ddp", o.no_ddp, "Train without the DDP wrapper (the baseline of its overhead)");
   app.add_option("--device", o.device, "cpu, or cuda (the local rank's GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "Bucket size cap (with --autotune: of the measured first steps)")
-      ->check(checks::positive_number(1 << 20));
-  app.add_flag("--autotune", o.autotune, "Choose the bucket cap from the first steps' measurements");
-  app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")
-      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd", "batched_powersgd"}));
+  auto* bucket_cap = app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
+                                    "Bucket size cap (with --autotune: of the measured first steps)")
+                         ->check(checks::positive_number(1 << 20));
+  auto* autotune = app.add_flag("--autotune", o.autotune, "Choose the bucket cap from the first steps' measurements");
+  auto* hook = app.add_option("--hook", o.hook, "none, fp16, bf16, powersgd or batched_powersgd")
+                   ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd", "batched_powersgd"}));
   app.add_option("--powersgd-rank", o.powersgd_rank, "Approximation rank of the PowerSGD hooks")
       ->check(checks::positive_count());
+  app.add_flag("--fsdp", o.fsdp, "Train an MLP fully sharded (fully_shard, each Linear a unit) instead of under DDP")
+      ->excludes(no_sync)
+      ->excludes(bucket_view)
+      ->excludes(no_ddp)
+      ->excludes(bucket_cap)
+      ->excludes(autotune)
+      ->excludes(hook);
   CLI11_PARSE(app, argc, argv);
+  if (o.fsdp && o.model == "convnet") {
+    std::fprintf(stderr, "ddp_throughput: --fsdp shards the MLPs (mlp, wide-mlp, deep-mlp), not the convnet\n");
+    return 2;
+  }
   if (o.batch == 0) o.batch = default_batch(o.model);
   try {
     // One core per rank where LOCAL_RANK is set (torchrun, `lockstep
@@ -205,6 +317,7 @@ int main(int argc, char** argv) {
     auto pg = lockstep::init_process_group(group);
     if (o.model == "mlp") return run<MlpImpl>(o, pg);
     if (o.model == "wide-mlp") return run<WideMlpImpl>(o, pg);
+    if (o.model == "deep-mlp") return run<DeepMlpImpl>(o, pg);
     return run<ConvNetImpl>(o, pg);
   } catch (const lockstep::Error& e) {
     // The message says what went wrong and what to do; no abort() and core.

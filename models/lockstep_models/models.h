@@ -6,6 +6,8 @@
 //   WideMlpImpl  6 x Linear(4096, 4096) with ReLU (~101M parameters): the
 //                GPU workload, a step of tens of milliseconds at a batch of
 //                thousands
+//   DeepMlpImpl  8 x Linear(1024, 1024) with ReLU (~8.4M parameters): the
+//                fully sharded benchmarks' model, one unit per layer
 //   ConvNetImpl  the Fashion-MNIST / MNIST convnet: Conv 1->32->64 (3x3),
 //                MaxPool 2, Linear 9216->128->10 (~1.2M parameters);
 //                optionally with batch normalisation after each conv
@@ -48,6 +50,17 @@ struct WideMlpImpl : MlpImpl {
   static constexpr int kLayers = 6;
   static constexpr int kWidth = 4096;
   WideMlpImpl() : MlpImpl(kLayers, kWidth) {}
+};
+
+// The fully sharded benchmarks' model (examples/ddp_throughput --fsdp,
+// bench/compare_fsdp.py): more and smaller layers than MlpImpl, each a
+// sharding unit of 4 MiB, so that at its default batch of 32 per rank a
+// CPU step's compute (1.6 Gflop) and its collectives (8 all-gathers for
+// forward, 7 for backward, 8 reduce-scatters) take times of one order.
+struct DeepMlpImpl : MlpImpl {
+  static constexpr int kLayers = 8;
+  static constexpr int kWidth = 1024;
+  DeepMlpImpl() : MlpImpl(kLayers, kWidth) {}
 };
 
 // With batch_norm, a normalisation layer follows each conv. It is declared
