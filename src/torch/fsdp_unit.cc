@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "lockstep/error.h"
@@ -77,6 +78,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>>
       layout_({}, 1),
       step_(std::make_shared<FsdpStep>()) {
   if (!group_) throw InvalidArgument("fully_shard needs a process group");
+  step_->timeline = std::make_unique<FsdpTimeline>(*group_);
   if (options_.prefetch < 0 || options_.reduce_scatters_in_flight < 1)
     throw InvalidArgument("fully_shard: prefetch must be at least 0 and reduce_scatters_in_flight at least 1");
   ::torch::NoGradGuard no_grad;
@@ -93,6 +95,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>>
   step_->units.push_back(this);
   step_->root = this;
 
+  refuse_shared_parameters(params);
   verify_same_across_ranks(*group_, params, "parameters of the fully_shard unit " + name_);
   for (auto& [param_name, p] : params) {
     names_.push_back(param_name);
@@ -114,13 +117,37 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>>
     flat.narrow(0, layout_.flat_offset(i), layout_.numel(i)).copy_(params_[i].reshape(-1));
   if (options_.sync_module_states && group_->size() > 1) broadcast(*group_, flat, 0);
   shard_ = flat.narrow(0, layout_.shard_elements() * group_->rank(), layout_.shard_elements()).clone();
-  full_ = ::torch::empty({layout_.flat_elements()}, ::torch::dtype(compute_dtype_).device(device));
-  full_bytes_ = full_.nbytes();
-  release(full_);
+  // In a world of one the shard is the whole: nothing to gather or free.
+  alone_ = group_->size() == 1 && compute_dtype_ == dtype_;
+  if (alone_) {
+    full_ = shard_;
+  } else {
+    full_ = ::torch::empty({layout_.flat_elements()}, ::torch::dtype(compute_dtype_).device(device));
+    full_bytes_ = full_.nbytes();
+    release(full_);
+  }
   use_sharded();
   had_gradient_.assign(params_.size(), false);
   accumulators_.resize(trained_.size());
   hook_keys_.resize(trained_.size());
+}
+
+// A parameter in two units (a weight tied across blocks) would be sharded
+// twice, the second time from the first's piece of it.
+void FsdpUnit::refuse_shared_parameters(const std::vector<std::pair<std::string, Tensor>>& params) const {
+  std::map<const c10::TensorImpl*, std::string> owner;
+  auto claim = [&](const Tensor& p, const std::string& name) {
+    const auto [it, first] = owner.emplace(p.unsafeGetTensorImpl(), name);
+    if (!first)
+      throw InvalidArgument(fmt::format(
+          "fully_shard: parameter {} is also {}: a parameter can belong to one unit only; shard the modules that "
+          "share it together, in their common parent's unit",
+          name, it->second));
+  };
+  for (const FsdpUnit* unit : step_->units)
+    if (unit != this)
+      for (std::size_t i = 0; i < unit->params_.size(); ++i) claim(unit->params_[i], unit->name_ + "." + unit->names_[i]);
+  for (const auto& [name, p] : params) claim(p, name_ + "." + name);
 }
 
 FsdpUnit::~FsdpUnit() {
@@ -147,6 +174,7 @@ Tensor FsdpUnit::cast_forward_input(const Tensor& t) const {
 void FsdpUnit::wait_named(Work& work, const char* what) {
   try {
     work.wait();
+    if (step_->timeline->on()) step_->timeline->collective(fmt::format("{} {}", what, name_), work);
   } catch (const MismatchError& e) {
     std::string counts;
     for (const FsdpUnit* unit : step_->units)
@@ -163,6 +191,10 @@ void FsdpUnit::wait_named(Work& work, const char* what) {
 
 void FsdpUnit::start_gather() {
   if (state_ != State::sharded) return;
+  if (alone_) {
+    state_ = State::gathering;
+    return;
+  }
   allocate(full_, full_bytes_);
   gather_input_ = compute_dtype_ == dtype_ ? shard_ : shard_.to(compute_dtype_);
   gather_work_ = all_gather_into_tensor(*group_, full_, gather_input_, /*async_op=*/true);
@@ -171,8 +203,7 @@ void FsdpUnit::start_gather() {
 
 void FsdpUnit::finish_gather() {
   if (state_ != State::gathering) return;
-  auto work = std::move(gather_work_);
-  wait_named(*work, "all-gather");
+  if (auto work = std::move(gather_work_)) wait_named(*work, "all-gather");
   gather_input_ = Tensor();
   state_ = State::unsharded;
   use_unsharded();
@@ -192,7 +223,7 @@ void FsdpUnit::use_unsharded() {
 void FsdpUnit::use_sharded() {
   if (state_ == State::gathering) finish_gather();
   for (std::size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_.narrow(0, pieces_[i].shard_offset, pieces_[i].count));
-  release(full_);
+  if (!alone_) release(full_);
   state_ = State::sharded;
 }
 
@@ -245,8 +276,11 @@ void FsdpUnit::before_forward() {
   const bool recording = training && !step.order_known;
   if (recording && std::find(step.forward_order.begin(), step.forward_order.end(), this) == step.forward_order.end())
     step.forward_order.push_back(this);
+  FsdpTimeline* timeline = training && step.timeline->on() ? step.timeline.get() : nullptr;
+  if (timeline) timeline->forward_entered(this);
   gather_now();
   if (!training) return;
+  if (timeline) timeline->forward_gathered(this);
   hook_accumulators();
   start_prefetch(step.forward_order);
 }
@@ -254,6 +288,7 @@ void FsdpUnit::before_forward() {
 void FsdpUnit::after_forward(const std::vector<Tensor>& outputs) {
   const bool training = ::torch::GradMode::is_enabled();
   auto& step = *step_;
+  if (training && step.timeline->on()) step.timeline->forward_left(this);
   bool hooked = false;
   if (training) {
     for (const auto& t : outputs) {
@@ -290,7 +325,10 @@ void FsdpUnit::pre_backward() {
   }
   if (backward_prepared_) return;
   backward_prepared_ = true;
+  FsdpTimeline* timeline = step_->timeline->on() ? step_->timeline.get() : nullptr;
+  if (timeline) timeline->backward_entered(this);
   gather_now();
+  if (timeline) timeline->backward_gathered(this);
   start_prefetch(step_->backward_order);
 }
 
@@ -303,21 +341,35 @@ void FsdpUnit::on_gradient() {
   if (++gradients_ready_ == trained_.size()) post_backward();
 }
 
+// The unit's gradients end to end, zeros where a parameter got none and in
+// the padding; the parameters' own gradients are dropped.
 Tensor FsdpUnit::flat_gradients() {
-  Tensor flat = ::torch::zeros({layout_.flat_elements()}, shard_.options().dtype(reduce_dtype_));
+  Tensor flat = ::torch::empty({layout_.flat_elements()}, shard_.options().dtype(reduce_dtype_));
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor place = flat.narrow(0, layout_.flat_offset(i), layout_.numel(i));
     Tensor& grad = params_[i].mutable_grad();
-    if (!grad.defined()) continue;
+    if (!grad.defined()) {
+      place.zero_();
+      continue;
+    }
     had_gradient_[i] = true;
-    flat.narrow(0, layout_.flat_offset(i), layout_.numel(i)).copy_(grad.reshape(-1));
+    place.copy_(grad.reshape(-1));
     grad = Tensor();
   }
+  flat.narrow(0, layout_.data_elements(), layout_.flat_elements() - layout_.data_elements()).zero_();
   return flat;
 }
 
 void FsdpUnit::post_backward() {
   if (reduced_) return;
   reduced_ = true;
+  FsdpTimeline* timeline = step_->timeline->on() ? step_->timeline.get() : nullptr;
+  if (timeline) timeline->backward_done(this);
+  issue_reduce_scatter();
+  if (timeline) timeline->backward_left(this);
+}
+
+void FsdpUnit::issue_reduce_scatter() {
   ::torch::NoGradGuard no_grad;
   Tensor flat = flat_gradients();
   use_sharded();
@@ -328,6 +380,10 @@ void FsdpUnit::post_backward() {
   if (accumulated_.defined()) {
     flat.add_(accumulated_);
     accumulated_ = Tensor();
+  }
+  if (alone_ || group_->size() == 1) {  // the average of one
+    reduced_shard_ = flat.scalar_type() == dtype_ ? flat : flat.to(dtype_);
+    return;
   }
   Tensor output = ::torch::empty({layout_.shard_elements()}, flat.options());
   pending_ = PendingReduce{reduce_scatter_tensor(*group_, output, flat, ReduceOp::avg, /*async_op=*/true),
@@ -360,6 +416,15 @@ void FsdpUnit::end_backward() {
   for (FsdpUnit* unit : step.reducing) unit->finish_reduce();
   step.reducing.clear();
   agree_on_used_parameters();
+  if (step.timeline->on()) {
+    std::vector<const void*> order;
+    std::vector<std::int64_t> parameters;
+    for (const FsdpUnit* unit : step.forward_order) {
+      order.push_back(unit);
+      parameters.push_back(unit->layout_.data_elements());
+    }
+    step.timeline->write_step(order, parameters);
+  }
   finish_step();
 }
 

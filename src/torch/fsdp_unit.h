@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ddp/shard_layout.h"
+#include "fsdp_timeline.h"
 #include "libtorch_version.h"
 #include "lockstep/process_group.h"
 #include "lockstep/torch/fully_shard.h"
@@ -47,6 +48,7 @@ struct FsdpStep {
   bool in_step = false;                  // a training forward ran; backward has not finished
   bool backward_queued = false;          // the end-of-backward callback is queued
   std::vector<FsdpUnit*> reducing;       // reduce-scatters in flight, oldest first
+  std::unique_ptr<FsdpTimeline> timeline;
 };
 
 class FsdpUnit {
@@ -91,6 +93,7 @@ class FsdpUnit {
     ::torch::Tensor output;  // this rank's shard of their average
   };
   bool is_root() const { return step_->root == this; }
+  void refuse_shared_parameters(const std::vector<std::pair<std::string, ::torch::Tensor>>& params) const;
   void start_gather();
   void finish_gather();
   void gather_now();
@@ -101,6 +104,7 @@ class FsdpUnit {
   void pre_backward();
   void on_gradient();
   void post_backward();
+  void issue_reduce_scatter();
   void finish_reduce();
   void finish_step();
   void end_backward();
@@ -125,6 +129,7 @@ class FsdpUnit {
   ::torch::Tensor shard_;             // this rank's shard, dtype_
   ::torch::Tensor full_;              // every rank's, compute_dtype_; memory only while unsharded
   std::size_t full_bytes_ = 0;
+  bool alone_ = false;                // a world of one: full_ is shard_
   State state_ = State::sharded;
   std::shared_ptr<Work> gather_work_;
   ::torch::Tensor gather_input_;      // the shard cast to compute_dtype_, while a gather needs it

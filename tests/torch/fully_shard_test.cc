@@ -152,7 +152,7 @@ TEST_P(Equivalence, TrainingEqualsOneProcessOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksReshardOptimizers, Equivalence,
-                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool(),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool(),
                                             ::testing::Values(std::string("sgd"), std::string("adam"))),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" +
@@ -513,6 +513,30 @@ TEST(FullyShard, ARankThatSkipsAUnitFailsNamingTheUnit) {
       EXPECT_NE(message.find(r == 0 ? "unit b1" : "unit b2"), std::string::npos) << message;
     }
   }
+}
+
+TEST(FullyShard, AWeightTiedAcrossUnitsIsRefused) {
+  auto plains = per_rank(2, [](int) {
+    Block a(6, 6), b(6, 6);
+    b->fc = b->replace_module("fc", a->fc);  // one Linear in both blocks
+    return std::make_pair(a, b);
+  });
+  std::vector<std::string> messages(2);
+  TorchThreadWorld world(2, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto& [a, b] = plains[static_cast<std::size_t>(rank)];
+    // The second unit already meets the first's pieces (which differ
+    // across ranks, or else the root names both owners).
+    try {
+      nn::Sequential net;
+      net->push_back(fully_shard(a, borrow(pg)));
+      net->push_back(fully_shard(b, borrow(pg)));
+      fully_shard(net, borrow(pg));
+    } catch (const Error& e) {
+      messages[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  for (const auto& m : messages) EXPECT_NE(m.find("fc.weight"), std::string::npos) << m;
 }
 
 // ---- memory per rank ----------------------------------------------------------
