@@ -311,7 +311,11 @@ void FsdpUnit::after_forward(const std::vector<Tensor>& outputs) {
   }
   // Without a hooked output nothing would gather the parameters again for
   // backward: keep them.
-  if (options_.reshard_after_forward && hooked) use_sharded();
+  // The last unit to start forward is the first in backward (after the
+  // root's own layers): freeing its parameters only to gather them again
+  // at once would cost a gather and save no memory.
+  const bool backward_next = step.order_known && !step.forward_order.empty() && step.forward_order.back() == this;
+  if (options_.reshard_after_forward && hooked && !backward_next) use_sharded();
 }
 
 // ---- backward -------------------------------------------------------------

@@ -1,5 +1,8 @@
 // shm allgather: in rounds, each rank puts the next piece of its input in
-// its slot, then copies every peer's piece into place in its output.
+// its slot, then copies every peer's piece into place in its output. Large
+// inputs, where every rank can read its peers' memory, go in one copy:
+// each rank reads every peer's input straight into its output
+// (single_copy.h), a third less copying than through the slots.
 #include <algorithm>
 #include <cstring>
 
@@ -14,6 +17,12 @@ void ShmBackend::allgather(const OpContext& op, ConstBuffer input, Buffer output
   std::byte* own_place = out + static_cast<std::size_t>(rank_) * bytes;
   if (bytes > 0 && own_place != in) std::memmove(own_place, in, bytes);
   if (size_ == 1 || bytes == 0) return;
+  if (single_copy(bytes)) {
+    single_copy_round(op, in, /*read_everyone=*/true, -1, [&](int q, const std::byte* theirs) {
+      read_peer_or_throw(op, q, out + static_cast<std::size_t>(q) * bytes, theirs, bytes);
+    });
+    return;
+  }
   for (std::size_t begin = 0; begin < bytes; begin += layout_.slot_bytes) {
     const std::size_t piece = std::min(layout_.slot_bytes, bytes - begin);
     const std::uint64_t g = begin_round(op);
