@@ -69,6 +69,7 @@ struct Options {
   bool no_sync = false;
   bool no_ddp = false;
   bool fsdp = false;
+  bool reshard_after_forward = true;  // --keep-after-forward: false (ZeRO-2)
   std::string device = "cpu";
   bool bucket_view = false;
   double bucket_cap_mb = 25;
@@ -188,20 +189,22 @@ torch::Tensor loss_of(const Options& o, const torch::Tensor& out, const torch::T
 // model), as bench/pytorch_ddp.py --fsdp applies it: each Linear but the
 // last a unit of its own, then the root, which holds the last.
 std::shared_ptr<lockstep::torch::FullyShard<torch::nn::SequentialImpl>> fully_sharded(
-    MlpImpl& mlp, const std::shared_ptr<lockstep::ProcessGroup>& pg) {
+    MlpImpl& mlp, const std::shared_ptr<lockstep::ProcessGroup>& pg, bool reshard_after_forward) {
+  lockstep::torch::FullyShardOptions options;
+  options.reshard_after_forward = reshard_after_forward;
   torch::nn::Sequential net;
   for (std::size_t i = 0; i + 1 < mlp.fc.size(); ++i) {
-    net->push_back(lockstep::torch::fully_shard(mlp.fc[i], pg));
+    net->push_back(lockstep::torch::fully_shard(mlp.fc[i], pg, options));
     net->push_back(torch::nn::ReLU());
   }
   net->push_back(mlp.fc.back());
-  return lockstep::torch::fully_shard(net, pg);
+  return lockstep::torch::fully_shard(net, pg, options);
 }
 
 int run_fully_sharded(const Options& o, const std::shared_ptr<lockstep::ProcessGroup>& pg, MlpImpl& mlp,
                       torch::Device device) {
   const std::size_t params = parameter_count(mlp);  // whole: sharding leaves this rank's pieces
-  auto model = fully_sharded(mlp, pg);
+  auto model = fully_sharded(mlp, pg, o.reshard_after_forward);
   torch::optim::SGD opt(model->parameters(), 0.01);
   const Batch batch = rank_batch(o, pg->rank(), device);
   const StepTimes t = time_steps(
@@ -298,6 +301,9 @@ int main(int argc, char** argv) {
       ->excludes(bucket_cap)
       ->excludes(autotune)
       ->excludes(hook);
+  app.add_flag("!--keep-after-forward", o.reshard_after_forward,
+               "With --fsdp: keep each unit's gathered parameters from its forward to its backward (ZeRO-2)")
+      ->needs("--fsdp");
   CLI11_PARSE(app, argc, argv);
   if (o.fsdp && o.model == "convnet") {
     std::fprintf(stderr, "ddp_throughput: --fsdp shards the MLPs (mlp, wide-mlp, deep-mlp), not the convnet\n");

@@ -205,7 +205,7 @@ symbolize() {
 step_gpubuild() {
   configure
   local targets
-  read -ra targets <<< "${GPU_TARGETS:-lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test ddp_throughput}"
+  read -ra targets <<< "${GPU_TARGETS:-lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test fully_shard_cuda_test ddp_throughput}"
   # Open MPI's benchmark, for the smallmsg and allreduce steps, where MPI was found.
   grep -q "^LOCKSTEP_WITH_MPI:BOOL=ON" "$BUILD/CMakeCache.txt" && targets+=(mpi_allreduce)
   cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"

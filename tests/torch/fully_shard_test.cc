@@ -22,108 +22,16 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/fully_shard.h"
 #include "lockstep/torch/sync_batchnorm.h"
+#include "torch/fsdp_fixtures.h"
 #include "torch/thread_ranks.h"
 
 namespace lockstep::torch {
 namespace {
 
-namespace nn = ::torch::nn;
-using ::torch::Tensor;
 using testing::per_rank;
 using testing::TorchThreadWorld;
-using State = std::map<std::string, Tensor>;
 
-constexpr int kSteps = 4;
-constexpr int kGlobalBatch = 12;  // divides among 2, 3 and 4 ranks
-constexpr double kRtol = 1e-5;    // DDP's equivalence tests' tolerance
-
-std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
-
-struct BlockImpl : nn::Module {
-  BlockImpl(std::int64_t in, std::int64_t out) : fc(register_module("fc", nn::Linear(in, out))) {}
-  Tensor forward(Tensor x) { return ::torch::tanh(fc->forward(x)); }
-  nn::Linear fc;
-};
-TORCH_MODULE(Block);
-
-// Widths chosen so that no unit's size is a multiple of 2, 3 or 4.
-const std::vector<std::int64_t> kWidths = {7, 13, 9, 11};
-constexpr std::int64_t kOutputs = 5;
-
-// Parameters drawn from a generator of the test's own (thread ranks share
-// libtorch's default one), the same for every rank and the reference.
-void init_from(nn::Module& net, std::uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  ::torch::NoGradGuard no_grad;
-  for (auto& p : net.parameters()) p.copy_(::torch::rand(p.sizes(), gen) - 0.5);
-}
-
-nn::Sequential plain_mlp() {
-  nn::Sequential net;
-  for (std::size_t i = 0; i + 1 < kWidths.size(); ++i) net->push_back(Block(kWidths[i], kWidths[i + 1]));
-  net->push_back(nn::Linear(kWidths.back(), kOutputs));
-  init_from(*net, 5);
-  return net;
-}
-
-// The same model with each block a unit and the whole a root unit.
-std::shared_ptr<FullyShard<nn::SequentialImpl>> sharded_mlp(nn::Sequential plain,
-                                                            std::shared_ptr<ProcessGroup> pg,
-                                                            FullyShardOptions options) {
-  nn::Sequential net;
-  for (std::size_t i = 0; i + 1 < plain->size(); ++i)
-    net->push_back(fully_shard(plain->ptr<BlockImpl>(i), pg, options));
-  net->push_back(*(plain->begin() + static_cast<std::ptrdiff_t>(plain->size() - 1)));
-  return fully_shard(net, pg, options);
-}
-
-struct Batch {
-  Tensor x, y;
-};
-std::vector<Batch> batches(std::int64_t inputs, std::uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  std::vector<Batch> out;
-  for (int s = 0; s < kSteps; ++s)
-    out.push_back({::torch::randn({kGlobalBatch, inputs}, gen), ::torch::randn({kGlobalBatch, kOutputs}, gen)});
-  return out;
-}
-Tensor shard_of(const Tensor& global, int rank, int ranks) { return global.chunk(ranks)[rank]; }
-
-std::unique_ptr<::torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<Tensor> params) {
-  if (kind == "adam") return std::make_unique<::torch::optim::Adam>(params, ::torch::optim::AdamOptions(0.02));
-  return std::make_unique<::torch::optim::SGD>(params, ::torch::optim::SGDOptions(0.1).momentum(0.9));
-}
-
-State named(const nn::Module& net) {
-  State out;
-  for (const auto& item : net.named_parameters()) out[item.key()] = item.value().detach().clone();
-  for (const auto& item : net.named_buffers()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
-void expect_close(const State& got, const State& want, double rtol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << what << ": no " << name;
-    const auto g = got.at(name).to(::torch::kDouble), wd = w.to(::torch::kDouble);
-    ASSERT_EQ(g.sizes(), wd.sizes()) << what << ": " << name;
-    EXPECT_TRUE(::torch::allclose(g, wd, rtol, rtol * 0.1))
-        << what << ": " << name << " differs by " << (g - wd).abs().max().item<double>() << " (scale "
-        << wd.abs().max().item<double>() << ")";
-  }
-}
-
-// One process, the global batch.
-State train_reference(const std::string& optimizer, const std::vector<Batch>& data) {
-  auto net = plain_mlp();
-  auto opt = make_optimizer(optimizer, net->parameters());
-  for (const auto& [x, y] : data) {
-    opt->zero_grad();
-    ::torch::mse_loss(net->forward(x), y).backward();
-    opt->step();
-  }
-  return named(*net);
-}
+using namespace fsdp_fixtures;
 
 using Case = std::tuple<int, bool, std::string>;  // ranks, reshard_after_forward, optimizer
 
@@ -157,6 +65,37 @@ INSTANTIATE_TEST_SUITE_P(RanksReshardOptimizers, Equivalence,
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                   (std::get<1>(info.param) ? "reshard_" : "keep_") + std::get<2>(info.param);
+                         });
+
+// The same over the other backends of one host: tcp, and hier with ranks
+// posing as hosts of 2 (shm inside each, tcp across). mpi: mpi_fully_shard_test.
+class OverBackends : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(OverBackends, TrainingEqualsOneProcessOnTheGlobalBatch) {
+  const auto& [backend, ranks] = GetParam();
+  const auto data = batches(kWidths.front(), 19);
+  const State want = train_reference("adam", data);
+  auto plains = per_rank(ranks, [](int) { return plain_mlp(); });
+  std::vector<State> got(static_cast<std::size_t>(ranks));
+  TorchThreadWorld world(ranks, backend);
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = make_optimizer("adam", model->parameters());
+    for (const auto& [x, y] : data) {
+      opt->zero_grad();
+      ::torch::mse_loss(model->forward(shard_of(x, rank, ranks)), shard_of(y, rank, ranks)).backward();
+      opt->step();
+    }
+    got[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
+  });
+  for (int r = 0; r < ranks; ++r) expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OverBackends,
+                         ::testing::Values(std::make_tuple(std::string("tcp"), 2), std::make_tuple(std::string("tcp"), 3),
+                                           std::make_tuple(std::string("hier2"), 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
 
 TEST(FullyShard, ParametersHoldOnlyThisRanksPieceBetweenSteps) {

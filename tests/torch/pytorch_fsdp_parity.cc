@@ -31,6 +31,7 @@
 
 #include "harness/launcher.h"
 #include "lockstep/torch/fully_shard.h"
+#include "torch/fsdp_fixtures.h"
 #include "torch/thread_ranks.h"
 
 #ifndef LOCKSTEP_SYSTEM_PYTHON
@@ -52,10 +53,11 @@ using testing::per_rank;
 using testing::TorchThreadWorld;
 using namespace std::chrono_literals;
 
-// As in the Python script.
-const std::vector<std::int64_t> kWidths = {7, 13, 9, 11};
-constexpr std::int64_t kOutputs = 5;
-constexpr std::int64_t kGlobalBatch = 12;
+// The Python script's model is fsdp_fixtures' (its widths, blocks and batch).
+using fsdp_fixtures::borrow;
+using fsdp_fixtures::kGlobalBatch;
+using fsdp_fixtures::kOutputs;
+using fsdp_fixtures::kWidths;
 // The two sides run the same libtorch kernels on the same rows; what may
 // differ is the order of the sums in the gradients' reduction (gloo's
 // reduce-scatter and FSDP2's division by the world before it, against
@@ -75,8 +77,6 @@ const auto kPythonDeadline = 120s;
 std::string python_for_this_libtorch() {
   return TORCH_VERSION_MAJOR >= 2 ? LOCKSTEP_TORCH2_PYTHON : LOCKSTEP_SYSTEM_PYTHON;
 }
-
-std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
 
 // Raw little-endian float32, as the script writes (this host is little-endian).
 std::vector<float> read_floats(const std::string& path) {
@@ -108,17 +108,9 @@ std::vector<Tensor> split_like(const std::vector<float>& values, const std::vect
   return out;
 }
 
-struct BlockImpl : nn::Module {
-  BlockImpl(std::int64_t in, std::int64_t out) : fc(register_module("fc", nn::Linear(in, out))) {}
-  Tensor forward(Tensor x) { return ::torch::tanh(fc->forward(x)); }
-  nn::Linear fc;
-};
-TORCH_MODULE(Block);
-
+// fsdp_fixtures' model, with the script's initial parameters.
 nn::Sequential plain_mlp(const std::vector<float>& init) {
-  nn::Sequential net;
-  for (std::size_t i = 0; i + 1 < kWidths.size(); ++i) net->push_back(Block(kWidths[i], kWidths[i + 1]));
-  net->push_back(nn::Linear(kWidths.back(), kOutputs));
+  nn::Sequential net = fsdp_fixtures::plain_mlp();
   ::torch::NoGradGuard no_grad;
   const auto params = net->parameters();
   const auto values = split_like(init, params);
@@ -126,15 +118,10 @@ nn::Sequential plain_mlp(const std::vector<float>& init) {
   return net;
 }
 
-// As the script shards: each block a unit, then the root (holding the head).
+// As the script shards: each block a unit, then the root (holding the
+// head), resharding after forward.
 std::shared_ptr<FullyShard<nn::SequentialImpl>> sharded(nn::Sequential plain, std::shared_ptr<ProcessGroup> pg) {
-  FullyShardOptions options;
-  options.reshard_after_forward = true;
-  nn::Sequential net;
-  for (std::size_t i = 0; i + 1 < plain->size(); ++i)
-    net->push_back(fully_shard(plain->ptr<BlockImpl>(i), pg, options));
-  net->push_back(*(plain->begin() + static_cast<std::ptrdiff_t>(plain->size() - 1)));
-  return fully_shard(net, pg, options);
+  return fsdp_fixtures::sharded_mlp(std::move(plain), std::move(pg), FullyShardOptions{});
 }
 
 struct Batch {

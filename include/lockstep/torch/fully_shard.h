@@ -20,7 +20,7 @@
 // Where FSDP2 changes a module's class in place, C++ cannot: fully_shard
 // returns a wrapper, a module whose forward has the wrapped module's
 // signature (so it goes wherever the module went: a Sequential, a
-// ModuleList, a member of type std::shared_ptr<FullyShardImpl<BlockImpl>>)
+// ModuleList, a member of type std::shared_ptr<FullyShard<BlockImpl>>)
 // and whose parameters, buffers and children carry the wrapped module's
 // names. Call the wrapper's forward, not the wrapped module's: the wrapper
 // is where the parameters are gathered (docs/fsdp.md, "Why a wrapper").
@@ -181,11 +181,22 @@ class FullyShardWrapper : public FullyShardModule {
   std::shared_ptr<ModuleImpl> module_;
 };
 
+namespace detail {
+template <typename ModuleImpl, typename = void>
+struct ForwardOf {
+  using type = void;  // a template or overloaded forward
+};
+template <typename ModuleImpl>
+struct ForwardOf<ModuleImpl, std::void_t<decltype(&ModuleImpl::forward)>> {
+  using type = decltype(&ModuleImpl::forward);
+};
+}  // namespace detail
+
 // The wrapper of ModuleImpl. Its forward takes what ModuleImpl::forward
 // takes: exactly, when ModuleImpl::forward is one function (so that a
 // Sequential or AnyModule can hold the wrapper); forwarded otherwise (a
 // template forward, e.g. a Sequential as the root).
-template <typename ModuleImpl, typename Forward = void>
+template <typename ModuleImpl, typename Forward = typename detail::ForwardOf<ModuleImpl>::type>
 class FullyShardImpl : public FullyShardWrapper<ModuleImpl> {
  public:
   using FullyShardWrapper<ModuleImpl>::FullyShardWrapper;
@@ -217,20 +228,9 @@ class FullyShardImpl<ModuleImpl, R (ModuleImpl::*)(Args...) const> : public Full
   }
 };
 
-namespace detail {
-template <typename ModuleImpl, typename = void>
-struct ForwardOf {
-  using type = void;  // a template or overloaded forward
-};
+// The wrapper type fully_shard returns for ModuleImpl (FullyShardImpl<ModuleImpl>).
 template <typename ModuleImpl>
-struct ForwardOf<ModuleImpl, std::void_t<decltype(&ModuleImpl::forward)>> {
-  using type = decltype(&ModuleImpl::forward);
-};
-}  // namespace detail
-
-// The wrapper type fully_shard returns for ModuleImpl.
-template <typename ModuleImpl>
-using FullyShard = FullyShardImpl<ModuleImpl, typename detail::ForwardOf<ModuleImpl>::type>;
+using FullyShard = FullyShardImpl<ModuleImpl>;
 
 // Makes `module` a sharding unit of `group`: its parameters (except those
 // of units already made inside it: apply fully_shard to the blocks first,
