@@ -169,6 +169,19 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   const auto reduce_scatter = [&](double bytes) { return reduce_scatter_us(s.cluster, ranks, bytes) / 1000; };
   const double compute = w.forward_ms() + w.backward_ms() + w.other_ms;
   out.step = simulate_sharded_step(w, ranks, o, allgather, reduce_scatter, straggler_ms(compute, s.jitter, ranks));
+  // Without a spare core the group's thread copies on the compute thread's
+  // core: what overlaps in the schedule above costs compute time instead.
+  // As DDP's model charges it (step_simulation.cc): the collectives keep a
+  // core comm_cpu_share busy while they run.
+  const Cluster& c = s.cluster;
+  if (ranks > 1 && c.cores_per_rank > 0 && c.cores_per_rank < 2) {
+    const double busy = std::clamp(c.comm_cpu_share, 0.0, 1.0) * out.step.comm_ms;
+    const double bound = out.step.data_ms + compute + busy + out.step.straggler_ms;
+    if (bound > out.step.step_ms) {
+      out.step.sharing_ms = bound - out.step.step_ms;
+      out.step.step_ms = bound;
+    }
+  }
   out.memory = sharded_memory(w, ranks, o, s.bucket_view);
   out.ddp_bus_bytes = allreduce_bus_bytes(ranks, w.parameters() * 4);
   const double samples = static_cast<double>(w.batch) * ranks;

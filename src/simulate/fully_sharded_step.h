@@ -65,6 +65,10 @@ struct ShardedStepPrediction {
   double backward_wait_ms = 0;  // backward waiting for all-gathers
   double tail_ms = 0;           // after backward, waiting for the last reduce-scatters
   double straggler_ms = 0;
+  // Compute slowed by the collectives' copying on its core, where a rank
+  // has no spare core (Cluster::cores_per_rank below 2): the step is then
+  // at least the compute plus the collectives' share of a core.
+  double sharing_ms = 0;
   double data_ms = 0;
   CollectiveTotals allgather;
   CollectiveTotals reduce_scatter;

@@ -336,6 +336,23 @@ TEST(ShardedStep, PredictionAddsDataRestStragglersAndThroughput) {
   EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 2).step.straggler_ms, straggler_ms(15, 0.1, 2));
 }
 
+TEST(ShardedStep, WithoutASpareCoreTheCollectivesCopyingAddsToCompute) {
+  ShardedWorkload w = two_units();
+  w.other_ms = 3;
+  Scenario s = half_microsecond_ring();
+  const auto spare = predict_sharded(w, s, sharding(1, true), 2).step;
+  EXPECT_DOUBLE_EQ(spare.sharing_ms, 0);
+  s.cluster.cores_per_rank = 1;  // the group's thread copies on the compute thread's core
+  s.cluster.comm_cpu_share = 1;
+  const auto shared = predict_sharded(w, s, sharding(1, true), 2).step;
+  EXPECT_DOUBLE_EQ(shared.step_ms, shared.compute_ms + shared.comm_ms);
+  EXPECT_DOUBLE_EQ(shared.sharing_ms, shared.step_ms - spare.step_ms);
+  s.cluster.comm_cpu_share = 0.5;  // half a core: half of it
+  EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 2).step.step_ms,
+                   std::max(spare.step_ms, shared.compute_ms + 0.5 * shared.comm_ms));
+  EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 1).step.sharing_ms, 0);  // a world of one copies nothing
+}
+
 TEST(ShardedStep, OptionsOutOfRangeAreRefused) {
   EXPECT_THROW(step(units_of({}), 2, sharding(1, true)), InvalidArgument);
   EXPECT_THROW(step(two_units(), 2, sharding(-1, true)), InvalidArgument);

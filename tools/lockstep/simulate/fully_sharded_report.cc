@@ -156,6 +156,7 @@ nlohmann::json sharded_json(const sim::ShardedWorkload& w, const sim::ShardingOp
                       {"compute_ms", st.compute_ms}, {"exposed_ms", st.exposed_ms},
                       {"forward_wait_ms", st.forward_wait_ms}, {"backward_wait_ms", st.backward_wait_ms},
                       {"tail_ms", st.tail_ms}, {"comm_ms", st.comm_ms}, {"straggler_ms", st.straggler_ms},
+                      {"sharing_ms", st.sharing_ms},
                       {"data_ms", st.data_ms}, {"allgather", totals_json(st.allgather)},
                       {"reduce_scatter", totals_json(st.reduce_scatter)},
                       {"memory",

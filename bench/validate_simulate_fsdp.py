@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""`lockstep simulate --strategy fsdp` against measurement on this machine:
+predict the fully sharded step first, then run it.
+
+1. Calibrates the two collectives a fully sharded step uses with `lockstep
+   simulate --calibrate` from `lockstep bench --op allgather` and `--op
+   reduce_scatter` (ordinary buffers, as fully_shard's, at --bench-ranks
+   ranks over shm, 256 KiB to 64 MiB in steps of sqrt(2)) beside the
+   all-reduce.
+2. Profiles each world size's compute with LOCKSTEP_TRACE
+   (examples/ddp_throughput --fsdp, --profile-repeats runs of twice --steps
+   steps, the run with the median step): each unit's own forward and
+   backward compute and the time between steps, on N ranks sharing the
+   machine as they will when measured (fully_shard's timeline; docs/fsdp.md).
+3. Predicts with `lockstep simulate --sharded-trace <rank 0's trace>
+   --cluster <calibration> --world-sizes N`, for resharding after forward
+   and without it, and writes every prediction down before anything is
+   measured.
+4. Runs every configuration --repeats times, interleaved, and compares the
+   median measured step with the prediction.
+
+Prints a markdown table (for docs/performance.md) with each error and the
+mean absolute error; the files are kept in --out.
+
+Usage: bench/validate_simulate_fsdp.py [--build build-torch2] [--ranks 2,4] [--model deep-mlp]
+           [--steps 15] [--repeats 3] [--profile-repeats 3] [--bench-ranks 2] [--out DIR]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run(cmd, env=None, timeout=900):
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout + done.stderr
+
+
+def step_ms(text):
+    return float(re.search(r"step_ms ([0-9.]+)", text).group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build-torch2")
+    parser.add_argument("--ranks", default="2,4", help="world sizes on this machine")
+    parser.add_argument("--model", default="deep-mlp")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile-repeats", type=int, default=3)
+    parser.add_argument("--bench-ranks", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    a = parser.parse_args()
+    out = a.out or tempfile.mkdtemp(prefix="validate-fsdp-")
+    os.makedirs(out, exist_ok=True)
+    lockstep = os.path.join(a.build, "lockstep")
+    program = [os.path.join(a.build, "examples", "ddp_throughput"), "--model", a.model, "--fsdp"]
+    worlds = [int(n) for n in a.ranks.split(",")]
+
+    def ranks(n, args, env=None):
+        return run([lockstep, "run", "--nproc-per-node", str(n), "--"] + args, env=env)
+
+    # 1. Calibration: the all-reduce and the two halves a sharded step uses.
+    bench = []
+    for op in ("allreduce", "allgather", "reduce_scatter"):
+        path = os.path.join(out, f"bench-{op}.json")
+        run([lockstep, "bench", "--np", str(a.bench_ranks), "--backend", "shm", "--op", op, "-b", "256K", "-e", "64M",
+             "-f", "1.41421356", "-n", "10", "-w", "3", "--json", path])
+        bench.append(path)
+    print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--out", out]).strip(), file=sys.stderr)
+    cluster = os.path.join(out, "cluster.json")
+
+    # 2. Profiles: each world size's compute, traced, the median run kept.
+    traces = {}
+    for n in worlds:
+        runs = []
+        for repeat in range(a.profile_repeats):
+            prefix = os.path.join(out, f"profile-{n}ranks-{repeat}")
+            text = ranks(n, program + ["--steps", str(2 * a.steps)], env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+            runs.append((step_ms(text), prefix))
+        runs.sort()
+        traces[n] = runs[len(runs) // 2][1] + ".rank0.json"
+
+    # 3. Predictions, all before the first measured run.
+    configs = [(n, reshard) for n in worlds for reshard in (True, False)]
+    predicted = {}
+    for n, reshard in configs:
+        path = os.path.join(out, f"predict-{n}-{'reshard' if reshard else 'keep'}.json")
+        run([lockstep, "simulate", "--sharded-trace", traces[n], "--cluster", cluster, "--world-sizes", str(n),
+             "--ranks-per-host", str(max(worlds)), "--out", os.path.join(out, "simulate"), "--json", path] +
+            ([] if reshard else ["--no-reshard-after-forward"]))
+        with open(path) as f:
+            predicted[(n, reshard)] = json.load(f)["fsdp"]["predictions"][0]
+    with open(os.path.join(out, "predictions.json"), "w") as f:
+        json.dump({f"{n} {r}": p for (n, r), p in predicted.items()}, f, indent=1)
+
+    # 4. Measurements, interleaved.
+    measured = {c: [] for c in configs}
+    for _ in range(a.repeats):
+        for n, reshard in configs:
+            extra = [] if reshard else ["--keep-after-forward"]
+            measured[(n, reshard)].append(step_ms(ranks(n, program + ["--steps", str(a.steps)] + extra)))
+    print("| ranks | after forward | predicted step (ms) | measured step (ms) | error |")
+    print("|---|---|---|---|---|")
+    errors = []
+    for n, reshard in configs:
+        step = statistics.median(measured[(n, reshard)])
+        p = predicted[(n, reshard)]["step_ms"]
+        errors.append(abs(p - step) / step)
+        print(f"| {n} | {'resharded' if reshard else 'kept'} | {p:.1f} | {step:.1f} | {100 * (p - step) / step:+.0f}% |")
+    print(f"\nmean absolute error {100 * statistics.mean(errors):.0f}%, largest {100 * max(errors):.0f}%; "
+          f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}; files in {out}")
+
+
+if __name__ == "__main__":
+    main()
