@@ -37,16 +37,17 @@ using Case = std::tuple<int, bool, std::string>;  // ranks, reshard_after_forwar
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Equivalence, TrainingEqualsOneProcessOnTheGlobalBatch) {
-  const auto& [ranks, reshard, optimizer] = GetParam();
-  const auto data = batches(kWidths.front(), 17);
+// `ranks` thread ranks over `backend` train the sharded model on their
+// parts of the batches `seed` draws; every rank's whole parameters must
+// equal one process training on the global batches.
+void expect_training_equals_one_process(int ranks, const std::string& backend, const std::string& optimizer,
+                                        const FullyShardOptions& options, std::uint64_t seed) {
+  const auto data = batches(kWidths.front(), seed);
   const State want = train_reference(optimizer, data);
   auto plains = per_rank(ranks, [](int) { return plain_mlp(); });
   std::vector<State> got(static_cast<std::size_t>(ranks));
-  TorchThreadWorld world(ranks, "shm");
+  TorchThreadWorld world(ranks, backend);
   world.run([&](int rank, ProcessGroup& pg) {
-    FullyShardOptions options;
-    options.reshard_after_forward = reshard;
     auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), options);
     auto opt = make_optimizer(optimizer, model->parameters());
     for (const auto& [x, y] : data) {
@@ -57,6 +58,13 @@ TEST_P(Equivalence, TrainingEqualsOneProcessOnTheGlobalBatch) {
     got[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
   });
   for (int r = 0; r < ranks; ++r) expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
+}
+
+TEST_P(Equivalence, TrainingEqualsOneProcessOnTheGlobalBatch) {
+  const auto& [ranks, reshard, optimizer] = GetParam();
+  FullyShardOptions options;
+  options.reshard_after_forward = reshard;
+  expect_training_equals_one_process(ranks, "shm", optimizer, options, 17);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksReshardOptimizers, Equivalence,
@@ -73,22 +81,7 @@ class OverBackends : public ::testing::TestWithParam<std::tuple<std::string, int
 
 TEST_P(OverBackends, TrainingEqualsOneProcessOnTheGlobalBatch) {
   const auto& [backend, ranks] = GetParam();
-  const auto data = batches(kWidths.front(), 19);
-  const State want = train_reference("adam", data);
-  auto plains = per_rank(ranks, [](int) { return plain_mlp(); });
-  std::vector<State> got(static_cast<std::size_t>(ranks));
-  TorchThreadWorld world(ranks, backend);
-  world.run([&](int rank, ProcessGroup& pg) {
-    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
-    auto opt = make_optimizer("adam", model->parameters());
-    for (const auto& [x, y] : data) {
-      opt->zero_grad();
-      ::torch::mse_loss(model->forward(shard_of(x, rank, ranks)), shard_of(y, rank, ranks)).backward();
-      opt->step();
-    }
-    got[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
-  });
-  for (int r = 0; r < ranks; ++r) expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
+  expect_training_equals_one_process(ranks, backend, "adam", {}, 19);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OverBackends,
