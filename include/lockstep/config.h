@@ -40,6 +40,10 @@ std::string_view to_string(LaunchSource source);
 
 // LOCKSTEP_DEBUG: extra checks that cost time.
 enum class DebugLevel { off, info, detail };
+// How the shm backend writes the slots its peers read (src/comm/shm/handoff_copy.h):
+// with streaming stores while its peers are measured to be far (automatic),
+// always, or never.
+enum class ShmStreamingStores { automatic, always, never };
 
 // The rank placement one launcher's variables give.
 struct LauncherPlacement {
@@ -111,6 +115,7 @@ struct Config {
   std::optional<std::int64_t> shm_spin_micros;
   std::string shm_tag;  // set by `lockstep run`; empty: none
   std::optional<std::size_t> shm_single_copy_bytes;
+  ShmStreamingStores shm_streaming_stores = ShmStreamingStores::automatic;
   std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
   bool mpi_abort_on_failure = true;
   // CUDA memory over shm, tcp, hier and mpi: the bytes of each chunk staged

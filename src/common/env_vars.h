@@ -71,6 +71,7 @@ inline constexpr char kCudaStagingChunkBytes[] = "LOCKSTEP_CUDA_STAGING_CHUNK_BY
 inline constexpr char kShmSpinMicros[] = "LOCKSTEP_SHM_SPIN_US";
 inline constexpr char kShmTag[] = "LOCKSTEP_SHM_TAG";
 inline constexpr char kShmSingleCopyBytes[] = "LOCKSTEP_SHM_SINGLE_COPY_BYTES";
+inline constexpr char kShmStreamingStores[] = "LOCKSTEP_SHM_STREAMING_STORES";
 inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
 inline constexpr char kStats[] = "LOCKSTEP_STATS";

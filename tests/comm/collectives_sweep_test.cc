@@ -7,6 +7,7 @@
 // hosts (hier_layouts()).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -71,9 +72,14 @@ bool takes_root(Collective c) { return c == Collective::reduce || c == Collectiv
 
 class CollectiveSweep : public ::testing::TestWithParam<SweepParam> {};
 
+// "shm-streaming": the shm backend writing its slots with streaming stores
+// always (handoff_copy.h), as it does on its own while peers are far.
 TEST_P(CollectiveSweep, EveryCountDTypeAndOp) {
   const auto& p = GetParam();
-  ThreadWorld world(p.world_size, p.backend, std::chrono::seconds(60), {}, p.hosts);
+  const bool streaming = p.backend == "shm-streaming";
+  if (streaming) ::setenv("LOCKSTEP_SHM_STREAMING_STORES", "always", 1);
+  ThreadWorld world(p.world_size, streaming ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (streaming) ::unsetenv("LOCKSTEP_SHM_STREAMING_STORES");
   if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   std::mutex mutex;
   std::vector<std::string> failures;
@@ -104,6 +110,9 @@ std::vector<SweepParam> all_params() {
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})
       for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n, {}, {}});
+  for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
+                       Collective::reduce_scatter})
+    for (int n : {2, 3, 5}) out.push_back({"shm-streaming", c, n, {}, {}});
   for (const auto& layout : hier_layouts())
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})
@@ -112,7 +121,8 @@ std::vector<SweepParam> all_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveSweep, ::testing::ValuesIn(all_params()), [](const auto& info) {
-  return param_name(info.param.backend, to_string(info.param.collective), info.param.world_size, info.param.layout);
+  return param_name(info.param.backend == "shm-streaming" ? "shm_streaming" : info.param.backend,
+                    to_string(info.param.collective), info.param.world_size, info.param.layout);
 });
 
 struct BlockParam {
@@ -130,14 +140,18 @@ void PrintTo(const BlockParam& p, std::ostream* os) {
 class BlockSweep : public ::testing::TestWithParam<BlockParam> {};
 
 // "shm-slots": the shm backend with single copy off, so large blocks take
-// the shared slots as where ranks may not read each other's memory.
+// the shared slots as where ranks may not read each other's memory;
+// "shm-slots-streaming": the same with streaming stores into the slots.
 TEST_P(BlockSweep, EveryCountAndDType) {
   const auto& p = GetParam();
-  const bool slots = p.backend == "shm-slots";
+  const bool slots = p.backend == "shm-slots" || p.backend == "shm-slots-streaming";
+  const bool streaming = p.backend == "shm-slots-streaming";
   if (slots) ::setenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0", 1);
+  if (streaming) ::setenv("LOCKSTEP_SHM_STREAMING_STORES", "always", 1);
   ThreadWorld world(p.world_size, slots ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
   if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   if (slots) ::unsetenv("LOCKSTEP_SHM_SINGLE_COPY_BYTES");
+  if (streaming) ::unsetenv("LOCKSTEP_SHM_STREAMING_STORES");
   std::mutex mutex;
   std::vector<std::string> failures;
   int cases = 0;
@@ -161,6 +175,8 @@ std::vector<BlockParam> block_params() {
   for (const char* backend : {"tcp", "shm", "shm-slots"})
     for (BlockCase c : kAllBlockCases)
       for (int n = 1; n <= 8; ++n) out.push_back({backend, c, n, {}, {}});
+  for (BlockCase c : kAllBlockCases)
+    for (int n : {2, 3}) out.push_back({"shm-slots-streaming", c, n, {}, {}});
   for (const auto& layout : hier_layouts())
     for (BlockCase c : kAllBlockCases)
       out.push_back({"hier", c, static_cast<int>(layout.hosts.size()), layout.hosts, layout.name});
@@ -168,7 +184,9 @@ std::vector<BlockParam> block_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, BlockSweep, ::testing::ValuesIn(block_params()), [](const auto& info) {
-  return param_name(info.param.backend == "shm-slots" ? "shm_slots" : info.param.backend,
+  std::string backend = info.param.backend;
+  std::replace(backend.begin(), backend.end(), '-', '_');
+  return param_name(backend,
                     to_string(info.param.block_case), info.param.world_size, info.param.layout);
 });
 

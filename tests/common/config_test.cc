@@ -38,6 +38,7 @@ TEST(Config, NothingSetGivesTheDefaults) {
   EXPECT_TRUE(c.mpi_abort_on_failure);
   EXPECT_FALSE(c.started_by_mpirun);
   EXPECT_FALSE(c.tcp_small_bytes.has_value());
+  EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::automatic);
   EXPECT_TRUE(c.trace_prefix.empty());
 }
 
@@ -59,6 +60,7 @@ TEST(Config, EveryVariableReachesItsField) {
                           {env::kShmSpinMicros, "50"},
                           {env::kShmTag, "job-1"},
                           {env::kShmSingleCopyBytes, "1048576"},
+                          {env::kShmStreamingStores, "always"},
                           {env::kDebug, "detail"},
                           {env::kTrace, "/tmp/trace"},
                           {env::kStats, "/tmp/stats"},
@@ -89,6 +91,7 @@ TEST(Config, EveryVariableReachesItsField) {
   EXPECT_EQ(c.shm_spin_micros, 50);
   EXPECT_EQ(c.shm_tag, "job-1");
   EXPECT_EQ(c.shm_single_copy_bytes, 1048576u);
+  EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::always);
   EXPECT_EQ(c.debug, DebugLevel::detail);
   EXPECT_EQ(c.trace_prefix, "/tmp/trace");
   EXPECT_EQ(c.stats_prefix, "/tmp/stats");
@@ -239,6 +242,7 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
       {env::kShmChunkBytes, "-64", "from 0 to 1073741824"},
       {env::kShmSpinMicros, "2000000", "from 0 to 1000000"},
       {env::kShmSingleCopyBytes, "1e9", "from 0 to 1099511627776"},
+      {env::kShmStreamingStores, "sometimes", "use auto, always or never"},
       {env::kMpiMaxCount, "0", "from 1 to 2147483647"},
       {env::kMasterPort, "4294996796", "from 1 to 65535"},
       {env::kLocalRank, "-1", "from 0 to 1048575"},

@@ -57,7 +57,7 @@ void ShmBackend::all_to_all(const OpContext& op, ConstBuffer input, Buffer outpu
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       const std::size_t piece = piece_of(counts.send_count(q) * elem, begin, area);
-      if (piece > 0) std::memcpy(slot(rank_, g) + static_cast<std::size_t>(q) * area, send_at(q) + begin, piece);
+      if (piece > 0) to_slot(slot(rank_, g) + static_cast<std::size_t>(q) * area, send_at(q) + begin, piece);
     }
     post_arrive(g, op);
     // Start with the next rank up, so ranks do not all read rank 0 first.
@@ -92,7 +92,7 @@ void ShmBackend::allgather_v(const OpContext& op, ConstBuffer input, Buffer outp
   for (std::size_t begin = 0; begin < max_bytes; begin += layout_.slot_bytes) {
     const std::uint64_t g = begin_round(op);
     const std::size_t own = piece_of(input.bytes(), begin, layout_.slot_bytes);
-    if (own > 0) std::memcpy(slot(rank_, g), in + begin, own);
+    if (own > 0) to_slot(slot(rank_, g), in + begin, own);
     post_arrive(g, op);
     for (int i = 1; i < size_; ++i) {
       const int q = (rank_ + i) % size_;

@@ -26,7 +26,7 @@ void ShmBackend::allgather(const OpContext& op, ConstBuffer input, Buffer output
   for (std::size_t begin = 0; begin < bytes; begin += layout_.slot_bytes) {
     const std::size_t piece = std::min(layout_.slot_bytes, bytes - begin);
     const std::uint64_t g = begin_round(op);
-    std::memcpy(slot(rank_, g), in + begin, piece);
+    to_slot(slot(rank_, g), in + begin, piece);
     post_arrive(g, op);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;

@@ -104,7 +104,7 @@ void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp red
 
 void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp reduce_op) {
   const std::uint64_t g = begin_round(op);
-  std::memcpy(slot(rank_, g), data.data, data.bytes());
+  to_slot(slot(rank_, g), data.data, data.bytes());
   post_arrive(g, op);
   wait_arrived_all(g, op, "its input");
   for (int q = 0; q < size_; ++q) sources_[static_cast<std::size_t>(q)] = q == rank_ ? data.data : slot(q, g);
@@ -113,7 +113,8 @@ void ShmBackend::allreduce_one_shot(const OpContext& op, Buffer data, ReduceOp r
 }
 // Rounds of size x chunk bytes. In each: copy the chunks others own into
 // this rank's slot; reduce the chunk this rank owns from everyone (its own
-// from its buffer) into its slot; then gather each owner's reduced chunk.
+// from its buffer) and put the result in its slot; then gather each
+// owner's reduced chunk.
 void ShmBackend::reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to) {
   const std::size_t elem = dtype_size(data.dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes_ / elem);
@@ -128,17 +129,26 @@ void ShmBackend::reduce_two_shot(const OpContext& op, Buffer data, ReduceOp redu
 
     const std::uint64_t g = begin_round(op);
     for (int c = 0; c < size_; ++c)
-      if (c != rank_) std::memcpy(in_slot(rank_, g, c), in_buffer(c), chunks.size(c) * elem);
+      if (c != rank_) to_slot(in_slot(rank_, g, c), in_buffer(c), chunks.size(c) * elem);
     post_arrive(g, op);
     wait_arrived_all(g, op, "its input");
 
     for (int q = 0; q < size_; ++q)
       sources_[static_cast<std::size_t>(q)] = q == rank_ ? in_buffer(rank_) : in_slot(q, g, rank_);
     std::byte* mine = in_slot(rank_, g, rank_);
-    reduce_many(mine, sources_.data(), size_, chunks.size(rank_), data.dtype, reduce_op);
+    const std::size_t mine_bytes = chunks.size(rank_) * elem;
+    if (gather_here) {
+      // Into this rank's buffer, where the result belongs; an all-reduce's
+      // peers get it through the slot, copied with streaming stores
+      // (handoff_copy.h) rather than read from this core's cache.
+      reduce_many(in_buffer(rank_), sources_.data(), size_, chunks.size(rank_), data.dtype, reduce_op);
+      if (gather_to < 0) to_slot(mine, in_buffer(rank_), mine_bytes);
+    } else {
+      // A reduce's other ranks keep their buffers: the result goes to the slot.
+      reduce_many(mine, sources_.data(), size_, chunks.size(rank_), data.dtype, reduce_op);
+    }
     control(rank_).reduced.post(g + 1);
     if (gather_here) {
-      std::memcpy(in_buffer(rank_), mine, chunks.size(rank_) * elem);
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
         wait_one(q, &ControlBlock::reduced, g + 1, op, "its reduced chunk");

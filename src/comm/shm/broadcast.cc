@@ -28,7 +28,7 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
   for (std::size_t begin = 0; begin < data.bytes(); begin += layout_.slot_bytes) {
     const std::size_t bytes = std::min(layout_.slot_bytes, data.bytes() - begin);
     const std::uint64_t g = begin_round(op);
-    if (rank_ == root) std::memcpy(slot(rank_, g), buf + begin, bytes);
+    if (rank_ == root) to_slot(slot(rank_, g), buf + begin, bytes);
     post_arrive(g, op);
     if (rank_ != root) {
       wait_arrived(root, g, op, "the broadcast data");

@@ -41,7 +41,7 @@ void ShmBackend::gather(const OpContext& op, ConstBuffer input, Buffer output, i
   for (std::size_t begin = 0; begin < bytes; begin += layout_.slot_bytes) {
     const std::size_t piece = std::min(layout_.slot_bytes, bytes - begin);
     const std::uint64_t g = begin_round(op);
-    if (!is_root) std::memcpy(slot(rank_, g), in + begin, piece);
+    if (!is_root) to_slot(slot(rank_, g), in + begin, piece);
     post_arrive(g, op);
     if (is_root) {
       for (int q = 0; q < size_; ++q) {

@@ -67,6 +67,12 @@ struct ControlBlock {
   // sleep on every peer's sent-to counter at once. Written by the peers,
   // not by the owner.
   Counter p2p_doorbell;
+  // Written by the owner just before it posts arrive, so that a peer can
+  // time one load of a line the owner has just written (peer_distance.h).
+  // Two lines to itself: the adjacent-line prefetcher fetches pairs.
+  struct alignas(128) DistanceProbe {
+    std::atomic<std::uint64_t> value{0};
+  } distance_probe;
 };
 
 // Offsets of each part, the same for every rank of a group.

@@ -18,7 +18,7 @@ void ShmBackend::reduce(const OpContext& op, Buffer data, int root, ReduceOp red
     return;
   }
   const std::uint64_t g = begin_round(op);
-  std::memcpy(slot(rank_, g), data.data, data.bytes());
+  to_slot(slot(rank_, g), data.data, data.bytes());
   post_arrive(g, op);
   if (rank_ == root) {
     wait_arrived_all(g, op, "its input");

@@ -26,7 +26,7 @@ void ShmBackend::reduce_scatter(const OpContext& op, ConstBuffer input, Buffer o
     const auto in_block = [&](int b) { return in + (static_cast<std::size_t>(b) * block + begin) * elem; };
     const std::uint64_t g = begin_round(op);
     for (int b = 0; b < size_; ++b)
-      if (b != rank_) std::memcpy(slot(rank_, g) + static_cast<std::size_t>(b) * area, in_block(b), count * elem);
+      if (b != rank_) to_slot(slot(rank_, g) + static_cast<std::size_t>(b) * area, in_block(b), count * elem);
     post_arrive(g, op);
     wait_arrived_all(g, op, "its input");
     for (int q = 0; q < size_; ++q)

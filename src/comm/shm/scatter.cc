@@ -43,7 +43,7 @@ void ShmBackend::scatter(const OpContext& op, ConstBuffer input, Buffer output, 
     const std::uint64_t g = begin_round(op);
     if (is_root) {
       for (int q = 0; q < size_; ++q)
-        if (q != root) std::memcpy(slot(rank_, g) + static_cast<std::size_t>(q) * area, block(q) + begin, piece);
+        if (q != root) to_slot(slot(rank_, g) + static_cast<std::size_t>(q) * area, block(q) + begin, piece);
     }
     post_arrive(g, op);
     if (!is_root) {

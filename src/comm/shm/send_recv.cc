@@ -32,7 +32,7 @@ void ShmBackend::send(const OpContext& op, ConstBuffer data, int dst, int tag) {
       offset = sizeof h;
     }
     const std::size_t n = std::min(kMailboxBytes - offset, data.bytes() - done);
-    std::memcpy(box + offset, in + done, n);
+    to_slot(box + offset, in + done, n);
     done += n;
     p2p_sent(rank_, dst).post(++k);
     if (first) control(dst).p2p_doorbell.bump();

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
 #include <cstring>
 #include <new>
 #include <sstream>
@@ -82,6 +84,18 @@ std::string segment_stem(const std::string& nonce, const std::string& tag) {
   return tag + "." + nonce;
 }
 
+// What reading the clock twice costs with nothing between (the least of a
+// few tries): taken off each timed load of a peer's line.
+std::int64_t clock_cost_nanos() {
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  for (int i = 0; i < 64; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto end = std::chrono::steady_clock::now();
+    least = std::min<std::int64_t>(least, std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+  }
+  return least;
+}
+
 std::size_t slot_size(int n, std::size_t one_shot, std::size_t chunk) {
   const std::size_t need = std::max(one_shot, static_cast<std::size_t>(n) * chunk);
   return std::max<std::size_t>(4096, (need + 4095) / 4096 * 4096);
@@ -96,6 +110,8 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
       store_(ctx.store),
       os_(*ctx.os),
       log_(ctx.log),
+      streaming_stores_(ctx.config.shm_streaming_stores),
+      clock_cost_nanos_(clock_cost_nanos()),
       one_shot_max_(ctx.config.shm_one_shot_bytes.value_or(default_one_shot_bytes(ctx.size))),
       chunk_bytes_(std::max<std::size_t>(64, ctx.config.shm_chunk_bytes.value_or(kDefaultChunkBytes) / 64 * 64)),
       layout_(ctx.size, slot_size(ctx.size, one_shot_max_, chunk_bytes_)),
@@ -161,10 +177,12 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_budget(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
-             "single copy {}",
+             "single copy {}, streaming stores {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
-             wait_policy(crowded, waiter_.budget()),
-             single_copy_ ? "on" : "off");
+             wait_policy(crowded, waiter_.budget()), single_copy_ ? "on" : "off",
+             streaming_stores_ == ShmStreamingStores::automatic ? "while peers are far"
+             : streaming_stores_ == ShmStreamingStores::always  ? "always"
+                                                                : "never");
 }
 
 ShmBackend::~ShmBackend() = default;
@@ -284,9 +302,26 @@ void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t t
 
 void ShmBackend::wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const {
   waiter_.wait_at_least(control(q).arrive, g + 1, q, op, what, &peer_began_a_small_operation_);
+  if (g % kDistanceEvery == 0) sample_peer_distance(q);
   // A peer up to kSlots rounds ahead may have re-stamped the line: then
   // another wait of this operation, or the peer itself, does the check.
   if (const auto stamp = control(q).arrive.stamp_of(g + 1)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
+}
+
+// The peer wrote its probe line just before posting round g, so the line is
+// modified in its cache (or its die's), and the load is a transfer from
+// there: what every line of its slot costs this rank. Only the time is
+// used; a peer that has since moved on has written a later round, as near.
+void ShmBackend::sample_peer_distance(int q) const {
+  const auto& line = control(q).distance_probe.value;
+  const auto start = std::chrono::steady_clock::now();
+  const std::uint64_t seen = line.load(std::memory_order_relaxed);
+  const auto end = std::chrono::steady_clock::now();
+  asm volatile("" : : "r"(seen));
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count() - clock_cost_nanos_;
+  if (peer_distance_.record(nanos) && streaming_stores_ == ShmStreamingStores::automatic)
+    log_.debug("shm: a line peers have just written now loads in {} ns (median): {}", peer_distance_.median(),
+               peer_distance_.far() ? "far, slots written with streaming stores" : "near, slots written as usual");
 }
 
 void ShmBackend::wait_arrived_all(std::uint64_t g, const OpContext& op, const char* what) const {

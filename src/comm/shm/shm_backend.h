@@ -35,7 +35,9 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/shm/handoff_copy.h"
 #include "comm/shm/layout.h"
+#include "comm/shm/peer_distance.h"
 #include "comm/shm/region.h"
 #include "comm/shm/shared_allocations.h"
 #include "comm/op_stamp.h"
@@ -98,6 +100,7 @@ class ShmBackend final : public Backend {
   // Round g's arrive: posted with this operation's stamp; waiting for a
   // peer's checks its stamp against this operation (op_stamp.h).
   void post_arrive(std::uint64_t g, const OpContext& op) {
+    control(rank_).distance_probe.value.store(g + 1, std::memory_order_relaxed);
     control(rank_).arrive.post_stamped(g + 1, stamp_what(op.info), stamp_count(op.info));
   }
   void wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const;
@@ -147,6 +150,22 @@ class ShmBackend final : public Backend {
   // the system call costs more than the second copy.
   static constexpr std::size_t kDefaultSingleCopyBytes = 32 * 1024;
 
+  // Copies into this rank's slots and mailboxes, which a peer reads next:
+  // copies of kStreamingBytes or more with streaming stores while the peers
+  // are far (peer_distance.h), or always or never (LOCKSTEP_SHM_STREAMING_STORES).
+  void to_slot(void* dst, const void* src, std::size_t bytes) const {
+    copy_for_peer(dst, src, bytes, streaming() ? kStreamingBytes : 0);
+  }
+  bool streaming() const {
+    return streaming_stores_ == ShmStreamingStores::always ||
+           (streaming_stores_ == ShmStreamingStores::automatic && peer_distance_.far());
+  }
+  static constexpr std::size_t kStreamingBytes = 64 * 1024;
+  // Times the load of peer q's probe line, which it wrote just before
+  // posting round g (post_arrive), every kDistanceEvery rounds.
+  void sample_peer_distance(int q) const;
+  static constexpr std::uint64_t kDistanceEvery = 4;
+
   // The waits' divergence checks (sync.h). Ranks that issued the same
   // collectives have begun the same rounds and small operations, so a
   // peer found beyond this rank's count on the other path while this rank
@@ -180,6 +199,9 @@ class ShmBackend final : public Backend {
   Os& os_;  // shared-memory segments are created and mapped through it
   std::string nonce_;  // segment names' stem: the launcher's tag (if any) and the group's nonce
   Logger log_;
+  ShmStreamingStores streaming_stores_;
+  mutable PeerDistance peer_distance_;  // sampled in the waits (const: they only observe)
+  std::int64_t clock_cost_nanos_;       // taken off each sample
   std::size_t one_shot_max_;
   std::size_t chunk_bytes_;
   Layout layout_;
