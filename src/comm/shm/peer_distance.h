@@ -4,11 +4,11 @@
 // stores (handoff_copy.h).
 //
 // On the machine measured (docs/performance.md, "The ordinary path's slow
-// mode": 2 vCPUs of an AMD EPYC host) such a load took 10-20 ns beyond the
-// clock's own cost while the vCPUs shared a die and 100-110 ns while the
+// mode": 2 vCPUs of an AMD EPYC host) such a load took 20-30 ns beyond the
+// clock's own cost while the vCPUs shared a die and 110-120 ns while the
 // host had put them on different ones (a line's round trip between the
-// cores: 50-60 against 340-380 ns); a 96 MiB all-reduce through slots
-// written with streaming stores took 1.4x as long in the first placement
+// cores: 76-91 against 335-360 ns); a 96 MiB all-reduce through slots
+// written with streaming stores took 1.7x as long in the first placement
 // and a third in the second. The host changes the placement while a job
 // runs (every few tens of seconds there), so the decision follows the
 // latest samples.
