@@ -12,6 +12,8 @@ Contenders (skipped with a note when unavailable):
   lockstep shm, shared    ... --shared-buffers (single copy)
   lockstep tcp            ... --backend tcp
   lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
+  lockstep shm, streaming never  ... with LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never): the slots
+                          written with ordinary stores whatever the cores' placement (docs/algorithms.md)
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
   oneCCL                  VENV/bin/mpiexec (Intel MPI) BUILD/bench/ccl_allreduce: ccl::allreduce over
@@ -21,7 +23,7 @@ Contenders (skipped with a note when unavailable):
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
            [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--oneccl VENV] [--spins 20,200] [--skip NAMES]
-           [--busy N]
+           [--busy N] [--streaming-never]
 """
 import argparse
 import os
@@ -83,6 +85,9 @@ def contenders(args):
     for spin in filter(None, args.spins.split(",")):
         out.append((f"lockstep shm, spin {spin} µs", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
                     {"LOCKSTEP_SHM_SPIN_US": spin}))
+    if args.streaming_never:
+        out.append(("lockstep shm, streaming never", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
+                    {"LOCKSTEP_SHM_STREAMING_STORES": "never"}))
     if os.path.exists(mpi_bench) and shutil.which("mpirun"):
         # More ranks than cores: Open MPI must be told it may oversubscribe
         # (it then yields when idle instead of spinning) and share cores.
@@ -132,6 +137,9 @@ def main():
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
+    parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm with the slots written with "
+                        "ordinary stores only (LOCKSTEP_SHM_STREAMING_STORES=never), against the default that "
+                        "streams them while the cores are far apart")
     add_busy_argument(parser)
     args = parser.parse_args()
     args.skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()

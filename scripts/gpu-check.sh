@@ -38,8 +38,9 @@
 #   racecheck compute-sanitizer's racecheck over DDP on CUDA in a world of one (what is left
 #             of a loan)
 #   allreduce all-reduce at 2, 4, 8, 16 ranks: lockstep shm vs Gloo (and Open MPI)
-#   allreduce16  all-reduce at 16 ranks: lockstep, its shared buffers and Open MPI, then Gloo
-#             alone (a table each, the slow Gloo last)
+#   allreduce16  all-reduce at 16 ranks: lockstep (also with LOCKSTEP_SHM_STREAMING_STORES=never),
+#             its shared buffers and Open MPI, then Gloo alone (a table each, the slow Gloo last);
+#             first bench/core_to_core from CPU 0 to three others (how far apart the cores are)
 #   ddp16     DDP at 16 ranks (CPU tensors): lockstep against PyTorch's DDP over Gloo, one run
 #   shmspin   all-reduce at 16 ranks under several LOCKSTEP_SHM_SPIN_US values
 #   smallmsg  the shm wait policy's candidates (adaptive, fixed spins) against Open MPI
@@ -208,6 +209,7 @@ step_gpubuild() {
   read -ra targets <<< "${GPU_TARGETS:-lockstep_cli staged_collectives_test nccl_gpu_test ddp_cuda_test companions_cuda_test fully_shard_cuda_test ddp_throughput}"
   # Open MPI's benchmark, for the smallmsg and allreduce steps, where MPI was found.
   grep -q "^LOCKSTEP_WITH_MPI:BOOL=ON" "$BUILD/CMakeCache.txt" && targets+=(mpi_allreduce)
+  targets+=(core_to_core)  # the allreduce16 step's placement probe
   cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 }
 
@@ -311,13 +313,22 @@ step_sanitize() {
   done
 }
 
-# The 16-rank all-reduce of a loan: lockstep (ordinary and shared buffers)
-# and Open MPI interleaved, then Gloo alone, each table written when done.
+# The 16-rank all-reduce of a loan: lockstep (ordinary buffers with and
+# without streaming stores, shared buffers) and Open MPI interleaved, then
+# Gloo alone, each table written when done. First how far apart the cores
+# are (bench/core_to_core from CPU 0 to a near, a middle and the last CPU):
+# what decides the ordinary path's streaming stores (docs/algorithms.md).
 step_allreduce16() {
   offline_env
+  local last=$(($(nproc) - 1)) cpu
+  if [ -x "$BUILD/bench/core_to_core" ] && [ "$last" -gt 0 ]; then
+    for cpu in $(printf '%s\n' 1 $((last / 2)) "$last" | sort -un); do
+      if [ "$cpu" -gt 0 ]; then "$BUILD/bench/core_to_core" --cpus "0,$cpu" --rounds 500; fi
+    done | tee "$OUT/core-to-core.jsonl"
+  fi
   local common=(--np 16 --runs "${RUNS:-2}" --build "$BUILD" --python "$PYTHON" --sizes "${SIZES:-4,4K,64K,1M,16M,64M}")
-  "$PYTHON" bench/compare_allreduce.py "${common[@]}" --skip "lockstep tcp;Open MPI, malloc tuned;oneCCL;Gloo" \
-    --out "$OUT/allreduce-16.md"
+  "$PYTHON" bench/compare_allreduce.py "${common[@]}" --streaming-never \
+    --skip "lockstep tcp;Open MPI, malloc tuned;oneCCL;Gloo" --out "$OUT/allreduce-16.md"
   "$PYTHON" bench/compare_allreduce.py "${common[@]}" --runs 1 \
     --skip "lockstep shm;lockstep shm, shared buffers;lockstep tcp;Open MPI;Open MPI, malloc tuned;oneCCL" \
     --out "$OUT/allreduce-16-gloo.md"
