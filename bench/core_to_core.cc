@@ -47,58 +47,51 @@ void pin_to(int cpu) {
     throw std::runtime_error("cannot pin a thread to CPU " + std::to_string(cpu) + " (is it in this process's mask?)");
 }
 
-// Nanoseconds for a line to go to the other core and back: the first thread
-// writes an odd number, the second answers with the next even one.
-double round_trip_nanos(int first, int second, int rounds) {
-  const auto flag = std::make_unique<Flag>();
-  std::atomic<long>& line = flag->value;
-  std::thread answerer([&] {
-    pin_to(second);
-    for (long i = 1; i <= rounds; ++i) {
-      while (line.load(std::memory_order_acquire) != 2 * i - 1) {
-      }
-      line.store(2 * i, std::memory_order_release);
-    }
-  });
-  pin_to(first);
-  const auto start = Clock::now();
-  for (long i = 1; i <= rounds; ++i) {
-    line.store(2 * i - 1, std::memory_order_release);
-    while (line.load(std::memory_order_acquire) != 2 * i) {
-    }
-  }
-  const auto end = Clock::now();
-  answerer.join();
-  return std::chrono::duration<double, std::nano>(end - start).count() / rounds;
-}
-
-// GB/s of slot bytes handed over: the first thread copies `bytes` from its
-// buffer into the slot (streaming stores from `streaming_from` bytes on, 0:
-// never), the second copies the slot out, then the next round begins.
-double hand_over_rate(int first, int second, std::size_t bytes, int rounds, std::size_t streaming_from) {
-  std::vector<unsigned char> source(bytes, 1), slot(bytes, 0), destination(bytes, 0);
+// Runs `rounds` turns between two threads pinned to `first` and `second`:
+// on its turn the first does `first_work` and passes the turn (an odd
+// number in one cache line), the second does `second_work` and passes it
+// back (the next even one). Returns the seconds the turns took.
+template <class FirstWork, class SecondWork>
+double take_turns(int first, int second, long rounds, FirstWork first_work, SecondWork second_work) {
   const auto flag = std::make_unique<Flag>();
   std::atomic<long>& turn = flag->value;
-  std::thread reader([&] {
+  std::thread answerer([&] {
     pin_to(second);
     for (long i = 1; i <= rounds; ++i) {
       while (turn.load(std::memory_order_acquire) != 2 * i - 1) {
       }
-      std::memcpy(destination.data(), slot.data(), bytes);
+      second_work();
       turn.store(2 * i, std::memory_order_release);
     }
   });
   pin_to(first);
   const auto start = Clock::now();
   for (long i = 1; i <= rounds; ++i) {
-    lockstep::shm::copy_for_peer(slot.data(), source.data(), bytes, streaming_from);
+    first_work();
     turn.store(2 * i - 1, std::memory_order_release);
     while (turn.load(std::memory_order_acquire) != 2 * i) {
     }
   }
   const auto end = Clock::now();
-  reader.join();
-  return static_cast<double>(bytes) * rounds / std::chrono::duration<double>(end - start).count() / 1e9;
+  answerer.join();
+  return std::chrono::duration<double>(end - start).count();
+}
+
+// Nanoseconds for a line to go to the other core and back: turns with no work.
+double round_trip_nanos(int first, int second, long rounds) {
+  return take_turns(first, second, rounds, [] {}, [] {}) * 1e9 / static_cast<double>(rounds);
+}
+
+// GB/s of slot bytes handed over: the first thread copies `bytes` from its
+// buffer into the slot (streaming stores from `streaming_from` bytes on, 0:
+// never), the second copies the slot out, then the next round begins.
+double hand_over_rate(int first, int second, std::size_t bytes, long rounds, std::size_t streaming_from) {
+  std::vector<unsigned char> source(bytes, 1), slot(bytes, 0), destination(bytes, 0);
+  const double seconds = take_turns(
+      first, second, rounds,
+      [&] { lockstep::shm::copy_for_peer(slot.data(), source.data(), bytes, streaming_from); },
+      [&] { std::memcpy(destination.data(), slot.data(), bytes); });
+  return static_cast<double>(bytes) * static_cast<double>(rounds) / seconds / 1e9;
 }
 
 }  // namespace
@@ -113,7 +106,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds per measurement")->check(CLI::Range(1, 100'000'000));
   CLI11_PARSE(app, argc, argv);
   try {
-    const double trip = round_trip_nanos(cpus[0], cpus[1], rounds * 100);
+    const double trip = round_trip_nanos(cpus[0], cpus[1], rounds * 100L);
     const double ordinary = hand_over_rate(cpus[0], cpus[1], bytes, rounds, 0);
     const double streaming = hand_over_rate(cpus[0], cpus[1], bytes, rounds, 1);
     std::printf(

@@ -4,14 +4,15 @@
 // An ordinary store leaves each line modified in this core's cache, so the
 // peer's read of it is a cache-to-cache transfer. How fast that is depends
 // on where the host put the two cores: on a virtual machine of an AMD EPYC
-// host (docs/performance.md, "The ordinary path's slow mode") a line moved
-// between cores of one die in ~50 ns a round trip and a 128 KiB chunk
-// handed over at 7 GB/s; when the host moved the vCPUs onto different dies
-// (for tens of seconds at a time), ~350 ns and 2 GB/s, and a 96 MiB
-// all-reduce took 4x as long. Non-temporal stores write the lines to memory
-// instead, and the peer streams them from there at ~10 GB/s in both
-// placements. Small copies keep ordinary stores: the peer reads them at
-// once, and memory latency would cost more than the transfer.
+// host (docs/performance.md, "The ordinary path's slow mode") a line's
+// round trip between cores of one die took 76-91 ns and a 128 KiB chunk
+// was handed over at 6.6-7.3 GB/s; when the host moved the vCPUs onto
+// different dies (for tens of seconds at a time), 335-360 ns and 1.7-1.9
+// GB/s, and a 96 MiB all-reduce took 4x as long. Non-temporal stores write
+// the lines to memory instead, and the peer reads them from there: 4.4-7.0
+// GB/s in either placement (bench/core_to_core). Small copies keep ordinary
+// stores: the peer reads them at once, and memory latency would cost more
+// than the transfer.
 //
 // Stateless; thread-safe.
 #pragma once

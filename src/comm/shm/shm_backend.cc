@@ -302,7 +302,8 @@ void ShmBackend::wait_one(int q, Counter ControlBlock::*counter, std::uint64_t t
 
 void ShmBackend::wait_arrived(int q, std::uint64_t g, const OpContext& op, const char* what) const {
   waiter_.wait_at_least(control(q).arrive, g + 1, q, op, what, &peer_began_a_small_operation_);
-  if (g % kDistanceEvery == 0) sample_peer_distance(q);
+  // Only `auto` uses the samples.
+  if (streaming_stores_ == ShmStreamingStores::automatic && g % kDistanceEvery == 0) sample_peer_distance(q);
   // A peer up to kSlots rounds ahead may have re-stamped the line: then
   // another wait of this operation, or the peer itself, does the check.
   if (const auto stamp = control(q).arrive.stamp_of(g + 1)) check_round_stamp(op, stamp->first, stamp->second, q, self_);
