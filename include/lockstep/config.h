@@ -116,6 +116,7 @@ struct Config {
   std::string shm_tag;  // set by `lockstep run`; empty: none
   std::optional<std::size_t> shm_single_copy_bytes;
   ShmStreamingStores shm_streaming_stores = ShmStreamingStores::automatic;
+  bool shm_adopt_buffers = true;  // ordinary buffers all-reduced in place again and again
   std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
   bool mpi_abort_on_failure = true;
   // CUDA memory over shm, tcp, hier and mpi: the bytes of each chunk staged

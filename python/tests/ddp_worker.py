@@ -1,8 +1,14 @@
 """PyTorch's DistributedDataParallel over "lockstep" and over "gloo", in the
 same ranks, from the same initial weights and data: the trained weights must
 agree within 1e-6 after 20 steps. Variants: default, find_unused_parameters,
-static_graph, gradient_as_bucket_view, and the fp16 compression hook."""
+static_graph, gradient_as_bucket_view, the fp16 compression hook, and
+large_buckets: a wider model in DDP's default buckets (one of 8 MiB), which
+the shm backend adopts into shared memory from the second step on; the
+rank then checks that it did, and that a forked child's writes to the
+gradients (views of that bucket) stay in the child."""
 
+import ctypes
+import os
 import sys
 
 import torch
@@ -31,21 +37,56 @@ class Net(torch.nn.Module):
         return self.head(h) + (self.extra(h) if use_extra else 0)
 
 
-def initial_model():
+class WideNet(torch.nn.Module):
+    """About 1.1M parameters: DDP puts the last two layers in one 8 MiB bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(32, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                          torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+    def forward(self, x, use_extra=False):
+        return self.layers(x)
+
+
+def initial_model(variant="default"):
     torch.manual_seed(0)
-    return Net().double()
+    return (WideNet() if variant == "large_buckets" else Net()).double()
+
+
+def check_adopted_and_private_after_fork(model, rank):
+    with open("/proc/self/maps") as maps:
+        adopted = [line for line in maps if ".adopt-" in line]
+    if not adopted:
+        sys.exit(f"rank {rank}: no bucket was adopted into shared memory")
+    grads = [p.grad.clone() for p in model.parameters()]
+    child = os.fork()
+    if child == 0:
+        # Plain memset: a torch operation in a forked child may wait forever
+        # for the parent's OpenMP threads.
+        for p in model.parameters():
+            ctypes.memset(p.grad.data_ptr(), 0xff, p.grad.numel() * p.grad.element_size())
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    if status != 0:
+        sys.exit(f"rank {rank}: the forked child failed ({status})")
+    changed = max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), grads))
+    if changed != 0:
+        sys.exit(f"rank {rank}: a forked child's write reached the parent's gradients ({changed})")
+    print(f"rank {rank}: {len(adopted)} adopted range(s); a forked child's writes stayed in the child")
 
 
 def train(group, variant, rank, world):
-    model = initial_model()
+    model = initial_model(variant)
     kwargs = {"process_group": group}
     if variant == "find_unused_parameters":
         kwargs["find_unused_parameters"] = True
     if variant == "static_graph":
         kwargs["static_graph"] = True
-    if variant == "gradient_as_bucket_view":
+    if variant in ("gradient_as_bucket_view", "large_buckets"):
         kwargs["gradient_as_bucket_view"] = True
-    ddp = DDP(model, bucket_cap_mb=0.01, **kwargs)  # small buckets: several all-reduces a step
+    # Small buckets: several all-reduces a step; large_buckets: the default.
+    ddp = DDP(model, bucket_cap_mb=25 if variant == "large_buckets" else 0.01, **kwargs)
     if variant == "fp16_hook":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -59,6 +100,8 @@ def train(group, variant, rank, world):
         opt.zero_grad()
         loss.backward()
         opt.step()
+    if variant == "large_buckets" and group is None:
+        check_adopted_and_private_after_fork(model, rank)
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -69,7 +112,7 @@ def run(variant):
     over_lockstep = train(None, variant, rank, world)
     over_gloo = train(gloo, variant, rank, world)
     diff = max((a - b).abs().max().item() for a, b in zip(over_lockstep, over_gloo))
-    moved = max((a - b).abs().max().item() for a, b in zip(over_lockstep, initial_model().parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(over_lockstep, initial_model(variant).parameters()))
     print(f"rank {rank}: {variant}: max |lockstep - gloo| = {diff:.3g} after {STEPS} steps "
           f"(weights moved by up to {moved:.3g})")
     dist.destroy_process_group()

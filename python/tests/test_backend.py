@@ -26,7 +26,7 @@ def test_every_collective_matches_gloo_and_the_exact_answer(world, dtype):
 
 
 @pytest.mark.parametrize("variant", ["default", "find_unused_parameters", "static_graph",
-                                     "gradient_as_bucket_view", "fp16_hook"])
+                                     "gradient_as_bucket_view", "fp16_hook", "large_buckets"])
 def test_ddp_over_lockstep_trains_as_over_gloo(variant):
     for out in passed(run_world("ddp", 2, variant)):
         assert "max |lockstep - gloo|" in out, out

@@ -227,6 +227,7 @@ void read_backends(const VariableReader& vars, Config& c) {
   c.shm_tag = vars.string(env::kShmTag).value_or("");
   c.shm_single_copy_bytes = read_bytes(vars, env::kShmSingleCopyBytes, std::int64_t{1} << 40);
   c.shm_streaming_stores = read_streaming_stores(vars);
+  c.shm_adopt_buffers = vars.flag(env::kShmAdoptBuffers).value_or(true);
   if (auto v = vars.integer(env::kMpiMaxCount, 1, INT_MAX)) c.mpi_max_count = static_cast<std::size_t>(*v);
   c.mpi_abort_on_failure = vars.flag(env::kMpiAbortOnFailure).value_or(true);
 }

@@ -72,6 +72,7 @@ inline constexpr char kShmSpinMicros[] = "LOCKSTEP_SHM_SPIN_US";
 inline constexpr char kShmTag[] = "LOCKSTEP_SHM_TAG";
 inline constexpr char kShmSingleCopyBytes[] = "LOCKSTEP_SHM_SINGLE_COPY_BYTES";
 inline constexpr char kShmStreamingStores[] = "LOCKSTEP_SHM_STREAMING_STORES";
+inline constexpr char kShmAdoptBuffers[] = "LOCKSTEP_SHM_ADOPT_BUFFERS";
 inline constexpr char kDebug[] = "LOCKSTEP_DEBUG";
 inline constexpr char kTrace[] = "LOCKSTEP_TRACE";
 inline constexpr char kStats[] = "LOCKSTEP_STATS";

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include <sys/mman.h>
+
+#include <fmt/format.h>
+
 #include "comm/reduce_kernels.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/chunks.h"
@@ -17,18 +21,117 @@ void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer o
   const bool large = output.bytes() > kInlineBytes && output.bytes() > one_shot_max_;
   if (size_ > 1 && large) {
     if (auto shared = agree_on_shared_buffers(op, input, output)) {
-      allreduce_shared(op, output.count, output.dtype, reduce_op, shared->first, shared->second);
+      const auto starts = [&](SharedAllocations::Location at) {
+        std::vector<std::byte*> out = allocations_->bases(at.id);
+        for (std::byte*& p : out) p += at.offset;
+        return out;
+      };
+      allreduce_shared(op, output.count, output.dtype, reduce_op, starts(shared->first), starts(shared->second));
       return;
     }
+    // The same condition on every rank: each answers, adopted or not.
+    if (adopt_buffers_ && output.bytes() >= AdoptedBuffers::kMinBytes &&
+        allreduce_adopted(op, output, input.data == output.data, reduce_op))
+      return;
   }
   if (input.data != output.data && output.count > 0) std::memcpy(output.data, input.data, output.bytes());
-  if (size_ == 1 || output.count == 0) return;
-  if (output.bytes() <= kInlineBytes)
-    allreduce_inline(op, output, reduce_op);
-  else if (output.bytes() <= one_shot_max_)
-    allreduce_one_shot(op, output, reduce_op);
+  allreduce_ordinary(op, output, reduce_op);
+}
+
+void ShmBackend::allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op) {
+  if (size_ == 1 || data.count == 0) return;
+  if (data.bytes() <= kInlineBytes)
+    allreduce_inline(op, data, reduce_op);
+  else if (data.bytes() <= one_shot_max_)
+    allreduce_one_shot(op, data, reduce_op);
   else
-    reduce_two_shot(op, output, reduce_op, /*gather_to=*/-1);
+    reduce_two_shot(op, data, reduce_op, /*gather_to=*/-1);
+}
+
+namespace {
+
+// Whether an answer read from a peer's line describes an adoption of a
+// buffer of `bytes`. A peer that issued another operation here left
+// something else in its line; the rounds that follow report that
+// divergence, as long as nothing here acts on what it left.
+bool plausible(const AdoptionAnswer& a, std::size_t bytes) {
+  constexpr std::int64_t kPage = 4096;
+  return a.adopted == 1 && a.generation >= 0 && a.slot >= 0 &&
+         a.slot < static_cast<std::int64_t>(AdoptedBuffers::kSlots) && a.head_bytes >= 0 && a.head_bytes < kPage &&
+         a.interior_bytes > 0 && a.interior_bytes % kPage == 0 &&
+         a.head_bytes + a.interior_bytes <= static_cast<std::int64_t>(bytes);
+}
+
+}  // namespace
+
+// Every rank answers whether its buffer's interior pages are adopted
+// (adopted_buffers.h); only if all are, the elements inside every rank's
+// interior go through allreduce_shared, reading the peers' pages through
+// this rank's views of them, and the edges (under a page on each side, at
+// most, on the rank with the most) through the ordinary path. Each
+// element is still reduced once, in rank order: the result is the
+// ordinary path's, bit for bit.
+bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_place, ReduceOp reduce_op) {
+  const std::size_t elem = dtype_size(data.dtype);
+  const std::size_t adopted_before = adopted_->adoptions();
+  const AdoptionAnswer mine = adopted_->answer(static_cast<std::byte*>(data.data), data.bytes(), elem, in_place);
+  if (adopted_->adoptions() != adopted_before)
+    log_.debug("shm: adopted {} KiB of a {} KiB buffer at {} into shared memory in place (all-reduced in place a "
+               "second time); peers read it there from now on",
+               mine.interior_bytes / 1024, data.bytes() / 1024, data.data);
+  if (!adopted_->last_refusal().empty())
+    log_.debug("shm: not adopting the {} KiB buffer at {} into shared memory: {}", data.bytes() / 1024, data.data,
+               adopted_->last_refusal());
+  const std::uint64_t seq = post_inline(&mine, sizeof mine, op);
+  std::vector<AdoptionAnswer> answers(static_cast<std::size_t>(size_));
+  bool all_adopted = true;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) {
+      // The rounds that follow carry the check.
+      wait_inline(q, seq, op, "its answer on whether its buffer is adopted, before a large all-reduce",
+                  /*check=*/false);
+      std::memcpy(&answers[static_cast<std::size_t>(q)], inline_payload(q, seq), sizeof mine);
+    } else {
+      answers[static_cast<std::size_t>(q)] = mine;
+    }
+    all_adopted = all_adopted && plausible(answers[static_cast<std::size_t>(q)], data.bytes());
+  }
+  if (!all_adopted) return false;
+  std::size_t head = 0, tail = 0;  // elements outside some rank's interior
+  for (const AdoptionAnswer& a : answers) {
+    head = std::max(head, static_cast<std::size_t>(a.head_bytes) / elem);
+    tail = std::max(tail, (data.bytes() - static_cast<std::size_t>(a.head_bytes + a.interior_bytes)) / elem);
+  }
+  if (head + tail >= data.count) return false;
+  std::vector<std::byte*> starts(static_cast<std::size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    const AdoptionAnswer& a = answers[static_cast<std::size_t>(q)];
+    std::byte* interior = q == rank_ ? static_cast<std::byte*>(data.data) + a.head_bytes : peer_view(q, a);
+    starts[static_cast<std::size_t>(q)] = interior + (head * elem - static_cast<std::size_t>(a.head_bytes));
+  }
+  auto* bytes = static_cast<std::byte*>(data.data);
+  if (head > 0) allreduce_ordinary(op, Buffer{bytes, head, data.dtype}, reduce_op);
+  allreduce_shared(op, data.count - head - tail, data.dtype, reduce_op, starts, starts);
+  // Every peer has mapped this rank's file (it arrived in the rounds above).
+  adopted_->peers_mapped(mine);
+  if (tail > 0) allreduce_ordinary(op, Buffer{bytes + (data.count - tail) * elem, tail, data.dtype}, reduce_op);
+  return true;
+}
+
+std::string ShmBackend::adoption_name(int q, std::int64_t generation) const {
+  // The rank too: ranks that are threads of one process share a pid.
+  return region_name_of(nonce_, fmt::format("adopt-{}r{}", generation, q), pids_[static_cast<std::size_t>(q)]);
+}
+
+std::byte* ShmBackend::peer_view(int q, const AdoptionAnswer& answer) {
+  PeerView& view = peer_views_[static_cast<std::size_t>(q)][static_cast<std::size_t>(answer.slot)];
+  if (view.generation != answer.generation) {
+    view.region = Region::open(adoption_name(q, answer.generation), static_cast<std::size_t>(answer.interior_bytes), os_);
+    // Not this process's memory to hand to a forked child.
+    ::madvise(view.region.data(), view.region.bytes(), MADV_DONTFORK);
+    view.generation = answer.generation;
+  }
+  return view.region.data();
 }
 
 std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location>> ShmBackend::agree_on_shared_buffers(
@@ -65,19 +168,17 @@ std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location
 // Once every owner has said it is done (reduced), no peer touches this
 // rank's buffers any more: the caller may overwrite them at once.
 void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType dtype, ReduceOp reduce_op,
-                                  SharedAllocations::Location input, SharedAllocations::Location output) {
-  const std::vector<std::byte*> in_bases = allocations_->bases(input.id);
-  const std::vector<std::byte*> out_bases = allocations_->bases(output.id);
+                                  const std::vector<std::byte*>& input, const std::vector<std::byte*>& output) {
   const std::size_t elem = dtype_size(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, chunk_bytes_ / elem);
   const std::size_t round_elems = chunk_elems * static_cast<std::size_t>(size_);
   for (std::size_t begin = 0; begin < count; begin += round_elems) {
     const Chunks chunks(std::min(round_elems, count - begin), size_);
-    const auto at = [&](const std::vector<std::byte*>& bases, std::size_t offset, int q, int c) {
-      return bases[static_cast<std::size_t>(q)] + offset + (begin + chunks.begin(c)) * elem;
+    const auto at = [&](const std::vector<std::byte*>& starts, int q, int c) {
+      return starts[static_cast<std::size_t>(q)] + (begin + chunks.begin(c)) * elem;
     };
-    const auto in = [&](int q, int c) { return at(in_bases, input.offset, q, c); };
-    const auto out = [&](int q, int c) { return at(out_bases, output.offset, q, c); };
+    const auto in = [&](int q, int c) { return at(input, q, c); };
+    const auto out = [&](int q, int c) { return at(output, q, c); };
     const std::uint64_t g = begin_round(op);
     post_arrive(g, op);
     wait_arrived_all(g, op, "its input");

@@ -119,7 +119,11 @@ void Region::unlink() {
 }
 
 std::string region_name(const std::string& stem, const std::string& what) {
-  return fmt::format("/lockstep.{}.{}.{}", stem, what, ::getpid());
+  return region_name_of(stem, what, ::getpid());
+}
+
+std::string region_name_of(const std::string& stem, const std::string& what, pid_t pid) {
+  return fmt::format("/lockstep.{}.{}.{}", stem, what, pid);
 }
 
 bool is_segment_tag(const std::string& tag) {

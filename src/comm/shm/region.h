@@ -53,6 +53,8 @@ class Region {
 // "/lockstep.<stem>.<what>.<pid>", where the stem is the group's nonce,
 // preceded by the launcher's tag under `lockstep run` ("<tag>.<nonce>").
 std::string region_name(const std::string& stem, const std::string& what);
+// The same name as created by process `pid`.
+std::string region_name_of(const std::string& stem, const std::string& what, pid_t pid);
 
 // A launcher's tag (LOCKSTEP_SHM_TAG): 1 to kMaxSegmentTagLength letters,
 // digits, '-' or '_', so that "lockstep.<tag>." never prefixes another tag's names.

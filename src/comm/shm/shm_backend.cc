@@ -169,6 +169,15 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   store.set(fmt::format("shm/single_copy/{}", rank_), probe_single_copy() ? "1" : "0");
   single_copy_ = true;
   for (int q = 0; q < size_; ++q) single_copy_ = single_copy_ && store.get(fmt::format("shm/single_copy/{}", q)) == "1";
+  // Adoption only if every rank has it on and can check its mappings.
+  const bool adopt_here = ctx.config.shm_adopt_buffers && AdoptedBuffers::can_check_mappings();
+  store.set(fmt::format("shm/adopt/{}", rank_), adopt_here ? "1" : "0");
+  adopt_buffers_ = true;
+  for (int q = 0; q < size_; ++q) adopt_buffers_ = adopt_buffers_ && store.get(fmt::format("shm/adopt/{}", q)) == "1";
+  adopted_ = std::make_unique<AdoptedBuffers>(
+      adopt_buffers_, [this](std::int64_t generation) { return adoption_name(rank_, generation); });
+  peer_views_.resize(static_cast<std::size_t>(size_));
+  for (auto& views : peer_views_) views.resize(AdoptedBuffers::kSlots);
   watch_ = PeerWatch(pids, namespaces, rank_);
   std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
   for (int q = 0; q < size_; ++q)
@@ -177,12 +186,13 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_budget(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
-             "single copy {}, streaming stores {}",
+             "single copy {}, streaming stores {}, adopting buffers {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
              wait_policy(crowded, waiter_.budget()), single_copy_ ? "on" : "off",
              streaming_stores_ == ShmStreamingStores::automatic ? "while peers are far"
              : streaming_stores_ == ShmStreamingStores::always  ? "always"
-                                                                : "never");
+                                                                : "never",
+             adopt_buffers_ ? "on" : "off");
 }
 
 ShmBackend::~ShmBackend() = default;

@@ -20,7 +20,10 @@
 //
 // Buffers from allocate_shared (a collective allocation) are mapped by every
 // peer; an allreduce over such a buffer skips the copy into the slots
-// (single copy): peers read each other's buffers directly.
+// (single copy): peers read each other's buffers directly. So does an
+// in-place allreduce of an ordinary buffer of 1 MiB or more from its second
+// time on, once every rank has adopted its pages into shared memory
+// (adopted_buffers.h; LOCKSTEP_SHM_ADOPT_BUFFERS).
 //
 // Not thread-safe: one operation at a time, on the group's progress thread
 // (allocate_shared is guarded separately).
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/shm/adopted_buffers.h"
 #include "comm/shm/handoff_copy.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/peer_distance.h"
@@ -121,11 +125,23 @@ class ShmBackend final : public Backend {
   // Two-shot over `data`; when `gather_to` is a rank, only that rank gathers
   // the result and nobody's input buffer is written except the root's.
   void reduce_two_shot(const OpContext& op, Buffer data, ReduceOp reduce_op, int gather_to);
-  // Two-shot between buffers every rank has at the same places in shared
-  // allocations (input and output may be the same): peers' inputs and
-  // reduced chunks are read in place, nothing goes through the slots.
+  // Two-shot between buffers in shared memory that every rank maps:
+  // input[q] and output[q] are where rank q's elements begin, in this
+  // rank's address space (input and output may be the same). Peers' inputs
+  // and reduced chunks are read in place, nothing goes through the slots.
   void allreduce_shared(const OpContext& op, std::size_t count, DType dtype, ReduceOp reduce_op,
-                        SharedAllocations::Location input, SharedAllocations::Location output);
+                        const std::vector<std::byte*>& input, const std::vector<std::byte*>& output);
+  // inline, one-shot or two-shot by size, through the slots.
+  void allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op);
+  // An all-reduce of a buffer every rank has adopted into shared memory
+  // (adopted_buffers.h); false, with nothing done, unless every rank's
+  // answer says adopted. Every rank calls it for the same operations.
+  bool allreduce_adopted(const OpContext& op, Buffer data, bool in_place, ReduceOp reduce_op);
+  // This rank's mapping of peer q's adopted pages named in `answer`
+  // (mapped on first sight, kept per peer and slot).
+  std::byte* peer_view(int q, const AdoptionAnswer& answer);
+  // The shared-memory name of rank q's adoption `generation`.
+  std::string adoption_name(int q, std::int64_t generation) const;
   // Whether every rank passed its copies of the same shared allocations at
   // the same offsets, for input and output (decided from every rank's
   // answer, so all agree). Returns the locations then.
@@ -218,6 +234,16 @@ class ShmBackend final : public Backend {
   std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
   int last_any_source_ = 0;                         // the sender recv_any took last; the next looks after it first
   std::vector<const void*> sources_;  // scratch for kernel source lists
+  // Ordinary buffers adopted into shared memory, and this rank's views of
+  // each peer's, one per peer and slot. adopt_buffers_ is agreed at
+  // set-up, so every rank takes the same path.
+  bool adopt_buffers_ = false;
+  std::unique_ptr<AdoptedBuffers> adopted_;
+  struct PeerView {
+    std::int64_t generation = -1;
+    Region region;
+  };
+  std::vector<std::vector<PeerView>> peer_views_;
   std::shared_ptr<SharedAllocations> allocations_ = std::make_shared<SharedAllocations>();
   std::mutex allocate_mutex_;                      // serialises allocate_shared callers
   std::atomic<std::uint64_t> allocations_made_{0};  // the same on every rank (collective)
