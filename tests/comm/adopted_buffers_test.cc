@@ -6,11 +6,13 @@
 // adoptions alone; a forked child gets a private copy; and the switch off
 // adopts nothing.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -21,7 +23,9 @@
 #include <fmt/format.h>
 
 #include "comm/shm/adopted_buffers.h"
+#include "common/os.h"
 #include "harness/thread_world.h"
+#include "lockstep/store.h"
 
 namespace lockstep {
 namespace {
@@ -317,6 +321,71 @@ TEST(AdoptedBuffers, AForkedChildGetsAPrivateCopy) {
     ASSERT_EQ(data[i], sum(2, i, 2)) << "the child's write reached the parent at element " << i;
   ops(3, 5);  // the group and its adoption go on
   EXPECT_TRUE(adopted(buffers[0]->interior()));
+  EXPECT_EQ(failures.first(), "");
+}
+
+// Rank `rank` of an shm group of `n` thread ranks over `store`, for tests
+// that set options per rank (ThreadWorld gives all ranks the same).
+GroupOptions shm_rank(int rank, int n, std::shared_ptr<Store> store) {
+  GroupOptions options;
+  options.rank = rank;
+  options.world_size = n;
+  options.store = std::move(store);
+  options.backend = "shm";
+  return options;
+}
+
+TEST(AdoptedBuffers, RanksStartedByDifferentLaunchersFindEachOthersFiles) {
+  // Two nodes of one job on one machine: each node's launcher gives its
+  // ranks its own segment tag, so the files' names differ by more than the pid.
+  if (!room_in_dev_shm()) GTEST_SKIP() << kNoRoom;
+  constexpr int kRanks = 3;
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::shared_ptr<ProcessGroup>> groups(kRanks);
+  Failures failures;
+  const auto errors = testing::run_threads(kRanks, [&](int rank) {
+    GroupOptions options = shm_rank(rank, kRanks, store);
+    options.config = Config{};
+    options.config->shm_tag = rank == 0 ? "node-a" : "node-b";
+    groups[static_cast<std::size_t>(rank)] = init_process_group(options);
+    PlacedBuffer buffer(kCount, head_of(rank));
+    for (int t = 0; t < 4; ++t)
+      failures.add(allreduce_and_check(*groups[static_cast<std::size_t>(rank)], buffer.data(), kCount, rank, t));
+    if (!adopted(buffer.interior())) failures.add(fmt::format("rank {}: not adopted", rank));
+    groups[static_cast<std::size_t>(rank)].reset();
+  });
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
+  EXPECT_EQ(failures.first(), "");
+}
+
+// An Os that cannot open other ranks' adopted buffers.
+class CannotOpenAdoptions final : public Os {
+ public:
+  int shm_open(const char* name, int flags, mode_t mode) override {
+    if ((flags & O_CREAT) == 0 && std::string_view(name).find(".adopt-") != std::string_view::npos) {
+      errno = EACCES;
+      return -1;
+    }
+    return Os::shm_open(name, flags, mode);
+  }
+};
+
+TEST(AdoptedBuffers, ARankThatCannotMapANewAdoptionTakesEveryoneThroughTheSlots) {
+  if (!room_in_dev_shm()) GTEST_SKIP() << kNoRoom;
+  constexpr int kRanks = 3;
+  auto store = std::make_shared<HashStore>();
+  CannotOpenAdoptions refusing_os;
+  Failures failures;
+  const auto errors = testing::run_threads(kRanks, [&](int rank) {
+    GroupOptions options = shm_rank(rank, kRanks, store);
+    if (rank == 2) options.os = &refusing_os;
+    auto group = init_process_group(options);
+    PlacedBuffer buffer(kCount, head_of(rank));
+    for (int t = 0; t < 4; ++t) failures.add(allreduce_and_check(*group, buffer.data(), kCount, rank, t));
+  });
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
   EXPECT_EQ(failures.first(), "");
 }
 

@@ -246,7 +246,7 @@ AdoptionAnswer AdoptedBuffers::answer(std::byte* data, std::size_t bytes, std::s
   std::byte* end_page = round_down_to_page(data + bytes);
   if (end_page <= first_page) return {};
   const auto adopted_answer = [&](const Seen& s) {
-    return AdoptionAnswer{1, s.generation, s.slot, first_page - data, end_page - first_page};
+    return AdoptionAnswer{s.linked ? 2 : 1, s.generation, s.slot, first_page - data, end_page - first_page};
   };
   ++uses_;
   last_refusal_.clear();

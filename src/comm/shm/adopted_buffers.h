@@ -44,7 +44,10 @@ namespace lockstep::shm {
 // What one rank tells its peers about a buffer before a large in-place
 // all-reduce (small enough for an inline line).
 struct AdoptionAnswer {
-  std::int64_t adopted = 0;         // 1: the pages below are shared memory
+  // 0: not adopted; 1: the pages below are shared memory, which every peer
+  // has mapped; 2: the same, adopted since the last operation all ranks ran
+  // on adopted buffers (peers map it now).
+  std::int64_t adopted = 0;
   std::int64_t generation = 0;      // names the file (a new one per adoption)
   std::int64_t slot = 0;            // which of the peer's views it replaces
   std::int64_t head_bytes = 0;      // from the buffer's start to its first whole page

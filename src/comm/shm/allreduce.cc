@@ -56,7 +56,7 @@ namespace {
 // divergence, as long as nothing here acts on what it left.
 bool plausible(const AdoptionAnswer& a, std::size_t bytes) {
   constexpr std::int64_t kPage = 4096;
-  return a.adopted == 1 && a.generation >= 0 && a.slot >= 0 &&
+  return (a.adopted == 1 || a.adopted == 2) && a.generation >= 0 && a.slot >= 0 &&
          a.slot < static_cast<std::int64_t>(AdoptedBuffers::kSlots) && a.head_bytes >= 0 && a.head_bytes < kPage &&
          a.interior_bytes > 0 && a.interior_bytes % kPage == 0 &&
          a.head_bytes + a.interior_bytes <= static_cast<std::int64_t>(bytes);
@@ -104,11 +104,25 @@ bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_pla
   }
   if (head + tail >= data.count) return false;
   std::vector<std::byte*> starts(static_cast<std::size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    const AdoptionAnswer& a = answers[static_cast<std::size_t>(q)];
-    std::byte* interior = q == rank_ ? static_cast<std::byte*>(data.data) + a.head_bytes : peer_view(q, a);
-    starts[static_cast<std::size_t>(q)] = interior + (head * elem - static_cast<std::size_t>(a.head_bytes));
+  const bool fresh = std::any_of(answers.begin(), answers.end(), [](const AdoptionAnswer& a) { return a.adopted == 2; });
+  bool mapped = true;
+  try {
+    for (int q = 0; q < size_; ++q) {
+      const AdoptionAnswer& a = answers[static_cast<std::size_t>(q)];
+      std::byte* interior = q == rank_ ? static_cast<std::byte*>(data.data) + a.head_bytes : peer_view(q, a);
+      starts[static_cast<std::size_t>(q)] = interior + (head * elem - static_cast<std::size_t>(a.head_bytes));
+    }
+  } catch (const Error& e) {
+    if (!fresh) throw;  // every view was mapped before: cannot fail here
+    // Once per group: the same buffer fails the same way every step.
+    if (!warned_unmappable_)
+      log_.warn("shm: cannot map a peer's adopted buffer ({}); such all-reduces go through the slots", e.what());
+    warned_unmappable_ = true;
+    mapped = false;
   }
+  // A new adoption: every rank says whether it could map it, so that all
+  // take the same path.
+  if (fresh && !agree_all(op, mapped, "whether it mapped its peers' adopted buffers")) return false;
   auto* bytes = static_cast<std::byte*>(data.data);
   if (head > 0) allreduce_ordinary(op, Buffer{bytes, head, data.dtype}, reduce_op);
   allreduce_shared(op, data.count - head - tail, data.dtype, reduce_op, starts, starts);
@@ -118,9 +132,24 @@ bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_pla
   return true;
 }
 
+bool ShmBackend::agree_all(const OpContext& op, bool mine, const char* what) {
+  const std::int64_t answer = mine ? 1 : 0;
+  const std::uint64_t seq = post_inline(&answer, sizeof answer, op);
+  bool all = mine;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    wait_inline(q, seq, op, what, /*check=*/false);
+    std::int64_t theirs = 0;
+    std::memcpy(&theirs, inline_payload(q, seq), sizeof theirs);
+    all = all && theirs == 1;
+  }
+  return all;
+}
+
 std::string ShmBackend::adoption_name(int q, std::int64_t generation) const {
   // The rank too: ranks that are threads of one process share a pid.
-  return region_name_of(nonce_, fmt::format("adopt-{}r{}", generation, q), pids_[static_cast<std::size_t>(q)]);
+  return region_name_of(stems_[static_cast<std::size_t>(q)], fmt::format("adopt-{}r{}", generation, q),
+                        pids_[static_cast<std::size_t>(q)]);
 }
 
 std::byte* ShmBackend::peer_view(int q, const AdoptionAnswer& answer) {

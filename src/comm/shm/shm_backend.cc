@@ -136,17 +136,18 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   std::atomic_thread_fence(std::memory_order_release);
   block->magic = kMagic;
   store.set(fmt::format("shm/region/{}", rank_),
-            fmt::format("{} {} {} {}", own_.name(), ::getpid(), pid_namespace(), affinity_mask()));
+            fmt::format("{} {} {} {} {}", own_.name(), ::getpid(), pid_namespace(), affinity_mask(), nonce_));
 
   std::vector<pid_t> pids(static_cast<std::size_t>(size_), 0);
   std::vector<std::string> namespaces(static_cast<std::size_t>(size_));
   std::vector<std::string> masks(static_cast<std::size_t>(size_));
   peer_regions_.resize(static_cast<std::size_t>(size_));
+  stems_.resize(static_cast<std::size_t>(size_));
   for (int q = 0; q < size_; ++q) {
     std::istringstream info(store.get(fmt::format("shm/region/{}", q)));
     std::string name;
     info >> name >> pids[static_cast<std::size_t>(q)] >> namespaces[static_cast<std::size_t>(q)] >>
-        masks[static_cast<std::size_t>(q)];
+        masks[static_cast<std::size_t>(q)] >> stems_[static_cast<std::size_t>(q)];
     if (q == rank_) continue;
     peer_regions_[static_cast<std::size_t>(q)] = Region::open(name, layout_.total, os_);
     base_[static_cast<std::size_t>(q)] = peer_regions_[static_cast<std::size_t>(q)].data();

@@ -140,6 +140,9 @@ class ShmBackend final : public Backend {
   // This rank's mapping of peer q's adopted pages named in `answer`
   // (mapped on first sight, kept per peer and slot).
   std::byte* peer_view(int q, const AdoptionAnswer& answer);
+  // Whether every rank passed `mine` true (one inline exchange; `what`
+  // names the wait in errors).
+  bool agree_all(const OpContext& op, bool mine, const char* what);
   // The shared-memory name of rank q's adoption `generation`.
   std::string adoption_name(int q, std::int64_t generation) const;
   // Whether every rank passed its copies of the same shared allocations at
@@ -214,6 +217,9 @@ class ShmBackend final : public Backend {
   std::shared_ptr<Store> store_;
   Os& os_;  // shared-memory segments are created and mapped through it
   std::string nonce_;  // segment names' stem: the launcher's tag (if any) and the group's nonce
+  // Every rank's stem: ranks started by different launchers on one host
+  // (two nodes of a job on one machine) have different tags.
+  std::vector<std::string> stems_;
   Logger log_;
   ShmStreamingStores streaming_stores_;
   mutable PeerDistance peer_distance_;  // sampled in the waits (const: they only observe)
@@ -244,6 +250,7 @@ class ShmBackend final : public Backend {
     Region region;
   };
   std::vector<std::vector<PeerView>> peer_views_;
+  bool warned_unmappable_ = false;
   std::shared_ptr<SharedAllocations> allocations_ = std::make_shared<SharedAllocations>();
   std::mutex allocate_mutex_;                      // serialises allocate_shared callers
   std::atomic<std::uint64_t> allocations_made_{0};  // the same on every rank (collective)
