@@ -12,8 +12,11 @@ Contenders (skipped with a note when unavailable):
   lockstep shm, shared    ... --shared-buffers (single copy)
   lockstep tcp            ... --backend tcp
   lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
-  lockstep shm, streaming never  ... with LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never): the slots
-                          written with ordinary stores whatever the cores' placement (docs/algorithms.md)
+  lockstep shm, slots     ... with LOCKSTEP_SHM_ADOPT_BUFFERS=0 (--streaming-never): the benchmark
+                          all-reduces one buffer again and again, which "lockstep shm" adopts into shared
+                          memory from 1 MiB (docs/algorithms.md); this row copies through the slots
+  lockstep shm, slots, streaming never  ... and LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never):
+                          the slots written with ordinary stores whatever the cores' placement
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
   oneCCL                  VENV/bin/mpiexec (Intel MPI) BUILD/bench/ccl_allreduce: ccl::allreduce over
@@ -86,8 +89,11 @@ def contenders(args):
         out.append((f"lockstep shm, spin {spin} µs", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
                     {"LOCKSTEP_SHM_SPIN_US": spin}))
     if args.streaming_never:
-        out.append(("lockstep shm, streaming never", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
-                    {"LOCKSTEP_SHM_STREAMING_STORES": "never"}))
+        slots = {"LOCKSTEP_SHM_ADOPT_BUFFERS": "0"}
+        out.append(("lockstep shm, slots", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common, slots))
+        out.append(("lockstep shm, slots, streaming never",
+                    [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
+                    {**slots, "LOCKSTEP_SHM_STREAMING_STORES": "never"}))
     if os.path.exists(mpi_bench) and shutil.which("mpirun"):
         # More ranks than cores: Open MPI must be told it may oversubscribe
         # (it then yields when idle instead of spinning) and share cores.
@@ -137,9 +143,10 @@ def main():
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
-    parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm with the slots written with "
-                        "ordinary stores only (LOCKSTEP_SHM_STREAMING_STORES=never), against the default that "
-                        "streams them while the cores are far apart")
+    parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm through the slots "
+                        "(LOCKSTEP_SHM_ADOPT_BUFFERS=0: the default adopts the benchmark's buffer from 1 MiB), with "
+                        "the default streaming stores and with ordinary stores only "
+                        "(LOCKSTEP_SHM_STREAMING_STORES=never)")
     add_busy_argument(parser)
     args = parser.parse_args()
     args.skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()
