@@ -1,6 +1,7 @@
 // shm allreduce: inline, one-shot or pipelined two-shot by size (see
 // shm_backend.h). reduce_two_shot also serves reduce.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <sys/mman.h>
@@ -82,20 +83,11 @@ bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_pla
   if (!adopted_->last_refusal().empty())
     log_.debug("shm: not adopting the {} KiB buffer at {} into shared memory: {}", data.bytes() / 1024, data.data,
                adopted_->last_refusal());
-  const std::uint64_t seq = post_inline(&mine, sizeof mine, op);
   std::vector<AdoptionAnswer> answers(static_cast<std::size_t>(size_));
-  bool all_adopted = true;
-  for (int q = 0; q < size_; ++q) {
-    if (q != rank_) {
-      // The rounds that follow carry the check.
-      wait_inline(q, seq, op, "its answer on whether its buffer is adopted, before a large all-reduce",
-                  /*check=*/false);
-      std::memcpy(&answers[static_cast<std::size_t>(q)], inline_payload(q, seq), sizeof mine);
-    } else {
-      answers[static_cast<std::size_t>(q)] = mine;
-    }
-    all_adopted = all_adopted && plausible(answers[static_cast<std::size_t>(q)], data.bytes());
-  }
+  exchange_inline(op, &mine, sizeof mine, "its answer on whether its buffer is adopted, before a large all-reduce",
+                  answers.data());
+  const bool all_adopted =
+      std::all_of(answers.begin(), answers.end(), [&](const AdoptionAnswer& a) { return plausible(a, data.bytes()); });
   if (!all_adopted) return false;
   std::size_t head = 0, tail = 0;  // elements outside some rank's interior
   for (const AdoptionAnswer& a : answers) {
@@ -134,16 +126,20 @@ bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_pla
 
 bool ShmBackend::agree_all(const OpContext& op, bool mine, const char* what) {
   const std::int64_t answer = mine ? 1 : 0;
-  const std::uint64_t seq = post_inline(&answer, sizeof answer, op);
-  bool all = mine;
+  std::vector<std::int64_t> answers(static_cast<std::size_t>(size_));
+  exchange_inline(op, &answer, sizeof answer, what, answers.data());
+  return std::all_of(answers.begin(), answers.end(), [](std::int64_t a) { return a == 1; });
+}
+
+void ShmBackend::exchange_inline(const OpContext& op, const void* mine, std::size_t bytes, const char* what,
+                                 void* every_rank) {
+  const std::uint64_t seq = post_inline(mine, bytes, op);
+  auto* out = static_cast<std::byte*>(every_rank);
   for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    wait_inline(q, seq, op, what, /*check=*/false);
-    std::int64_t theirs = 0;
-    std::memcpy(&theirs, inline_payload(q, seq), sizeof theirs);
-    all = all && theirs == 1;
+    // Unchecked: the rounds that follow carry the check.
+    if (q != rank_) wait_inline(q, seq, op, what, /*check=*/false);
+    std::memcpy(out + static_cast<std::size_t>(q) * bytes, q == rank_ ? mine : inline_payload(q, seq), bytes);
   }
-  return all;
 }
 
 std::string ShmBackend::adoption_name(int q, std::int64_t generation) const {
@@ -172,16 +168,12 @@ std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location
   const auto out = allocations_->find(output.data, output.bytes());
   const auto id = [](const auto& at) { return at ? static_cast<std::int64_t>(at->id) : -1; };
   const auto offset = [](const auto& at) { return at ? static_cast<std::int64_t>(at->offset) : -1; };
-  const std::int64_t descriptor[4] = {id(in), offset(in), id(out), offset(out)};
-  const std::uint64_t seq = post_inline(descriptor, sizeof descriptor, op);
-  bool all_same = in.has_value() && out.has_value();
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    // The rounds that follow carry the check.
-    wait_inline(q, seq, op, "its answer on whether the buffers are shared buffers, agreed before a large all-reduce",
-                /*check=*/false);
-    all_same = all_same && std::memcmp(inline_payload(q, seq), descriptor, sizeof descriptor) == 0;
-  }
+  const std::array<std::int64_t, 4> descriptor = {id(in), offset(in), id(out), offset(out)};
+  std::vector<std::array<std::int64_t, 4>> all(static_cast<std::size_t>(size_));
+  exchange_inline(op, &descriptor, sizeof descriptor,
+                  "its answer on whether the buffers are shared buffers, agreed before a large all-reduce", all.data());
+  const bool all_same = in.has_value() && out.has_value() &&
+                        std::all_of(all.begin(), all.end(), [&](const auto& theirs) { return theirs == descriptor; });
   if (!all_same) return std::nullopt;
   return std::pair{*in, *out};
 }

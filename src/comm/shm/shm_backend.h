@@ -140,6 +140,11 @@ class ShmBackend final : public Backend {
   // This rank's mapping of peer q's adopted pages named in `answer`
   // (mapped on first sight, kept per peer and slot).
   std::byte* peer_view(int q, const AdoptionAnswer& answer);
+  // One inline exchange of `bytes` (at most kInlineBytes) from every rank:
+  // every rank's, this one's included, lands in rank order at `every_rank`
+  // (size x bytes). Peers' stamps are not checked here: the rounds that
+  // follow check them. `what` names the wait in errors.
+  void exchange_inline(const OpContext& op, const void* mine, std::size_t bytes, const char* what, void* every_rank);
   // Whether every rank passed `mine` true (one inline exchange; `what`
   // names the wait in errors).
   bool agree_all(const OpContext& op, bool mine, const char* what);
