@@ -1,17 +1,16 @@
 #!/usr/bin/python3
 """The ordinary-buffer path's spread: a 96 MiB all-reduce at 2 ranks over
-shm, on ordinary buffers (the caller's memory: what PyTorch's DDP buckets
-get; the benchmark all-reduces one buffer in place again and again, so
-from its second operation on its pages are adopted into shared memory) and
-on shared buffers (allocate_shared, single copy), interleaved, --runs times
+shm, on ordinary buffers (the caller's memory, copied through the shared
+slots: what PyTorch's DDP buckets get) and on shared buffers (allocate_shared, single copy), interleaved, --runs times
 each, --pause seconds apart, so that a slow stretch of the machine shows as
 a slow run of one path beside a normal run of the other.
 
 Each run is `lockstep bench --np 2 --backend shm -b 96M -e 96M -n 10 -w 2
-[--shared-buffers] --json`. With --slots, the ordinary path also runs with
-LOCKSTEP_SHM_ADOPT_BUFFERS=0 (copied through the shared slots every time:
-what a buffer all-reduced once, or out of place, gets). With --never, also
-with LOCKSTEP_SHM_STREAMING_STORES=never beside that (slots written with
+[--shared-buffers] --json`. With --single-copy, ordinary buffers also go
+by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE=always: peers read
+and write each rank's buffer with process_vm_readv/writev, no slots).
+With --never, the ordinary path also runs
+with LOCKSTEP_SHM_STREAMING_STORES=never (slots written with
 ordinary stores whatever the placement: the path before streaming stores),
 to show what the default (auto) saves. Beside each run's time it records what the kernel's
 memory management did during the run (/proc/vmstat deltas: page faults,
@@ -25,7 +24,7 @@ fastest) and the median ratio, against docs/performance.md's goals: the
 ordinary path's runs within 1.3x of each other, its median at least 0.8x
 the shared-buffer path's (in time: at most 1.25x).
 
-Usage: bench/allreduce_spread.py [--build build] [--runs 8] [--pause 3] [--size 96M] [--slots] [--never] [--out FILE]
+Usage: bench/allreduce_spread.py [--build build] [--runs 8] [--pause 3] [--size 96M] [--single-copy] [--never] [--out FILE]
 """
 import argparse
 import json
@@ -65,10 +64,10 @@ def run_once(a, path):
         cmd = [os.path.join(a.build, "lockstep"), "bench", "--np", "2", "--backend", "shm", "-b", a.size, "-e", a.size,
                "-n", "10", "-w", "2", "--json", out.name] + (["--shared-buffers"] if path == "shared" else [])
         env = dict(os.environ)
-        if path in ("slots", "never"):
-            env["LOCKSTEP_SHM_ADOPT_BUFFERS"] = "0"
         if path == "never":
             env["LOCKSTEP_SHM_STREAMING_STORES"] = "never"
+        if path == "single-copy":
+            env["LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE"] = "always"
         before = vmstat()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         after = vmstat()
@@ -85,13 +84,13 @@ def main():
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--pause", type=float, default=3)
     parser.add_argument("--size", default="96M")
-    parser.add_argument("--slots", action="store_true",
-                        help="also run the ordinary path without adoption (through the slots every time)")
+    parser.add_argument("--single-copy", action="store_true",
+                        help="also run ordinary buffers by cross-memory attach instead of the slots")
     parser.add_argument("--never", action="store_true",
                         help="also run it through the slots with streaming stores never used")
     parser.add_argument("--out", default=None, help="also write every run as JSON here")
     a = parser.parse_args()
-    paths = ["ordinary", "shared"] + (["slots"] if a.slots else []) + (["never"] if a.never else [])
+    paths = ["ordinary", "shared"] + (["single-copy"] if a.single_copy else []) + (["never"] if a.never else [])
     rows = []
     for r in range(a.runs):
         round_trip = core_to_core(a)

@@ -12,10 +12,10 @@ Contenders (skipped with a note when unavailable):
   lockstep shm, shared    ... --shared-buffers (single copy)
   lockstep tcp            ... --backend tcp
   lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
-  lockstep shm, slots     ... with LOCKSTEP_SHM_ADOPT_BUFFERS=0 (--streaming-never): the benchmark
-                          all-reduces one buffer again and again, which "lockstep shm" adopts into shared
-                          memory from 1 MiB (docs/algorithms.md); this row copies through the slots
-  lockstep shm, slots, streaming never  ... and LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never):
+  lockstep shm, slots / single copy  ... with LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE=never / always
+                          (--single-copy-rows): ordinary buffers through the shared slots, or read and
+                          written by cross-memory attach, whatever "lockstep shm" (auto) chooses
+  lockstep shm, streaming never  ... with LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never):
                           the slots written with ordinary stores whatever the cores' placement
   Open MPI                mpirun --bind-to core build/bench/mpi_allreduce
   Open MPI, malloc tuned  the same with glibc's mmap threshold raised
@@ -26,7 +26,7 @@ Contenders (skipped with a note when unavailable):
 
 Usage: bench/compare_allreduce.py [--np 2] [--runs 3] [--build build] [--out FILE]
            [--sizes 4,4K,1M,16M,64M] [--python PYTHON] [--oneccl VENV] [--spins 20,200] [--skip NAMES]
-           [--busy N] [--streaming-never]
+           [--busy N] [--streaming-never] [--single-copy-rows]
 """
 import argparse
 import os
@@ -88,12 +88,13 @@ def contenders(args):
     for spin in filter(None, args.spins.split(",")):
         out.append((f"lockstep shm, spin {spin} µs", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
                     {"LOCKSTEP_SHM_SPIN_US": spin}))
+    if args.single_copy_rows:
+        for name, choice in (("slots", "never"), ("single copy", "always")):
+            out.append((f"lockstep shm, {name}", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
+                        {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE": choice}))
     if args.streaming_never:
-        slots = {"LOCKSTEP_SHM_ADOPT_BUFFERS": "0"}
-        out.append(("lockstep shm, slots", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common, slots))
-        out.append(("lockstep shm, slots, streaming never",
-                    [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
-                    {**slots, "LOCKSTEP_SHM_STREAMING_STORES": "never"}))
+        out.append(("lockstep shm, streaming never", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
+                    {"LOCKSTEP_SHM_STREAMING_STORES": "never"}))
     if os.path.exists(mpi_bench) and shutil.which("mpirun"):
         # More ranks than cores: Open MPI must be told it may oversubscribe
         # (it then yields when idle instead of spinning) and share cores.
@@ -143,10 +144,10 @@ def main():
                         "microseconds, comma-separated (LOCKSTEP_SHM_SPIN_US), e.g. 20,200")
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
-    parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm through the slots "
-                        "(LOCKSTEP_SHM_ADOPT_BUFFERS=0: the default adopts the benchmark's buffer from 1 MiB), with "
-                        "the default streaming stores and with ordinary stores only "
-                        "(LOCKSTEP_SHM_STREAMING_STORES=never)")
+    parser.add_argument("--single-copy-rows", action="store_true", help="also lockstep shm with ordinary buffers "
+                        "always through the slots and always by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE)")
+    parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm with the slots "
+                        "written with ordinary stores only (LOCKSTEP_SHM_STREAMING_STORES=never)")
     add_busy_argument(parser)
     args = parser.parse_args()
     args.skipped = set(n.strip() for n in args.skip.split(";")) if args.skip else set()

@@ -313,9 +313,8 @@ step_sanitize() {
   done
 }
 
-# The 16-rank all-reduce of a loan: lockstep (ordinary buffers, adopted
-# from 1 MiB; through the slots with and without streaming stores; shared
-# buffers) and Open MPI interleaved, then
+# The 16-rank all-reduce of a loan: lockstep (ordinary buffers through the
+# slots, with and without streaming stores; shared buffers) and Open MPI interleaved, then
 # Gloo alone, each table written when done. First how far apart the cores
 # are (bench/core_to_core from CPU 0 to a near, a middle and the last CPU):
 # what decides the ordinary path's streaming stores (docs/algorithms.md).

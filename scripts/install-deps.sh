@@ -28,6 +28,9 @@ test_packages=(
   # the fuzz targets: clang with libFuzzer and the sanitizers' run-time
   clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the allocators users preload, under which the shm backend's promises
+  # about the program's memory are tested (tests/comm/user_memory_test.cc)
+  libjemalloc2 libtcmalloc-minimal4
   # the MPI backend and the Open MPI peer in benchmarks
   libopenmpi-dev openmpi-bin
   # plots in `lockstep doctor`, PyTorch DDP peer in benchmarks

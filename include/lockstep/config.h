@@ -44,6 +44,11 @@ enum class DebugLevel { off, info, detail };
 // with streaming stores while its peers are measured to be far (automatic),
 // always, or never.
 enum class ShmStreamingStores { automatic, always, never };
+// How the shm backend all-reduces ordinary buffers larger than one-shot:
+// through its shared slots, or by cross-memory attach (peers read and
+// write each other's buffers); automatic: the latter where ranks outnumber
+// the cores they may run on (docs/algorithms.md).
+enum class ShmSingleCopyAllreduce { automatic, always, never };
 
 // The rank placement one launcher's variables give.
 struct LauncherPlacement {
@@ -116,7 +121,7 @@ struct Config {
   std::string shm_tag;  // set by `lockstep run`; empty: none
   std::optional<std::size_t> shm_single_copy_bytes;
   ShmStreamingStores shm_streaming_stores = ShmStreamingStores::automatic;
-  bool shm_adopt_buffers = true;  // ordinary buffers all-reduced in place again and again
+  ShmSingleCopyAllreduce shm_single_copy_allreduce = ShmSingleCopyAllreduce::automatic;
   std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
   bool mpi_abort_on_failure = true;
   // CUDA memory over shm, tcp, hier and mpi: the bytes of each chunk staged

@@ -2,10 +2,11 @@
 same ranks, from the same initial weights and data: the trained weights must
 agree within 1e-6 after 20 steps. Variants: default, find_unused_parameters,
 static_graph, gradient_as_bucket_view, the fp16 compression hook, and
-large_buckets: a wider model in DDP's default buckets (one of 8 MiB), which
-the shm backend adopts into shared memory from the second step on; the
-rank then checks that it did, and that a forked child's writes to the
-gradients (views of that bucket) stay in the child."""
+large_buckets: a wider model in DDP's default buckets (one of 8 MiB); each
+rank then forks, zeroes its gradients (views of that bucket) and runs
+another backward while the child compares its gradients with those before
+the fork (fork promises the child a snapshot), and the child's writes must
+not reach the parent."""
 
 import ctypes
 import os
@@ -54,26 +55,40 @@ def initial_model(variant="default"):
     return (WideNet() if variant == "large_buckets" else Net()).double()
 
 
-def check_adopted_and_private_after_fork(model, rank):
-    with open("/proc/self/maps") as maps:
-        adopted = [line for line in maps if ".adopt-" in line]
-    if not adopted:
-        sys.exit(f"rank {rank}: no bucket was adopted into shared memory")
-    grads = [p.grad.clone() for p in model.parameters()]
+def grad_bytes(model):
+    return [ctypes.string_at(p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()) for p in model.parameters()]
+
+
+def check_fork_snapshot(ddp, model, rank):
+    """Fork-based checkpointing: the child must see the gradients as they were
+    at the fork while the parent (and its peers, through the all-reduce)
+    overwrite them, and nothing the child writes may reach the parent."""
+    before = grad_bytes(model)
+    parent_done, child_wrote = os.pipe(), os.pipe()
     child = os.fork()
     if child == 0:
-        # Plain memset: a torch operation in a forked child may wait forever
-        # for the parent's OpenMP threads.
+        os.read(parent_done[0], 1)
+        # Plain memcmp/memset: a torch operation in a forked child may wait
+        # forever for the parent's OpenMP threads.
+        same = grad_bytes(model) == before
         for p in model.parameters():
             ctypes.memset(p.grad.data_ptr(), 0xff, p.grad.numel() * p.grad.element_size())
-        os._exit(0)
+        os.write(child_wrote[1], b"x")
+        os._exit(0 if same else 3)
+    ddp.zero_grad(set_to_none=False)
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(99 + rank), dtype=torch.float64)
+    ddp(x).sum().backward()  # every rank's buckets all-reduced again
+    after = grad_bytes(model)
+    if after == before:
+        sys.exit(f"rank {rank}: the step after the fork did not change the gradients; the check shows nothing")
+    os.write(parent_done[1], b"x")
+    os.read(child_wrote[0], 1)
     _, status = os.waitpid(child, 0)
     if status != 0:
-        sys.exit(f"rank {rank}: the forked child failed ({status})")
-    changed = max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), grads))
-    if changed != 0:
-        sys.exit(f"rank {rank}: a forked child's write reached the parent's gradients ({changed})")
-    print(f"rank {rank}: {len(adopted)} adopted range(s); a forked child's writes stayed in the child")
+        sys.exit(f"rank {rank}: the forked child saw the parent's later writes to its gradients (status {status})")
+    if grad_bytes(model) != after:
+        sys.exit(f"rank {rank}: a forked child's writes reached the parent's gradients")
+    print(f"rank {rank}: a forked child kept the gradients of the fork while the parent and its peers wrote on")
 
 
 def train(group, variant, rank, world):
@@ -101,7 +116,7 @@ def train(group, variant, rank, world):
         loss.backward()
         opt.step()
     if variant == "large_buckets" and group is None:
-        check_adopted_and_private_after_fork(model, rank)
+        check_fork_snapshot(ddp, model, rank)
     return [p.detach().clone() for p in model.parameters()]
 
 

@@ -149,13 +149,14 @@ DebugLevel read_debug(const VariableReader& vars) {
   throw ConfigError(fmt::format("{}='{}' is not a debug level; use OFF, INFO or DETAIL", env::kDebug, text));
 }
 
-ShmStreamingStores read_streaming_stores(const VariableReader& vars) {
-  const std::string text = vars.string(env::kShmStreamingStores).value_or("auto");
-  if (text == "auto") return ShmStreamingStores::automatic;
-  if (text == "always") return ShmStreamingStores::always;
-  if (text == "never") return ShmStreamingStores::never;
-  throw ConfigError(
-      fmt::format("{}='{}' is not a choice; use auto, always or never", env::kShmStreamingStores, text));
+// A variable of auto, always or never, into an enum with those three.
+template <typename Choice>
+Choice read_auto_always_never(const VariableReader& vars, const char* name) {
+  const std::string text = vars.string(name).value_or("auto");
+  if (text == "auto") return Choice::automatic;
+  if (text == "always") return Choice::always;
+  if (text == "never") return Choice::never;
+  throw ConfigError(fmt::format("{}='{}' is not a choice; use auto, always or never", name, text));
 }
 
 // The launcher's variables, and LOCAL_RANK / LOCAL_WORLD_SIZE (which also
@@ -226,8 +227,8 @@ void read_backends(const VariableReader& vars, Config& c) {
   c.shm_spin_micros = vars.integer(env::kShmSpinMicros, 0, 1'000'000);
   c.shm_tag = vars.string(env::kShmTag).value_or("");
   c.shm_single_copy_bytes = read_bytes(vars, env::kShmSingleCopyBytes, std::int64_t{1} << 40);
-  c.shm_streaming_stores = read_streaming_stores(vars);
-  c.shm_adopt_buffers = vars.flag(env::kShmAdoptBuffers).value_or(true);
+  c.shm_streaming_stores = read_auto_always_never<ShmStreamingStores>(vars, env::kShmStreamingStores);
+  c.shm_single_copy_allreduce = read_auto_always_never<ShmSingleCopyAllreduce>(vars, env::kShmSingleCopyAllreduce);
   if (auto v = vars.integer(env::kMpiMaxCount, 1, INT_MAX)) c.mpi_max_count = static_cast<std::size_t>(*v);
   c.mpi_abort_on_failure = vars.flag(env::kMpiAbortOnFailure).value_or(true);
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "block_cases.h"
@@ -72,14 +73,30 @@ bool takes_root(Collective c) { return c == Collective::reduce || c == Collectiv
 
 class CollectiveSweep : public ::testing::TestWithParam<SweepParam> {};
 
-// "shm-streaming": the shm backend writing its slots with streaming stores
-// always (handoff_copy.h), as it does on its own while peers are far.
+// Variants of the shm backend, each set by its variable for the group's
+// set-up: "shm-streaming" writes its slots with streaming stores always
+// (handoff_copy.h), as it does on its own while peers are far; "shm-slots"
+// takes the slots where it could read peers' memory (a broadcast's single
+// copy off); "shm-single-copy-allreduce" always all-reduces ordinary
+// buffers by cross-memory attach, "shm-slots-allreduce" never (by default
+// it does where ranks outnumber cores: thread ranks from 3 on here).
+const std::map<std::string, std::pair<const char*, const char*>>& shm_variants() {
+  static const std::map<std::string, std::pair<const char*, const char*>> variants = {
+      {"shm-streaming", {"LOCKSTEP_SHM_STREAMING_STORES", "always"}},
+      {"shm-slots", {"LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0"}},
+      {"shm-single-copy-allreduce", {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE", "always"}},
+      {"shm-slots-allreduce", {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE", "never"}},
+  };
+  return variants;
+}
+
 TEST_P(CollectiveSweep, EveryCountDTypeAndOp) {
   const auto& p = GetParam();
-  const bool streaming = p.backend == "shm-streaming";
-  if (streaming) ::setenv("LOCKSTEP_SHM_STREAMING_STORES", "always", 1);
-  ThreadWorld world(p.world_size, streaming ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
-  if (streaming) ::unsetenv("LOCKSTEP_SHM_STREAMING_STORES");
+  const auto variant = shm_variants().find(p.backend);
+  const bool shm_variant = variant != shm_variants().end();
+  if (shm_variant) ::setenv(variant->second.first, variant->second.second, 1);
+  ThreadWorld world(p.world_size, shm_variant ? "shm" : p.backend, std::chrono::seconds(60), {}, p.hosts);
+  if (shm_variant) ::unsetenv(variant->second.first);
   if (!p.hosts.empty()) ASSERT_EQ(world.group(0).backend(), "hier");
   std::mutex mutex;
   std::vector<std::string> failures;
@@ -113,6 +130,11 @@ std::vector<SweepParam> all_params() {
   for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                        Collective::reduce_scatter})
     for (int n : {2, 3, 5}) out.push_back({"shm-streaming", c, n, {}, {}});
+  for (int n : {2, 3, 5}) {
+    out.push_back({"shm-slots", Collective::broadcast, n, {}, {}});
+    out.push_back({"shm-single-copy-allreduce", Collective::allreduce, n, {}, {}});
+  }
+  for (int n : {3, 5, 8}) out.push_back({"shm-slots-allreduce", Collective::allreduce, n, {}, {}});
   for (const auto& layout : hier_layouts())
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})
@@ -121,8 +143,9 @@ std::vector<SweepParam> all_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveSweep, ::testing::ValuesIn(all_params()), [](const auto& info) {
-  return param_name(info.param.backend == "shm-streaming" ? "shm_streaming" : info.param.backend,
-                    to_string(info.param.collective), info.param.world_size, info.param.layout);
+  std::string backend = info.param.backend;
+  std::replace(backend.begin(), backend.end(), '-', '_');
+  return param_name(backend, to_string(info.param.collective), info.param.world_size, info.param.layout);
 });
 
 struct BlockParam {

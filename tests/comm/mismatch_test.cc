@@ -57,7 +57,7 @@ std::vector<float> floats(std::size_t count, int r) { return std::vector<float>(
 
 // Three all-reduces of 262144 floats in place, then the last rank all-reduces
 // only the first `last_count` of them.
-std::function<void(ProcessGroup&, int, int)> last_rank_differs_after_adoption(std::size_t last_count) {
+std::function<void(ProcessGroup&, int, int)> last_rank_differs_after_three_in_place(std::size_t last_count) {
   return [last_count](ProcessGroup& pg, int r, int n) {
     auto v = floats(262144, r);
     for (int i = 0; i < 3; ++i) pg.allreduce(view(std::span(v)))->wait();
@@ -116,12 +116,11 @@ std::vector<Disagreement> disagreements() {
          pg.allreduce(view(std::span(v)))->wait();
        },
        {"allreduce #1 (float x 500", "float x 5000", "float x 5001"}},
-      // After three all-reduces of the same 1 MiB buffer in place (which
-      // the shm backend adopts into shared memory), one rank's count
-      // differs: through the slots, or inline.
-      {"OneRanksCountAfterItsBufferWasAdopted", last_rank_differs_after_adoption(262143),
+      // After three all-reduces of the same 1 MiB buffer in place, one
+      // rank's count differs: through the slots, or inline.
+      {"OneRanksCountAfterThreeInPlace", last_rank_differs_after_three_in_place(262143),
        {"allreduce #3 (float x 26214", "float x 262144", "float x 262143"}},
-      {"OneRanksSmallOperationBesideAnAdoptedBuffer", last_rank_differs_after_adoption(12),
+      {"OneRanksSmallOperationAfterThreeInPlace", last_rank_differs_after_three_in_place(12),
        {"allreduce #3 (float x ", "float x 262144", "float x 12"}},
       {"GatherRootsThatNameThemselvesSmall",
        [](ProcessGroup& pg, int r, int n) {

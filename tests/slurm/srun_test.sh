@@ -14,13 +14,17 @@
 #               store from Slurm
 #   sbatch      the batch script of docs/cluster.md (srun inside sbatch, the
 #               store token made in the script), waited for until it ends
+#   killed      `srun -n 2 rank_program die-in-shm-setup`: task 1 kills itself
+#               (SIGKILL) while task 0 holds its shared region open for it;
+#               nothing of either task may stay in /dev/shm
 # Each checks the exit status and every rank's result line (0 wrong). Skips
 # (77) unless root with Slurm's daemons installed (scripts/install-deps.sh
 # installs them).
-# Usage: srun_test.sh path/to/lockstep path/to/allreduce_demo
+# Usage: srun_test.sh path/to/lockstep path/to/allreduce_demo path/to/rank_program
 set -uo pipefail
 cli=$(realpath "$1")
 demo=$(realpath "$2")
+rank_program=$(realpath "$3")
 here=$(dirname "$(realpath "$0")")
 skip() { echo "SKIP: $*"; exit 77; }
 
@@ -108,6 +112,23 @@ rc=1
 [ "$state" = COMPLETED ] && rc=0
 [ "$state" = COMPLETED ] || echo "note: batch job $job ended $state"
 expect "sbatch" "$work/sbatch.log" $rc 4
+
+# A task killed while the other holds its region open: nothing in /dev/shm.
+mkdir -p "$work/pids"
+PID_DIR=$work/pids LOCKSTEP_CONNECT_TIMEOUT=10 timeout 120 srun -n 2 --kill-on-bad-exit=1 "$rank_program" \
+  die-in-shm-setup > "$work/killed.log" 2>&1
+left=()
+pids=$(cat "$work"/pids/rank*.pid 2> /dev/null)
+for pid in $pids; do
+  for f in /dev/shm/*."$pid"; do [ -e "$f" ] && left+=("$f"); done
+done
+if [ "$(echo $pids | wc -w)" = 2 ] && [ ${#left[@]} = 0 ]; then
+  echo "ok   srun, a task killed in set-up: nothing in /dev/shm"
+else
+  echo "FAIL srun, a task killed in set-up: pids '$pids', left in /dev/shm: ${left[*]:-nothing}; output:"
+  tail -n 20 "$work/killed.log"
+  failures=$((failures + 1))
+fi
 
 [ $failures = 0 ] || exit 1
 echo "all Slurm cases passed"

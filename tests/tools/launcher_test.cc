@@ -293,14 +293,17 @@ std::vector<std::string> segments_of(const std::vector<pid_t>& pids) {
   return found;
 }
 
-// A rank killed while the others set up shared memory used to leave their
-// segments in /dev/shm: a survivor blocked in set-up is stopped by the
-// launcher before it can unlink what it created. The launcher removes its
-// job's segments, and only those (a segment of another job stays).
+// A rank killed while the others set up shared memory leaves nothing in
+// /dev/shm: its regions and theirs have no names. Where regions do get names
+// (ranks that may not open each other's descriptors), a survivor blocked in
+// set-up is stopped by the launcher before it can unlink what it created:
+// the launcher removes its job's segments, and only those (a segment of
+// another job stays).
 TEST(Launcher, ARankKilledDuringShmSetUpLeavesNothingInDevShm) {
   const std::string other_job = "/dev/shm/lockstep.otherjob.r0." + std::to_string(::getpid());
   std::ofstream{other_job};
-  for (const std::string mode : {"die-in-shm-setup", "die-in-shared-alloc"}) {
+  for (const std::string mode :
+       {"die-in-shm-setup", "die-in-shared-alloc", "die-in-named-shm-setup", "die-in-named-shared-alloc"}) {
     for (int trial = 0; trial < 3; ++trial) {
       TempDir dir;
       Launcher launcher({"--nproc-per-node", "2", "--grace-period", "2", "--", RANK_PROGRAM, mode},

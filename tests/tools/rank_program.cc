@@ -9,6 +9,9 @@
 //                        shm region, while both set up
 //   die-in-shared-alloc  the same as it opens rank 0's copy of the first
 //                        allocate_shared buffer
+//   die-in-named-shm-setup, die-in-named-shared-alloc  the same where rank 1
+//                        may not open its peers' descriptors, so that the
+//                        regions go through named files in /dev/shm
 //   leave-early  rank 1 leaves after one all-reduce (its process ends
 //                150 ms after its group); the others issue a second and
 //                print the error they get to stderr (exit 2)
@@ -48,16 +51,29 @@ void wait_forever() {
   for (int i = 0; i < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
-// An Os whose shm_open kills this process as it opens (not creates) a
-// segment of rank 0's named for `what` ("r0": rank 0's region; "a0r0": its
-// copy of the first shared allocation). Rank 0 has created that segment
-// and cannot unlink it before this rank says it mapped it, so the kill
-// always lands while the segment is in /dev/shm: the same point of set-up
-// on every run. (Polling /dev/shm for it missed segments that lived less
-// than the poll's period, and the test failed under load.)
+// An Os that kills this process as it opens (not creates) a region of rank
+// 0's: `what` "r0" is rank 0's region, "a0r0" its copy of the first shared
+// allocation. Rank 0 holds that region open (its descriptor, or its name)
+// until this rank says it mapped it, so the kill always lands in the same
+// window of set-up on every run. (Polling /dev/shm for a segment missed
+// segments that lived less than the poll's period, and the test failed
+// under load.) With `named`, this process may not open its peers'
+// descriptors (as in another pid namespace), so regions get names, and the
+// kill lands while rank 0's is in /dev/shm.
 class DiesOpeningRank0Segment final : public lockstep::Os {
  public:
-  explicit DiesOpeningRank0Segment(const std::string& what) : marker_("." + what + ".") {}
+  DiesOpeningRank0Segment(const std::string& what, bool named)
+      : marker_("." + what + "."), opens_until_kill_(what == "r0" ? 1 : 2), named_(named) {}
+  int open(const char* path, int flags, mode_t mode) override {
+    if (std::string_view(path).starts_with("/proc/") && std::string_view(path).find("/fd/") != std::string_view::npos) {
+      if (named_) {
+        errno = EACCES;
+        return -1;
+      }
+      if (--opens_until_kill_ == 0) ::raise(SIGKILL);
+    }
+    return Os::open(path, flags, mode);
+  }
   int shm_open(const char* name, int flags, mode_t mode) override {
     if ((flags & O_CREAT) == 0 && std::string_view(name).find(marker_) != std::string_view::npos) ::raise(SIGKILL);
     return Os::shm_open(name, flags, mode);
@@ -65,6 +81,8 @@ class DiesOpeningRank0Segment final : public lockstep::Os {
 
  private:
   std::string marker_;
+  int opens_until_kill_;  // with 2 ranks: one peer region at set-up, one per allocation
+  bool named_;
 };
 
 // All-reduces once; rank 1 then leaves (destroying its group), the others
@@ -97,7 +115,8 @@ int leave_early(int rank) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
-  const int rank = env_int("RANK", 0);
+  // Under mpirun or srun alone, their own variables.
+  const int rank = env_int("RANK", env_int("OMPI_COMM_WORLD_RANK", env_int("SLURM_PROCID", 0)));
   const int attempt = env_int("LOCKSTEP_RESTART_COUNT", 0);
   if (const char* dir = std::getenv("PID_DIR")) lockstep::testing::write_pid_file(dir, rank);
   std::printf("rank %d attempt %d starting (local rank %s of %s, node %s)\n", rank, attempt, std::getenv("LOCAL_RANK"),
@@ -130,8 +149,8 @@ int main(int argc, char** argv) {
     return 4;
   }
   if (mode == "record-error") wait_forever();
-  if (mode == "die-in-shm-setup" || mode == "die-in-shared-alloc") {
-    DiesOpeningRank0Segment dies(mode == "die-in-shm-setup" ? "r0" : "a0r0");
+  if (mode.starts_with("die-in-")) {
+    DiesOpeningRank0Segment dies(mode.ends_with("shm-setup") ? "r0" : "a0r0", mode.starts_with("die-in-named-"));
     lockstep::GroupOptions options;
     if (rank == 1) options.os = &dies;
     auto pg = lockstep::init_process_group(options);

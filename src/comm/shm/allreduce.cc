@@ -4,8 +4,6 @@
 #include <array>
 #include <cstring>
 
-#include <sys/mman.h>
-
 #include <fmt/format.h>
 
 #include "comm/reduce_kernels.h"
@@ -30,10 +28,10 @@ void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer o
       allreduce_shared(op, output.count, output.dtype, reduce_op, starts(shared->first), starts(shared->second));
       return;
     }
-    // The same condition on every rank: each answers, adopted or not.
-    if (adopt_buffers_ && output.bytes() >= AdoptedBuffers::kMinBytes &&
-        allreduce_adopted(op, output, input.data == output.data, reduce_op))
+    if (single_copy_allreduce_) {
+      allreduce_single_copy(op, input, output, reduce_op);
       return;
+    }
   }
   if (input.data != output.data && output.count > 0) std::memcpy(output.data, input.data, output.bytes());
   allreduce_ordinary(op, output, reduce_op);
@@ -49,88 +47,6 @@ void ShmBackend::allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp r
     reduce_two_shot(op, data, reduce_op, /*gather_to=*/-1);
 }
 
-namespace {
-
-// Whether an answer read from a peer's line describes an adoption of a
-// buffer of `bytes`. A peer that issued another operation here left
-// something else in its line; the rounds that follow report that
-// divergence, as long as nothing here acts on what it left.
-bool plausible(const AdoptionAnswer& a, std::size_t bytes) {
-  constexpr std::int64_t kPage = 4096;
-  return (a.adopted == 1 || a.adopted == 2) && a.generation >= 0 && a.slot >= 0 &&
-         a.slot < static_cast<std::int64_t>(AdoptedBuffers::kSlots) && a.head_bytes >= 0 && a.head_bytes < kPage &&
-         a.interior_bytes > 0 && a.interior_bytes % kPage == 0 &&
-         a.head_bytes + a.interior_bytes <= static_cast<std::int64_t>(bytes);
-}
-
-}  // namespace
-
-// Every rank answers whether its buffer's interior pages are adopted
-// (adopted_buffers.h); only if all are, the elements inside every rank's
-// interior go through allreduce_shared, reading the peers' pages through
-// this rank's views of them, and the edges (under a page on each side, at
-// most, on the rank with the most) through the ordinary path. Each
-// element is still reduced once, in rank order: the result is the
-// ordinary path's, bit for bit.
-bool ShmBackend::allreduce_adopted(const OpContext& op, Buffer data, bool in_place, ReduceOp reduce_op) {
-  const std::size_t elem = dtype_size(data.dtype);
-  const std::size_t adopted_before = adopted_->adoptions();
-  const AdoptionAnswer mine = adopted_->answer(static_cast<std::byte*>(data.data), data.bytes(), elem, in_place);
-  if (adopted_->adoptions() != adopted_before)
-    log_.debug("shm: adopted {} KiB of a {} KiB buffer at {} into shared memory in place (all-reduced in place a "
-               "second time); peers read it there from now on",
-               mine.interior_bytes / 1024, data.bytes() / 1024, data.data);
-  if (!adopted_->last_refusal().empty())
-    log_.debug("shm: not adopting the {} KiB buffer at {} into shared memory: {}", data.bytes() / 1024, data.data,
-               adopted_->last_refusal());
-  std::vector<AdoptionAnswer> answers(static_cast<std::size_t>(size_));
-  exchange_inline(op, &mine, sizeof mine, "its answer on whether its buffer is adopted, before a large all-reduce",
-                  answers.data());
-  const bool all_adopted =
-      std::all_of(answers.begin(), answers.end(), [&](const AdoptionAnswer& a) { return plausible(a, data.bytes()); });
-  if (!all_adopted) return false;
-  std::size_t head = 0, tail = 0;  // elements outside some rank's interior
-  for (const AdoptionAnswer& a : answers) {
-    head = std::max(head, static_cast<std::size_t>(a.head_bytes) / elem);
-    tail = std::max(tail, (data.bytes() - static_cast<std::size_t>(a.head_bytes + a.interior_bytes)) / elem);
-  }
-  if (head + tail >= data.count) return false;
-  std::vector<std::byte*> starts(static_cast<std::size_t>(size_));
-  const bool fresh = std::any_of(answers.begin(), answers.end(), [](const AdoptionAnswer& a) { return a.adopted == 2; });
-  bool mapped = true;
-  try {
-    for (int q = 0; q < size_; ++q) {
-      const AdoptionAnswer& a = answers[static_cast<std::size_t>(q)];
-      std::byte* interior = q == rank_ ? static_cast<std::byte*>(data.data) + a.head_bytes : peer_view(q, a);
-      starts[static_cast<std::size_t>(q)] = interior + (head * elem - static_cast<std::size_t>(a.head_bytes));
-    }
-  } catch (const Error& e) {
-    if (!fresh) throw;  // every view was mapped before: cannot fail here
-    // Once per group: the same buffer fails the same way every step.
-    if (!warned_unmappable_)
-      log_.warn("shm: cannot map a peer's adopted buffer ({}); such all-reduces go through the slots", e.what());
-    warned_unmappable_ = true;
-    mapped = false;
-  }
-  // A new adoption: every rank says whether it could map it, so that all
-  // take the same path.
-  if (fresh && !agree_all(op, mapped, "whether it mapped its peers' adopted buffers")) return false;
-  auto* bytes = static_cast<std::byte*>(data.data);
-  if (head > 0) allreduce_ordinary(op, Buffer{bytes, head, data.dtype}, reduce_op);
-  allreduce_shared(op, data.count - head - tail, data.dtype, reduce_op, starts, starts);
-  // Every peer has mapped this rank's file (it arrived in the rounds above).
-  adopted_->peers_mapped(mine);
-  if (tail > 0) allreduce_ordinary(op, Buffer{bytes + (data.count - tail) * elem, tail, data.dtype}, reduce_op);
-  return true;
-}
-
-bool ShmBackend::agree_all(const OpContext& op, bool mine, const char* what) {
-  const std::int64_t answer = mine ? 1 : 0;
-  std::vector<std::int64_t> answers(static_cast<std::size_t>(size_));
-  exchange_inline(op, &answer, sizeof answer, what, answers.data());
-  return std::all_of(answers.begin(), answers.end(), [](std::int64_t a) { return a == 1; });
-}
-
 void ShmBackend::exchange_inline(const OpContext& op, const void* mine, std::size_t bytes, const char* what,
                                  void* every_rank) {
   const std::uint64_t seq = post_inline(mine, bytes, op);
@@ -140,23 +56,6 @@ void ShmBackend::exchange_inline(const OpContext& op, const void* mine, std::siz
     if (q != rank_) wait_inline(q, seq, op, what, /*check=*/false);
     std::memcpy(out + static_cast<std::size_t>(q) * bytes, q == rank_ ? mine : inline_payload(q, seq), bytes);
   }
-}
-
-std::string ShmBackend::adoption_name(int q, std::int64_t generation) const {
-  // The rank too: ranks that are threads of one process share a pid.
-  return region_name_of(stems_[static_cast<std::size_t>(q)], fmt::format("adopt-{}r{}", generation, q),
-                        pids_[static_cast<std::size_t>(q)]);
-}
-
-std::byte* ShmBackend::peer_view(int q, const AdoptionAnswer& answer) {
-  PeerView& view = peer_views_[static_cast<std::size_t>(q)][static_cast<std::size_t>(answer.slot)];
-  if (view.generation != answer.generation) {
-    view.region = Region::open(adoption_name(q, answer.generation), static_cast<std::size_t>(answer.interior_bytes), os_);
-    // Not this process's memory to hand to a forked child.
-    ::madvise(view.region.data(), view.region.bytes(), MADV_DONTFORK);
-    view.generation = answer.generation;
-  }
-  return view.region.data();
 }
 
 std::optional<std::pair<SharedAllocations::Location, SharedAllocations::Location>> ShmBackend::agree_on_shared_buffers(
@@ -213,6 +112,57 @@ void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType 
     // Every rank posts consumed for every round (the slots' invariant).
     control(rank_).consumed.post(g + 1);
   }
+}
+
+// Ordinary buffers by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE),
+// in one round: every rank posts its input's and output's addresses; the
+// owner of each n-th of the elements reads the peers' inputs of it a piece
+// at a time into scratch memory (chunk_bytes_ per peer, so the reduction
+// reads them from this core's cache), reduces them with its own in rank
+// order into its output, and writes the result into every peer's output;
+// then each rank waits until every owner has said it is done, after which
+// no peer reads or writes its buffers. Each element is reduced once, in
+// rank order: the slots' result, bit for bit. Nothing of the caller's
+// memory is mapped by anyone.
+void ShmBackend::allreduce_single_copy(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op) {
+  const std::size_t elem = dtype_size(output.dtype);
+  const std::uint64_t g = begin_round(op);
+  const std::array<std::uint64_t, 2> mine = {reinterpret_cast<std::uint64_t>(input.data),
+                                             reinterpret_cast<std::uint64_t>(output.data)};
+  std::memcpy(slot(rank_, g), mine.data(), sizeof mine);
+  post_arrive(g, op);
+  wait_arrived_all(g, op, "its buffers' addresses");
+  std::vector<std::array<std::uint64_t, 2>> theirs(static_cast<std::size_t>(size_));
+  for (int q = 0; q < size_; ++q) std::memcpy(theirs[static_cast<std::size_t>(q)].data(), slot(q, g), sizeof mine);
+
+  const std::size_t piece = std::max<std::size_t>(1, chunk_bytes_ / elem);
+  single_copy_scratch_.resize(static_cast<std::size_t>(size_) * piece * elem);
+  const Chunks owned(output.count, size_);
+  const std::size_t end = owned.begin(rank_) + owned.size(rank_);
+  const auto* in = static_cast<const std::byte*>(input.data);
+  auto* out = static_cast<std::byte*>(output.data);
+  for (std::size_t begin = owned.begin(rank_); begin < end; begin += piece) {
+    const std::size_t count = std::min(piece, end - begin), bytes = count * elem, at = begin * elem;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) {
+        sources_[static_cast<std::size_t>(q)] = in + at;
+        continue;
+      }
+      std::byte* scratch = single_copy_scratch_.data() + static_cast<std::size_t>(q) * piece * elem;
+      read_peer_or_throw(op, q, scratch, reinterpret_cast<const std::byte*>(theirs[static_cast<std::size_t>(q)][0]) + at,
+                         bytes);
+      sources_[static_cast<std::size_t>(q)] = scratch;
+    }
+    reduce_many(out + at, sources_.data(), size_, count, output.dtype, reduce_op);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_)
+        write_peer_or_throw(op, q, reinterpret_cast<std::byte*>(theirs[static_cast<std::size_t>(q)][1]) + at, out + at,
+                            bytes);
+  }
+  control(rank_).reduced.post(g + 1);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) wait_one(q, &ControlBlock::reduced, g + 1, op, "its part of the result");
+  control(rank_).consumed.post(g + 1);
 }
 
 void ShmBackend::allreduce_inline(const OpContext& op, Buffer data, ReduceOp reduce_op) {

@@ -1,4 +1,6 @@
-// shm broadcast: inline for tiny buffers; otherwise in rounds of one slot:
+// shm broadcast: inline for tiny buffers; large ones, where every rank can
+// read its peers' memory, in one copy: each rank reads the root's buffer
+// straight into its own (single_copy.h); otherwise in rounds of one slot:
 // the root copies a piece into its slot, everyone else copies it out.
 // The root also waits for every peer's arrival at the broadcast (the first
 // round's) and checks its stamp: ranks that each name themselves the root
@@ -25,6 +27,10 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     return;
   }
   auto* buf = static_cast<std::byte*>(data.data);
+  if (single_copy(data.bytes())) {
+    broadcast_single_copy(op, data, root);
+    return;
+  }
   for (std::size_t begin = 0; begin < data.bytes(); begin += layout_.slot_bytes) {
     const std::size_t bytes = std::min(layout_.slot_bytes, data.bytes() - begin);
     const std::uint64_t g = begin_round(op);
@@ -38,6 +44,27 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     }
     control(rank_).consumed.post(g + 1);
   }
+}
+
+// One round: the root posts its buffer's address (stamped as the
+// broadcast, so a peer in another collective fails the check before it
+// reads), the others read the whole buffer from it, and the root returns
+// once every peer says it has finished reading.
+void ShmBackend::broadcast_single_copy(const OpContext& op, Buffer data, int root) {
+  const std::uint64_t g = begin_round(op);
+  const auto address = reinterpret_cast<std::uint64_t>(data.data);
+  std::memcpy(slot(rank_, g), &address, sizeof address);
+  post_arrive(g, op);
+  if (rank_ == root) {
+    wait_arrived_all(g, op, "its arrival at the broadcast");
+  } else {
+    wait_arrived(root, g, op, "the broadcast data");
+    std::uint64_t theirs = 0;
+    std::memcpy(&theirs, slot(root, g), sizeof theirs);
+    read_peer_or_throw(op, root, data.data, reinterpret_cast<const void*>(theirs), data.bytes());
+  }
+  control(rank_).consumed.post(g + 1);
+  if (rank_ == root) wait_all(&ControlBlock::consumed, g + 1, op, "to finish reading the root's buffer");
 }
 
 }  // namespace lockstep::shm

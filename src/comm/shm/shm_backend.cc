@@ -4,12 +4,12 @@
 // Set-up, step by step:
 //   1. rank 0 draws a random nonce for the job and shares it through the
 //      store, so two jobs on one host never share a region name;
-//   2. each rank creates its region (zero-filled by itself: first touch),
-//      initialises its control block and publishes name, pid and pid
-//      namespace;
-//   3. each rank maps every peer's region and checks its magic number;
-//   4. once every rank reports it has mapped all regions, each unlinks its
-//      own: from then on nothing is left in /dev/shm whatever happens.
+//   2. each rank publishes its pid, pid namespace and allowed CPUs;
+//   3. each rank creates its region (zero-filled by itself: first touch),
+//      initialises its control block, and every rank maps every peer's
+//      (region_sharing.h: without a name in /dev/shm where ranks may open
+//      each other's descriptors, so nothing can be left there whatever
+//      happens); each checks its peers' magic numbers.
 #include "comm/shm/shm_backend.h"
 
 #include <sched.h>
@@ -126,100 +126,123 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   if (rank_ == 0) store.set("shm/nonce", random_hex(6));
   nonce_ = segment_stem(store.get("shm/nonce"), ctx.config.shm_tag);
 
-  own_ = Region::create(region_name(nonce_, fmt::format("r{}", rank_)), layout_.total, os_);
-  base_[static_cast<std::size_t>(rank_)] = own_.data();
-  auto* block = new (own_.data()) ControlBlock();
-  block->owner_pid = ::getpid();
-  block->rank = rank_;
-  block->owner_address = reinterpret_cast<std::uint64_t>(own_.data());
-  for (int i = 0; i < 2 * size_; ++i) new (own_.data() + layout_.p2p_counters + i * sizeof(Counter)) Counter();
-  std::atomic_thread_fence(std::memory_order_release);
-  block->magic = kMagic;
-  store.set(fmt::format("shm/region/{}", rank_),
-            fmt::format("{} {} {} {} {}", own_.name(), ::getpid(), pid_namespace(), affinity_mask(), nonce_));
-
+  store.set(fmt::format("shm/rank/{}", rank_),
+            fmt::format("{} {} {} {}", ::getpid(), pid_namespace(), affinity_mask(), nonce_));
   std::vector<pid_t> pids(static_cast<std::size_t>(size_), 0);
   std::vector<std::string> namespaces(static_cast<std::size_t>(size_));
   std::vector<std::string> masks(static_cast<std::size_t>(size_));
-  peer_regions_.resize(static_cast<std::size_t>(size_));
   stems_.resize(static_cast<std::size_t>(size_));
   for (int q = 0; q < size_; ++q) {
-    std::istringstream info(store.get(fmt::format("shm/region/{}", q)));
-    std::string name;
-    info >> name >> pids[static_cast<std::size_t>(q)] >> namespaces[static_cast<std::size_t>(q)] >>
+    std::istringstream info(store.get(fmt::format("shm/rank/{}", q)));
+    info >> pids[static_cast<std::size_t>(q)] >> namespaces[static_cast<std::size_t>(q)] >>
         masks[static_cast<std::size_t>(q)] >> stems_[static_cast<std::size_t>(q)];
+  }
+  const RegionSharing sharing{&store, rank_, size_, pids, nonce_, ctx.connect_timeout, &os_};
+  SharedRegions shared = share_regions(sharing, "shm/region", fmt::format("r{}", rank_), layout_.total,
+                                       [this](std::byte* region) { init_control_block(region); });
+  if (!shared.why_named.empty())
+    log_.warn("shm: ranks cannot open each other's shared memory through /proc ({}); it goes through named files "
+              "in /dev/shm until every rank has mapped them, which a rank killed meanwhile leaves behind (the "
+              "launcher, or the next job, removes them)",
+              shared.why_named);
+  peer_regions_ = std::move(shared.regions);
+  own_ = std::move(peer_regions_[static_cast<std::size_t>(rank_)]);
+  base_[static_cast<std::size_t>(rank_)] = own_.data();
+  for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    peer_regions_[static_cast<std::size_t>(q)] = Region::open(name, layout_.total, os_);
     base_[static_cast<std::size_t>(q)] = peer_regions_[static_cast<std::size_t>(q)].data();
     if (control(q).magic != kMagic || control(q).rank != q)
-      throw ConfigError(fmt::format("{}: rank {}'s shared region {} is not set up as expected; are two jobs using "
+      throw ConfigError(fmt::format("{}: rank {}'s shared region is not set up as expected; are two jobs using "
                                     "the same store?",
-                                    self_, q, name));
+                                    self_, q));
   }
-  store.set(fmt::format("shm/mapped/{}", rank_), "1");
-  std::vector<std::string> mapped;
-  for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/mapped/{}", q));
-  store.wait(mapped, ctx.connect_timeout);
-  own_.unlink();
+  region_sharing_ = sharing;
   pids_ = pids;
   // The same setting on every rank (it comes from the launcher's
   // environment), so every rank takes the same path.
   if (ctx.config.shm_single_copy_bytes) single_copy_bytes_ = *ctx.config.shm_single_copy_bytes;
   // Single copy only if every rank can read every peer (decided alike on
   // all ranks from everyone's probe).
-  store.set(fmt::format("shm/single_copy/{}", rank_), probe_single_copy() ? "1" : "0");
-  single_copy_ = true;
-  for (int q = 0; q < size_; ++q) single_copy_ = single_copy_ && store.get(fmt::format("shm/single_copy/{}", q)) == "1";
-  // Adoption only if every rank has it on and can check its mappings.
-  const bool adopt_here = ctx.config.shm_adopt_buffers && AdoptedBuffers::can_check_mappings();
-  store.set(fmt::format("shm/adopt/{}", rank_), adopt_here ? "1" : "0");
-  adopt_buffers_ = true;
-  for (int q = 0; q < size_; ++q) adopt_buffers_ = adopt_buffers_ && store.get(fmt::format("shm/adopt/{}", q)) == "1";
-  adopted_ = std::make_unique<AdoptedBuffers>(
-      adopt_buffers_, [this](std::int64_t generation) { return adoption_name(rank_, generation); });
-  peer_views_.resize(static_cast<std::size_t>(size_));
-  for (auto& views : peer_views_) views.resize(AdoptedBuffers::kSlots);
+  const std::string refused = probe_single_copy();
+  store.set(fmt::format("shm/single_copy/{}", rank_), refused.empty() ? "1" : "0 " + refused);
+  std::string first_refusal;
+  for (int q = 0; q < size_ && first_refusal.empty(); ++q)
+    if (const std::string answer = store.get(fmt::format("shm/single_copy/{}", q)); answer != "1")
+      first_refusal = fmt::format("rank {}: {}", q, answer.substr(std::min<std::size_t>(2, answer.size())));
+  single_copy_ = first_refusal.empty();
+  // Ordinary buffers by single copy where the ranks must share cores: each
+  // round of the slots needs every rank running, which a crowded core
+  // makes slow, while single copy needs them only at the start and the end
+  // (docs/performance.md: 4 ranks on 2 cores, 8x at 64 MiB; ranks with a
+  // core each, the slots' user-space copies win by 1.3-1.9x). The same on
+  // every rank, and possible.
+  const bool crowded = oversubscribed(masks);
+  const ShmSingleCopyAllreduce asked = ctx.config.shm_single_copy_allreduce;
+  const bool wanted = asked == ShmSingleCopyAllreduce::always || (asked == ShmSingleCopyAllreduce::automatic && crowded);
+  store.set(fmt::format("shm/single_copy_allreduce/{}", rank_), wanted ? "1" : "0");
+  single_copy_allreduce_ = single_copy_;
+  for (int q = 0; q < size_; ++q)
+    single_copy_allreduce_ =
+        single_copy_allreduce_ && store.get(fmt::format("shm/single_copy_allreduce/{}", q)) == "1";
+  // Once per group, by one rank: every rank knows the same.
+  if (!single_copy_ && rank_ == 0)
+    log_.info("shm: no single copy ({}); large blocks go through the shared slots (two copies)", first_refusal);
   watch_ = PeerWatch(pids, namespaces, rank_);
   std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
   for (int q = 0; q < size_; ++q)
     if (q != rank_) departed[static_cast<std::size_t>(q)] = &control(q).departed;
   watch_.watch_departures(std::move(departed));
-  const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_budget(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
-             "single copy {}, streaming stores {}, adopting buffers {}",
+             "single copy {}, streaming stores {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
-             wait_policy(crowded, waiter_.budget()), single_copy_ ? "on" : "off",
+             wait_policy(crowded, waiter_.budget()),
+             single_copy_ ? (single_copy_allreduce_ ? "on (all-reduces of ordinary buffers too)" : "on") : "off",
              streaming_stores_ == ShmStreamingStores::automatic ? "while peers are far"
              : streaming_stores_ == ShmStreamingStores::always  ? "always"
-                                                                : "never",
-             adopt_buffers_ ? "on" : "off");
+                                                                : "never");
 }
 
 ShmBackend::~ShmBackend() = default;
 
-bool ShmBackend::probe_single_copy() const {
+// Before any peer can see the region: the magic number last, released.
+void ShmBackend::init_control_block(std::byte* region) const {
+  auto* block = new (region) ControlBlock();
+  block->owner_pid = ::getpid();
+  block->rank = rank_;
+  block->owner_address = reinterpret_cast<std::uint64_t>(region);
+  for (int i = 0; i < 2 * size_; ++i) new (region + layout_.p2p_counters + i * sizeof(Counter)) Counter();
+  std::atomic_thread_fence(std::memory_order_release);
+  block->magic = kMagic;
+}
+
+std::string ShmBackend::probe_single_copy() const {
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     std::uint64_t magic = 0;
     const auto* remote = reinterpret_cast<const void*>(control(q).owner_address);
     const std::string why = read_peer(pids_[static_cast<std::size_t>(q)], &magic, remote, sizeof magic);
-    if (!why.empty() || magic != kMagic) {
-      log_.debug("shm: no single copy from rank {} ({}); block collectives copy through shared slots", q,
-                 why.empty() ? "read something else" : why);
-      return false;
-    }
+    if (!why.empty()) return fmt::format("cannot read rank {}'s memory: {}", q, why);
+    if (magic != kMagic) return fmt::format("reading rank {}'s memory gave something else", q);
   }
-  return true;
+  return "";
+}
+
+void ShmBackend::write_peer_or_throw(const OpContext& op, int q, void* remote, const void* local,
+                                     std::size_t bytes) const {
+  throw_if_failed(op, q, "write", write_peer(pids_[static_cast<std::size_t>(q)], remote, local, bytes));
 }
 
 void ShmBackend::read_peer_or_throw(const OpContext& op, int q, void* local, const void* remote,
                                     std::size_t bytes) const {
-  const std::string why = read_peer(pids_[static_cast<std::size_t>(q)], local, remote, bytes);
+  throw_if_failed(op, q, "read", read_peer(pids_[static_cast<std::size_t>(q)], local, remote, bytes));
+}
+
+void ShmBackend::throw_if_failed(const OpContext& op, int q, const char* verb, const std::string& why) const {
   if (!why.empty())
-    throw PeerError(fmt::format("{}: {}: could not read rank {}'s buffer ({}); it worked at set-up, so rank {} has "
+    throw PeerError(fmt::format("{}: {}: could not {} rank {}'s buffer ({}); it worked at set-up, so rank {} has "
                                 "probably exited",
-                                self_, op.description(), q, why, q),
+                                self_, op.description(), verb, q, why, q),
                     q);
 }
 
@@ -246,27 +269,19 @@ void ShmBackend::single_copy_round(const OpContext& op, const void* mine, bool r
   wait_all(&ControlBlock::consumed, g + 1, op, "to finish reading this rank's buffer");
 }
 
-// Each rank creates its copy, maps everyone's (names through the store),
-// and unlinks its own once all have mapped it: the same steps as set-up.
+// Each rank creates its copy and maps everyone's (region_sharing.h): the
+// same steps as set-up.
 std::shared_ptr<std::byte[]> ShmBackend::allocate_shared(std::size_t bytes, Deadline deadline) {
   if (size_ == 1) return Backend::allocate_shared(bytes, deadline);
   std::lock_guard lock(allocate_mutex_);
   const std::uint64_t id = allocations_made_.load();
   const std::size_t rounded = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
-  std::vector<Region> regions(static_cast<std::size_t>(size_));
-  Region& own = regions[static_cast<std::size_t>(rank_)];
-  own = Region::create(region_name(nonce_, fmt::format("a{}r{}", id, rank_)), rounded, os_);
-  store_->set(fmt::format("shm/alloc/{}/{}", id, rank_), own.name());
-  for (int q = 0; q < size_; ++q)
-    if (q != rank_)
-      regions[static_cast<std::size_t>(q)] = Region::open(store_->get(fmt::format("shm/alloc/{}/{}", id, q)), rounded, os_);
-  store_->set(fmt::format("shm/alloc/{}/mapped/{}", id, rank_), "1");
-  std::vector<std::string> mapped;
-  for (int q = 0; q < size_; ++q) mapped.push_back(fmt::format("shm/alloc/{}/mapped/{}", id, q));
-  store_->wait(mapped, deadline.remaining());
-  own.unlink();
-  std::byte* mine = own.data();
-  allocations_->add(id, rounded, rank_, std::move(regions));
+  RegionSharing sharing = region_sharing_;
+  sharing.timeout = deadline.remaining();
+  SharedRegions shared = share_regions(sharing, fmt::format("shm/alloc/{}", id), fmt::format("a{}r{}", id, rank_),
+                                       rounded, [](std::byte*) {});
+  std::byte* mine = shared.regions[static_cast<std::size_t>(rank_)].data();
+  allocations_->add(id, rounded, rank_, std::move(shared.regions));
   allocations_made_.store(id + 1);
   // The deleter keeps the registry alive, so the memory may outlive the group.
   return std::shared_ptr<std::byte[]>(mine, [registry = allocations_, id](std::byte*) { registry->remove(id); });

@@ -20,10 +20,9 @@
 //
 // Buffers from allocate_shared (a collective allocation) are mapped by every
 // peer; an allreduce over such a buffer skips the copy into the slots
-// (single copy): peers read each other's buffers directly. So does an
-// in-place allreduce of an ordinary buffer of 1 MiB or more from its second
-// time on, once every rank has adopted its pages into shared memory
-// (adopted_buffers.h; LOCKSTEP_SHM_ADOPT_BUFFERS).
+// (single copy): peers read each other's buffers directly. Ordinary
+// buffers stay where and as they are (the program's memory is its own:
+// docs/algorithms.md says why they are not moved into shared memory).
 //
 // Not thread-safe: one operation at a time, on the group's progress thread
 // (allocate_shared is guarded separately).
@@ -38,11 +37,11 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "comm/shm/adopted_buffers.h"
 #include "comm/shm/handoff_copy.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/peer_distance.h"
 #include "comm/shm/region.h"
+#include "comm/shm/region_sharing.h"
 #include "comm/shm/shared_allocations.h"
 #include "comm/op_stamp.h"
 #include "comm/shm/sync.h"
@@ -83,6 +82,8 @@ class ShmBackend final : public Backend {
   static constexpr std::size_t kDefaultChunkBytes = 128 * 1024;
 
  private:
+  // Lays out a new region's control block and counters (set-up).
+  void init_control_block(std::byte* region) const;
   // Accessors into rank q's region.
   ControlBlock& control(int q) const { return *reinterpret_cast<ControlBlock*>(base_[static_cast<std::size_t>(q)]); }
   std::byte* slot(int q, std::uint64_t round) const {
@@ -131,25 +132,15 @@ class ShmBackend final : public Backend {
   // and reduced chunks are read in place, nothing goes through the slots.
   void allreduce_shared(const OpContext& op, std::size_t count, DType dtype, ReduceOp reduce_op,
                         const std::vector<std::byte*>& input, const std::vector<std::byte*>& output);
+  // Ordinary buffers by cross-memory attach, no slots (allreduce.cc).
+  void allreduce_single_copy(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op);
   // inline, one-shot or two-shot by size, through the slots.
   void allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op);
-  // An all-reduce of a buffer every rank has adopted into shared memory
-  // (adopted_buffers.h); false, with nothing done, unless every rank's
-  // answer says adopted. Every rank calls it for the same operations.
-  bool allreduce_adopted(const OpContext& op, Buffer data, bool in_place, ReduceOp reduce_op);
-  // This rank's mapping of peer q's adopted pages named in `answer`
-  // (mapped on first sight, kept per peer and slot).
-  std::byte* peer_view(int q, const AdoptionAnswer& answer);
   // One inline exchange of `bytes` (at most kInlineBytes) from every rank:
   // every rank's, this one's included, lands in rank order at `every_rank`
   // (size x bytes). Peers' stamps are not checked here: the rounds that
   // follow check them. `what` names the wait in errors.
   void exchange_inline(const OpContext& op, const void* mine, std::size_t bytes, const char* what, void* every_rank);
-  // Whether every rank passed `mine` true (one inline exchange; `what`
-  // names the wait in errors).
-  bool agree_all(const OpContext& op, bool mine, const char* what);
-  // The shared-memory name of rank q's adoption `generation`.
-  std::string adoption_name(int q, std::int64_t generation) const;
   // Whether every rank passed its copies of the same shared allocations at
   // the same offsets, for input and output (decided from every rank's
   // answer, so all agree). Returns the locations then.
@@ -160,7 +151,8 @@ class ShmBackend final : public Backend {
   // memory, decided at set-up from every rank's probe; then the block
   // collectives copy blocks of at least kSingleCopyBytes straight from the
   // peer's buffer.
-  bool probe_single_copy() const;
+  // "" or why this rank cannot read its peers' memory.
+  std::string probe_single_copy() const;
   bool single_copy(std::size_t block_bytes) const {
     return single_copy_ && single_copy_bytes_ > 0 && block_bytes >= single_copy_bytes_;
   }
@@ -169,7 +161,11 @@ class ShmBackend final : public Backend {
   // finished reading this rank's buffer.
   void single_copy_round(const OpContext& op, const void* mine, bool read_everyone, int only_from,
                          const std::function<void(int q, const std::byte* theirs)>& read_from);
+  void broadcast_single_copy(const OpContext& op, Buffer data, int root);
   void read_peer_or_throw(const OpContext& op, int q, void* local, const void* remote, std::size_t bytes) const;
+  void write_peer_or_throw(const OpContext& op, int q, void* remote, const void* local, std::size_t bytes) const;
+  // A PeerError naming rank q and the operation unless `why` is "".
+  void throw_if_failed(const OpContext& op, int q, const char* verb, const std::string& why) const;
   // Measured on 2 cores against the slots (docs/performance.md); below it
   // the system call costs more than the second copy.
   static constexpr std::size_t kDefaultSingleCopyBytes = 32 * 1024;
@@ -218,6 +214,10 @@ class ShmBackend final : public Backend {
   std::string self_;
   std::vector<pid_t> pids_;
   bool single_copy_ = false;
+  // Large all-reduces of ordinary buffers by single copy instead of the
+  // slots (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE; agreed at set-up).
+  bool single_copy_allreduce_ = false;
+  std::vector<std::byte> single_copy_scratch_;  // peers' pieces, one per peer
   std::size_t single_copy_bytes_ = kDefaultSingleCopyBytes;  // LOCKSTEP_SHM_SINGLE_COPY_BYTES; 0: off
   std::shared_ptr<Store> store_;
   Os& os_;  // shared-memory segments are created and mapped through it
@@ -234,6 +234,7 @@ class ShmBackend final : public Backend {
   Layout layout_;
   Region own_;
   std::vector<Region> peer_regions_;
+  RegionSharing region_sharing_;  // how shared allocations are shared, as the regions were
   std::vector<std::byte*> base_;  // base_[q]: rank q's region, own included
   PeerWatch watch_;
   Waiter waiter_;
@@ -245,17 +246,6 @@ class ShmBackend final : public Backend {
   std::vector<std::uint64_t> p2p_chunks_received_;  // per peer
   int last_any_source_ = 0;                         // the sender recv_any took last; the next looks after it first
   std::vector<const void*> sources_;  // scratch for kernel source lists
-  // Ordinary buffers adopted into shared memory, and this rank's views of
-  // each peer's, one per peer and slot. adopt_buffers_ is agreed at
-  // set-up, so every rank takes the same path.
-  bool adopt_buffers_ = false;
-  std::unique_ptr<AdoptedBuffers> adopted_;
-  struct PeerView {
-    std::int64_t generation = -1;
-    Region region;
-  };
-  std::vector<std::vector<PeerView>> peer_views_;
-  bool warned_unmappable_ = false;
   std::shared_ptr<SharedAllocations> allocations_ = std::make_shared<SharedAllocations>();
   std::mutex allocate_mutex_;                      // serialises allocate_shared callers
   std::atomic<std::uint64_t> allocations_made_{0};  // the same on every rank (collective)
