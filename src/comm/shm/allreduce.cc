@@ -2,6 +2,7 @@
 // shm_backend.h). reduce_two_shot also serves reduce.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -28,13 +29,42 @@ void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer o
       allreduce_shared(op, output.count, output.dtype, reduce_op, starts(shared->first), starts(shared->second));
       return;
     }
-    if (single_copy_allreduce_) {
+    if (single_copy_allreduce_ == ShmSingleCopyAllreduce::always) {
       allreduce_single_copy(op, input, output, reduce_op);
+      return;
+    }
+    if (single_copy_allreduce_ == ShmSingleCopyAllreduce::automatic) {
+      const AllreducePaths::Path path = choose_allreduce_path(op, output.bytes());
+      const auto start = std::chrono::steady_clock::now();
+      if (path == AllreducePaths::Path::single_copy) {
+        allreduce_single_copy(op, input, output, reduce_op);
+      } else {
+        if (input.data != output.data) std::memcpy(output.data, input.data, output.bytes());
+        allreduce_ordinary(op, output, reduce_op);
+      }
+      const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+      allreduce_paths_.record(path, output.bytes(), took.count());
       return;
     }
   }
   if (input.data != output.data && output.count > 0) std::memcpy(output.data, input.data, output.bytes());
   allreduce_ordinary(op, output, reduce_op);
+}
+
+AllreducePaths::Path ShmBackend::choose_allreduce_path(const OpContext& op, std::size_t bytes) {
+  const std::uint64_t n = chosen_allreduces_++;
+  if (const auto forced = AllreducePaths::forced(n)) return *forced;
+  const auto mine = static_cast<std::int64_t>(allreduce_paths_.vote(bytes));
+  std::vector<std::int64_t> votes(static_cast<std::size_t>(size_));
+  exchange_inline(op, &mine, sizeof mine, "its vote on how to all-reduce a large buffer", votes.data());
+  const AllreducePaths::Path path = AllreducePaths::decide(votes.data(), size_);
+  if (path != last_path_)
+    log_.debug("shm: all-reduces of {} KiB go {} now (per byte, here: slots {:.3f} ns, single copy {:.3f} ns)",
+               bytes / 1024, path == AllreducePaths::Path::single_copy ? "by single copy" : "through the slots",
+               allreduce_paths_.cost_per_byte(AllreducePaths::Path::slots, bytes),
+               allreduce_paths_.cost_per_byte(AllreducePaths::Path::single_copy, bytes));
+  last_path_ = path;
+  return path;
 }
 
 void ShmBackend::allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op) {

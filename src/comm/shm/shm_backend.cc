@@ -170,34 +170,36 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     if (const std::string answer = store.get(fmt::format("shm/single_copy/{}", q)); answer != "1")
       first_refusal = fmt::format("rank {}: {}", q, answer.substr(std::min<std::size_t>(2, answer.size())));
   single_copy_ = first_refusal.empty();
-  // Ordinary buffers by single copy where the ranks must share cores: each
-  // round of the slots needs every rank running, which a crowded core
-  // makes slow, while single copy needs them only at the start and the end
-  // (docs/performance.md: 4 ranks on 2 cores, 8x at 64 MiB; ranks with a
-  // core each, the slots' user-space copies win by 1.3-1.9x). The same on
-  // every rank, and possible.
-  const bool crowded = oversubscribed(masks);
-  const ShmSingleCopyAllreduce asked = ctx.config.shm_single_copy_allreduce;
-  const bool wanted = asked == ShmSingleCopyAllreduce::always || (asked == ShmSingleCopyAllreduce::automatic && crowded);
-  store.set(fmt::format("shm/single_copy_allreduce/{}", rank_), wanted ? "1" : "0");
-  single_copy_allreduce_ = single_copy_;
-  for (int q = 0; q < size_; ++q)
-    single_copy_allreduce_ =
-        single_copy_allreduce_ && store.get(fmt::format("shm/single_copy_allreduce/{}", q)) == "1";
   // Once per group, by one rank: every rank knows the same.
   if (!single_copy_ && rank_ == 0)
     log_.info("shm: no single copy ({}); large blocks go through the shared slots (two copies)", first_refusal);
+  // How ordinary buffers are all-reduced (allreduce_paths.h): the same on
+  // every rank, and single copy only where possible.
+  const auto asked = static_cast<int>(ctx.config.shm_single_copy_allreduce);
+  store.set(fmt::format("shm/single_copy_allreduce/{}", rank_), std::to_string(asked));
+  bool alike = true;
+  for (int q = 0; q < size_; ++q)
+    alike = alike && store.get(fmt::format("shm/single_copy_allreduce/{}", q)) == std::to_string(asked);
+  if (!alike && rank_ == 0)
+    log_.warn("shm: the ranks were given different {}; ordinary buffers go through the slots",
+              env::kShmSingleCopyAllreduce);
+  single_copy_allreduce_ =
+      single_copy_ && alike ? ctx.config.shm_single_copy_allreduce : ShmSingleCopyAllreduce::never;
   watch_ = PeerWatch(pids, namespaces, rank_);
   std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
   for (int q = 0; q < size_; ++q)
     if (q != rank_) departed[static_cast<std::size_t>(q)] = &control(q).departed;
   watch_.watch_departures(std::move(departed));
+  const bool crowded = oversubscribed(masks);
   waiter_ = Waiter(watch_, crowded ? SpinPolicy::yield : SpinPolicy::spin, self_, spin_budget(ctx.config));
   log_.debug("shm: {} ranks mapped, {} KiB per region, slots of {} KiB, one-shot up to {} B, chunks of {} B, {}, "
              "single copy {}, streaming stores {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
              wait_policy(crowded, waiter_.budget()),
-             single_copy_ ? (single_copy_allreduce_ ? "on (all-reduces of ordinary buffers too)" : "on") : "off",
+             !single_copy_                                                 ? "off"
+             : single_copy_allreduce_ == ShmSingleCopyAllreduce::always    ? "on (all-reduces of ordinary buffers too)"
+             : single_copy_allreduce_ == ShmSingleCopyAllreduce::automatic ? "on (all-reduces of ordinary buffers where it measures faster)"
+                                                                           : "on",
              streaming_stores_ == ShmStreamingStores::automatic ? "while peers are far"
              : streaming_stores_ == ShmStreamingStores::always  ? "always"
                                                                 : "never");

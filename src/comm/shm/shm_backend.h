@@ -22,7 +22,9 @@
 // peer; an allreduce over such a buffer skips the copy into the slots
 // (single copy): peers read each other's buffers directly. Ordinary
 // buffers stay where and as they are (the program's memory is its own:
-// docs/algorithms.md says why they are not moved into shared memory).
+// docs/algorithms.md says why they are not moved into shared memory); a
+// large all-reduce of them goes through the slots or by cross-memory
+// attach, whichever measures cheaper (allreduce_paths.h).
 //
 // Not thread-safe: one operation at a time, on the group's progress thread
 // (allocate_shared is guarded separately).
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/shm/allreduce_paths.h"
 #include "comm/shm/handoff_copy.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/peer_distance.h"
@@ -134,6 +137,9 @@ class ShmBackend final : public Backend {
                         const std::vector<std::byte*>& input, const std::vector<std::byte*>& output);
   // Ordinary buffers by cross-memory attach, no slots (allreduce.cc).
   void allreduce_single_copy(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op);
+  // Which way an ordinary buffer of `bytes` goes under `auto`: forced
+  // (a refresh) or voted on by every rank in one inline exchange.
+  AllreducePaths::Path choose_allreduce_path(const OpContext& op, std::size_t bytes);
   // inline, one-shot or two-shot by size, through the slots.
   void allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op);
   // One inline exchange of `bytes` (at most kInlineBytes) from every rank:
@@ -215,8 +221,12 @@ class ShmBackend final : public Backend {
   std::vector<pid_t> pids_;
   bool single_copy_ = false;
   // Large all-reduces of ordinary buffers by single copy instead of the
-  // slots (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE; agreed at set-up).
-  bool single_copy_allreduce_ = false;
+  // slots: always, never, or as measured (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE;
+  // agreed at set-up; never where single copy is not possible).
+  ShmSingleCopyAllreduce single_copy_allreduce_ = ShmSingleCopyAllreduce::never;
+  AllreducePaths allreduce_paths_;
+  std::uint64_t chosen_allreduces_ = 0;  // all-reduces the paths chose for; the same on every rank
+  AllreducePaths::Path last_path_ = AllreducePaths::Path::slots;  // for the log
   std::vector<std::byte> single_copy_scratch_;  // peers' pieces, one per peer
   std::size_t single_copy_bytes_ = kDefaultSingleCopyBytes;  // LOCKSTEP_SHM_SINGLE_COPY_BYTES; 0: off
   std::shared_ptr<Store> store_;
