@@ -78,13 +78,14 @@ test-cpp: build deps-torch2
 	@$(MAKE) --no-print-directory run-cpp-tests run-net-tests
 
 run-cpp-tests:
-	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS) -LE slow -E '$(NET_TESTS)'
+	@scripts/run-suite.sh cpp-tests ctest $(BUILD_DIR) ctest --output-on-failure --no-tests=error -j $(JOBS) -LE slow \
+	  -E '$(NET_TESTS)'
 
 # Hosts in network namespaces, nftables faults, a real Slurm (root only;
 # each skips elsewhere, saying why) and torchrun on its default port: one
 # at a time, since several train on both cores and time what they see.
 run-net-tests:
-	@cd $(BUILD_DIR) && ctest --output-on-failure -R '$(NET_TESTS)'
+	@scripts/run-suite.sh net-tests ctest $(BUILD_DIR) ctest --output-on-failure -R '$(NET_TESTS)'
 
 # The everyday loop: an incremental build of $(BUILD_DIR) and the tests that
 # need neither root, nor network namespaces, nor a second PyTorch, nor
@@ -93,7 +94,8 @@ run-net-tests:
 # CHECK_TESTS=regex narrows it further.
 CHECK_TESTS ?= .
 check: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error -j $(JOBS) -L '^(unit|multiproc|torch)$$' \
+	@scripts/run-suite.sh check ctest $(BUILD_DIR) ctest --output-on-failure --no-tests=error -j $(JOBS) \
+	  -L '^(unit|multiproc|torch)$$' \
 	  -E '$(NET_TESTS)|^(fashion_mnist_test|step_diagnostics_test|pytorch_zero_join_parity|c10d_store_test)\.' \
 	  -R '$(CHECK_TESTS)'
 
@@ -138,7 +140,7 @@ test-torch2: build-torch2
 	@$(MAKE) --no-print-directory run-torch2-tests
 
 run-torch2-tests:
-	@cd $(TORCH2_DIR) && ctest --output-on-failure -j $(JOBS) -L torch
+	@scripts/run-suite.sh torch2-tests ctest $(TORCH2_DIR) ctest --output-on-failure -j $(JOBS) -L torch
 
 # The torch.distributed backend "lockstep" (python/, docs/python.md): the
 # package as pip builds it from a checkout (its own liblockstep, CPU, fmt
@@ -163,7 +165,8 @@ test-python: build-python
 PYTEST_ARGS ?= .
 run-python-tests:
 	@tests/lint/runpath.sh $(PYTHON_DIR)
-	@cd python/tests && PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_CLI=$(abspath $(BUILD_DIR))/lockstep \
+	@PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_CLI=$(abspath $(BUILD_DIR))/lockstep \
+	  scripts/run-suite.sh python-$(subst /,-,$(PYTHON_DIR)) pytest python/tests \
 	  $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The package's CUDA build (LOCKSTEP_WITH_CUDA=1: CUDA tensors staged
@@ -217,10 +220,11 @@ test-battery: build-python
 
 # The battery over whatever package PYTHON_DIR holds, built for TORCH2_PYTHON.
 run-battery:
-	@cd python/battery && for run in $(BATTERY_RUNS); do selection=$${run%%:*}; world=$${run##*:}; \
+	@for run in $(BATTERY_RUNS); do selection=$${run%%:*}; world=$${run##*:}; \
 	  echo "battery: PyTorch's distributed_test, $$selection's selection, world $$world"; \
 	  log=$(abspath $(PYTHON_DIR))/battery-$$selection-$$world.log; \
 	  PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_BATTERY_SELECTION=$$selection WORLD_SIZE=$$world \
+	    scripts/run-suite.sh battery-$$selection-$$world-$(subst /,-,$(PYTHON_DIR)) pytest python/battery \
 	    timeout 1200 $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider -rfE pytorch_battery.py \
 	    > $$log 2>&1; status=$$?; \
 	  grep -v 'gpuGetDeviceCount failed' $$log; [ $$status -eq 0 ] || exit 1; done
@@ -294,7 +298,7 @@ build-fuzz: deps
 
 # The fuzzers at once, one per core.
 run-fuzz:
-	@cd $(FUZZ_DIR) && ctest --output-on-failure -j $(JOBS) -L fuzz
+	@scripts/run-suite.sh fuzz ctest $(FUZZ_DIR) ctest --output-on-failure -j $(JOBS) -L fuzz
 
 # ThreadSanitizer build of the threaded parts: stores, process groups and the
 # shm and tcp backends with ranks as threads of one process.

@@ -7,7 +7,7 @@ a slow run of one path beside a normal run of the other.
 
 Each run is `lockstep bench --np 2 --backend shm -b 96M -e 96M -n 10 -w 2
 [--shared-buffers] --json`. With --single-copy, ordinary buffers also go
-by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE=always: peers read
+by cross-memory attach (LOCKSTEP_SHM_ORDINARY_PATH=single-copy: peers read
 and write each rank's buffer with process_vm_readv/writev, no slots).
 With --never, the ordinary path also runs
 with LOCKSTEP_SHM_STREAMING_STORES=never (slots written with
@@ -67,7 +67,7 @@ def run_once(a, path):
         if path == "never":
             env["LOCKSTEP_SHM_STREAMING_STORES"] = "never"
         if path == "single-copy":
-            env["LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE"] = "always"
+            env["LOCKSTEP_SHM_ORDINARY_PATH"] = "single-copy"
         before = vmstat()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         after = vmstat()

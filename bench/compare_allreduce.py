@@ -12,7 +12,7 @@ Contenders (skipped with a note when unavailable):
   lockstep shm, shared    ... --shared-buffers (single copy)
   lockstep tcp            ... --backend tcp
   lockstep shm, spin S µs ... with LOCKSTEP_SHM_SPIN_US=S (--spins S,...): the wait policy's candidates
-  lockstep shm, slots / single copy  ... with LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE=never / always
+  lockstep shm, slots / single copy  ... with LOCKSTEP_SHM_ORDINARY_PATH=slots / single-copy
                           (--single-copy-rows): ordinary buffers through the shared slots, or read and
                           written by cross-memory attach, whatever "lockstep shm" (auto) chooses
   lockstep shm, streaming never  ... with LOCKSTEP_SHM_STREAMING_STORES=never (--streaming-never):
@@ -89,9 +89,9 @@ def contenders(args):
         out.append((f"lockstep shm, spin {spin} µs", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
                     {"LOCKSTEP_SHM_SPIN_US": spin}))
     if args.single_copy_rows:
-        for name, choice in (("slots", "never"), ("single copy", "always")):
+        for name, choice in (("slots", "slots"), ("single copy", "single-copy")):
             out.append((f"lockstep shm, {name}", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
-                        {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE": choice}))
+                        {"LOCKSTEP_SHM_ORDINARY_PATH": choice}))
     if args.streaming_never:
         out.append(("lockstep shm, streaming never", [lockstep, "bench", "--op", "allreduce", "--backend", "shm"] + common,
                     {"LOCKSTEP_SHM_STREAMING_STORES": "never"}))
@@ -145,7 +145,7 @@ def main():
     parser.add_argument("--skip", default="", help="contender names to leave out, separated by ';', e.g. "
                         "'lockstep tcp;Open MPI, malloc tuned'")
     parser.add_argument("--single-copy-rows", action="store_true", help="also lockstep shm with ordinary buffers "
-                        "always through the slots and always by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE)")
+                        "always through the slots and always by cross-memory attach (LOCKSTEP_SHM_ORDINARY_PATH)")
     parser.add_argument("--streaming-never", action="store_true", help="also lockstep shm with the slots "
                         "written with ordinary stores only (LOCKSTEP_SHM_STREAMING_STORES=never)")
     add_busy_argument(parser)

@@ -11,9 +11,11 @@
 #             (make run-net-tests), one at a time: they mostly wait on
 #             timeouts and partitions while the other lanes work.
 # A lane stops at its first failure, and the others before their next
-# phase. At the end: every phase's time (also in $LOGS/summary.txt), the
-# networks lane's output and that of a failed download or build, and the
-# exit status (0 only if every phase passed).
+# phase. Each suite runs under scripts/run-suite.sh, which fails it if it
+# leaves a process running and lists what it skipped and why. At the end:
+# the skipped tests grouped by reason, every phase's time (also in
+# $LOGS/summary.txt), the networks lane's output and that of a failed
+# download or build, and the exit status (0 only if every phase passed).
 # Usage: scripts/test-all.sh          (make test; LOGS=dir keeps the logs elsewhere)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,8 @@ cd "$(dirname "$0")/.."
 LOGS=${LOGS:-build/test-logs}
 rm -rf "$LOGS"
 mkdir -p "$LOGS/state"
+# Each suite's results and skips (scripts/run-suite.sh).
+export LOCKSTEP_TEST_LOGS=$(cd "$LOGS" && pwd)
 state=$LOGS/state
 phases=$LOGS/phases.txt
 : > "$phases"
@@ -161,6 +165,10 @@ for lane in downloads builds; do
 done
 total=$(($(date +%s) - started))
 {
+  echo
+  echo "=== skipped tests, with the reasons they gave (every one in $LOGS/skipped/) ==="
+  skipped=("$LOGS"/skipped/*.txt)
+  if [ -e "${skipped[0]}" ]; then python3 scripts/skipped-tests.py --summary "${skipped[@]}"; fi
   echo
   printf 'make test: %d:%02d in all, phases by lane (min:s):\n' $((total / 60)) $((total % 60))
   cat "$phases"

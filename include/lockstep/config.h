@@ -44,11 +44,11 @@ enum class DebugLevel { off, info, detail };
 // with streaming stores while its peers are measured to be far (automatic),
 // always, or never.
 enum class ShmStreamingStores { automatic, always, never };
-// How the shm backend all-reduces ordinary buffers larger than one-shot:
-// through its shared slots, or by cross-memory attach (peers read and
-// write each other's buffers); automatic: the latter where ranks outnumber
-// the cores they may run on (docs/algorithms.md).
-enum class ShmSingleCopyAllreduce { automatic, always, never };
+// How the shm backend moves ordinary buffers (the caller's memory) in large
+// all-reduces and broadcasts: through its shared slots, by single copy
+// (cross-memory attach: peers read and write each other's buffers), or,
+// automatic, the way each measures cheaper (src/comm/shm/ordinary_paths.h).
+enum class ShmOrdinaryPath { automatic, slots, single_copy };
 
 // The rank placement one launcher's variables give.
 struct LauncherPlacement {
@@ -121,7 +121,7 @@ struct Config {
   std::string shm_tag;  // set by `lockstep run`; empty: none
   std::optional<std::size_t> shm_single_copy_bytes;
   ShmStreamingStores shm_streaming_stores = ShmStreamingStores::automatic;
-  ShmSingleCopyAllreduce shm_single_copy_allreduce = ShmSingleCopyAllreduce::automatic;
+  ShmOrdinaryPath shm_ordinary_path = ShmOrdinaryPath::automatic;
   std::optional<std::size_t> mpi_max_count;  // null: INT_MAX
   bool mpi_abort_on_failure = true;
   // CUDA memory over shm, tcp, hier and mpi: the bytes of each chunk staged

@@ -159,6 +159,14 @@ Choice read_auto_always_never(const VariableReader& vars, const char* name) {
   throw ConfigError(fmt::format("{}='{}' is not a choice; use auto, always or never", name, text));
 }
 
+ShmOrdinaryPath read_ordinary_path(const VariableReader& vars) {
+  const std::string text = vars.string(env::kShmOrdinaryPath).value_or("auto");
+  if (text == "auto") return ShmOrdinaryPath::automatic;
+  if (text == "slots") return ShmOrdinaryPath::slots;
+  if (text == "single-copy") return ShmOrdinaryPath::single_copy;
+  throw ConfigError(fmt::format("{}='{}' is not a choice; use auto, slots or single-copy", env::kShmOrdinaryPath, text));
+}
+
 // The launcher's variables, and LOCAL_RANK / LOCAL_WORLD_SIZE (which also
 // place a rank given in GroupOptions, where no launcher variables are
 // read: so they are checked against each other here too). A contradiction
@@ -228,7 +236,7 @@ void read_backends(const VariableReader& vars, Config& c) {
   c.shm_tag = vars.string(env::kShmTag).value_or("");
   c.shm_single_copy_bytes = read_bytes(vars, env::kShmSingleCopyBytes, std::int64_t{1} << 40);
   c.shm_streaming_stores = read_auto_always_never<ShmStreamingStores>(vars, env::kShmStreamingStores);
-  c.shm_single_copy_allreduce = read_auto_always_never<ShmSingleCopyAllreduce>(vars, env::kShmSingleCopyAllreduce);
+  c.shm_ordinary_path = read_ordinary_path(vars);
   if (auto v = vars.integer(env::kMpiMaxCount, 1, INT_MAX)) c.mpi_max_count = static_cast<std::size_t>(*v);
   c.mpi_abort_on_failure = vars.flag(env::kMpiAbortOnFailure).value_or(true);
 }

@@ -77,15 +77,15 @@ class CollectiveSweep : public ::testing::TestWithParam<SweepParam> {};
 // set-up: "shm-streaming" writes its slots with streaming stores always
 // (handoff_copy.h), as it does on its own while peers are far; "shm-slots"
 // takes the slots where it could read peers' memory (a broadcast's single
-// copy off); "shm-single-copy-allreduce" always all-reduces ordinary
-// buffers by cross-memory attach, "shm-slots-allreduce" never (by default
-// it does where ranks outnumber cores: thread ranks from 3 on here).
+// copy off); "shm-single-copy" moves ordinary buffers of all-reduces and
+// broadcasts by cross-memory attach always, "shm-slots-ordinary" never (by
+// default each takes the way it measures cheaper).
 const std::map<std::string, std::pair<const char*, const char*>>& shm_variants() {
   static const std::map<std::string, std::pair<const char*, const char*>> variants = {
       {"shm-streaming", {"LOCKSTEP_SHM_STREAMING_STORES", "always"}},
       {"shm-slots", {"LOCKSTEP_SHM_SINGLE_COPY_BYTES", "0"}},
-      {"shm-single-copy-allreduce", {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE", "always"}},
-      {"shm-slots-allreduce", {"LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE", "never"}},
+      {"shm-single-copy", {"LOCKSTEP_SHM_ORDINARY_PATH", "single-copy"}},
+      {"shm-slots-ordinary", {"LOCKSTEP_SHM_ORDINARY_PATH", "slots"}},
   };
   return variants;
 }
@@ -132,9 +132,13 @@ std::vector<SweepParam> all_params() {
     for (int n : {2, 3, 5}) out.push_back({"shm-streaming", c, n, {}, {}});
   for (int n : {2, 3, 5}) {
     out.push_back({"shm-slots", Collective::broadcast, n, {}, {}});
-    out.push_back({"shm-single-copy-allreduce", Collective::allreduce, n, {}, {}});
+    out.push_back({"shm-single-copy", Collective::allreduce, n, {}, {}});
+    out.push_back({"shm-single-copy", Collective::broadcast, n, {}, {}});
   }
-  for (int n : {3, 5, 8}) out.push_back({"shm-slots-allreduce", Collective::allreduce, n, {}, {}});
+  for (int n : {3, 5, 8}) {
+    out.push_back({"shm-slots-ordinary", Collective::allreduce, n, {}, {}});
+    out.push_back({"shm-slots-ordinary", Collective::broadcast, n, {}, {}});
+  }
   for (const auto& layout : hier_layouts())
     for (Collective c : {Collective::allreduce, Collective::reduce, Collective::broadcast, Collective::allgather,
                          Collective::reduce_scatter})

@@ -382,7 +382,10 @@ TEST(ForkCost, IsWhatItIsWithoutLockstep) {
           throw std::runtime_error(fmt::format("rank {}: fork took {:.2f} ms after the all-reduces, {:.2f} ms before",
                                                rank, ms_with, ms_without));
       });
-  for (const RankResult& r : ranks.wait_all(120s)) EXPECT_EQ(r.exit_code, testing::kExitOk) << describe(r);
+  for (const RankResult& r : ranks.wait_all(120s)) {
+    EXPECT_EQ(r.exit_code, testing::kExitOk) << describe(r);
+    std::printf("%s", r.output.c_str());  // the times, for docs/performance.md
+  }
 }
 
 // --- single copy refused --------------------------------------------------
@@ -436,7 +439,7 @@ TEST(SingleCopy, RefusedToOneRankTakesEveryRankToTheSlotsAndSaysWhy) {
 
 // --- ordinary buffers by cross-memory attach --------------------------------
 
-// LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE=always in three processes: peers read and
+// LOCKSTEP_SHM_ORDINARY_PATH=single-copy in three processes: peers read and
 // write each rank's own buffers, in place and out of place (where the
 // input must stay as it was), with the result of the slots bit for bit
 // (each element summed in rank order, which this rank recomputes).
@@ -448,7 +451,7 @@ TEST(SingleCopyAllreduce, OrdinaryBuffersInPlaceAndOutOfPlaceAreExact) {
       [&](int r) {
         EnvMap env = shm_env(r, port.number());
         env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(kThree);
-        env["LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE"] = "always";
+        env["LOCKSTEP_SHM_ORDINARY_PATH"] = "single-copy";
         env["LOCKSTEP_LOG_LEVEL"] = "debug";
         return env;
       },
@@ -472,7 +475,7 @@ TEST(SingleCopyAllreduce, OrdinaryBuffersInPlaceAndOutOfPlaceAreExact) {
       });
   const auto results = ranks.wait_all(120s);
   for (const RankResult& r : results) EXPECT_EQ(r.exit_code, testing::kExitOk) << describe(r);
-  EXPECT_NE(results[0].output.find("single copy on (all-reduces of ordinary buffers too)"), std::string::npos)
+  EXPECT_NE(results[0].output.find("single copy on (ordinary buffers of all-reduces and broadcasts too)"), std::string::npos)
       << results[0].output;
 }
 

@@ -39,7 +39,7 @@ TEST(Config, NothingSetGivesTheDefaults) {
   EXPECT_FALSE(c.started_by_mpirun);
   EXPECT_FALSE(c.tcp_small_bytes.has_value());
   EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::automatic);
-  EXPECT_EQ(c.shm_single_copy_allreduce, ShmSingleCopyAllreduce::automatic);
+  EXPECT_EQ(c.shm_ordinary_path, ShmOrdinaryPath::automatic);
   EXPECT_TRUE(c.trace_prefix.empty());
 }
 
@@ -62,7 +62,7 @@ TEST(Config, EveryVariableReachesItsField) {
                           {env::kShmTag, "job-1"},
                           {env::kShmSingleCopyBytes, "1048576"},
                           {env::kShmStreamingStores, "always"},
-                          {env::kShmSingleCopyAllreduce, "never"},
+                          {env::kShmOrdinaryPath, "single-copy"},
                           {env::kDebug, "detail"},
                           {env::kTrace, "/tmp/trace"},
                           {env::kStats, "/tmp/stats"},
@@ -94,7 +94,7 @@ TEST(Config, EveryVariableReachesItsField) {
   EXPECT_EQ(c.shm_tag, "job-1");
   EXPECT_EQ(c.shm_single_copy_bytes, 1048576u);
   EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::always);
-  EXPECT_EQ(c.shm_single_copy_allreduce, ShmSingleCopyAllreduce::never);
+  EXPECT_EQ(c.shm_ordinary_path, ShmOrdinaryPath::single_copy);
   EXPECT_EQ(c.debug, DebugLevel::detail);
   EXPECT_EQ(c.trace_prefix, "/tmp/trace");
   EXPECT_EQ(c.stats_prefix, "/tmp/stats");
@@ -238,7 +238,7 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
       {env::kStallWarning, "inf", "from 0.001 to 604800"},
       {env::kStorePort, "70000", "from 1 to 65535"},
       {env::kMpiAbortOnFailure, "2", "use 1 or 0"},
-      {env::kShmSingleCopyAllreduce, "1", "use auto, always or never"},
+      {env::kShmOrdinaryPath, "always", "use auto, slots or single-copy"},
       {env::kRestartCount, "-1", "from 0 to 2147483647"},
       {env::kTorchelasticRestartCount, "x", "from 0 to 2147483647"},
       {env::kTcpSmallBytes, "2000000000", "from 0 to 1073741824"},

@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -65,6 +67,64 @@ const char* exit_name(int code) {
   }
 }
 
+// Every process's parent and process group, from /proc.
+struct ProcessTable {
+  std::map<pid_t, pid_t> parent;
+  std::map<pid_t, pid_t> group;
+};
+
+ProcessTable read_process_table() {
+  ProcessTable table;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0, pgrp = 0;
+    if (!(rest >> state >> ppid >> pgrp)) continue;
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    table.parent[pid] = ppid;
+    table.group[pid] = pgrp;
+  }
+  return table;
+}
+
+// The processes a rank left behind or still runs: the members of its
+// process group (orphans keep it) and every descendant (which may have left
+// the group), the rank itself excluded.
+std::set<pid_t> tree_of(pid_t rank) {
+  const ProcessTable table = read_process_table();
+  std::set<pid_t> tree;
+  for (const auto& [pid, group] : table.group)
+    if (group == rank && pid != rank) tree.insert(pid);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& [pid, parent] : table.parent)
+      if ((parent == rank || tree.count(parent) != 0) && pid != rank && tree.insert(pid).second) grew = true;
+  }
+  return tree;
+}
+
+// SIGKILLs everything a rank started, until nothing is left to find, and
+// reaps what was handed to this process (a subreaper, see ProcessRanks).
+// The rank itself is left for the caller to reap (its status is wanted).
+void kill_tree(pid_t rank) {
+  for (int round = 0; round < 50; ++round) {
+    const std::set<pid_t> tree = tree_of(rank);
+    if (tree.empty()) return;
+    for (pid_t pid : tree) ::kill(pid, SIGKILL);
+    for (pid_t pid : tree) ::waitpid(pid, nullptr, WNOHANG);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -81,9 +141,15 @@ ProcessRanks::ProcessRanks(int n, const std::function<EnvMap(int)>& env_for, con
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t parent = ::getpid();
+  // Orphans of the ranks' children come to this process rather than to
+  // init, so nothing they start can outlive the test unseen (kill_tree).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      // A process group of its own: what it starts can be found and killed
+      // with it, even after it is gone.
+      ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(kExitOtherError);  // parent died before prctl
       const int log = ::open(fmt::format("{}/rank{}.log", dir_, r).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -100,6 +166,7 @@ ProcessRanks::ProcessRanks(int n, const std::function<EnvMap(int)>& env_for, con
       std::fflush(stderr);
       ::_exit(code);
     }
+    ::setpgid(pid, pid);  // also here, so the group exists before anything signals it
     pids_.push_back(pid);
   }
 }
@@ -108,6 +175,7 @@ ProcessRanks::~ProcessRanks() {
   for (std::size_t i = 0; i < pids_.size(); ++i) {
     if (reaped_[i]) continue;
     ::kill(pids_[i], SIGKILL);
+    kill_tree(pids_[i]);
     ::waitpid(pids_[i], nullptr, 0);
   }
   std::error_code ec;
@@ -127,20 +195,26 @@ std::vector<RankResult> ProcessRanks::wait_all(Duration deadline_after) {
   while (left > 0) {
     for (std::size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
-      int status = 0;
-      pid_t got = ::waitpid(pids_[i], &status, WNOHANG);
-      if (got < 0 && errno == EINTR) continue;
-      // Killed before the blocking wait: a wait first never returned for a
-      // child that runs for ever, and the deadline held nothing.
-      if (got == 0 && deadline.expired()) {
+      // Ended (still a zombie, so its pid and group cannot be taken by
+      // another process yet), or killed at the deadline: what it started
+      // goes with it before it is reaped.
+      // (ECHILD: reaped elsewhere; its status is lost.)
+      siginfo_t ended{};
+      const int rc = ::waitid(P_PID, static_cast<id_t>(pids_[i]), &ended, WEXITED | WNOHANG | WNOWAIT);
+      const bool exited = (rc == 0 && ended.si_pid == pids_[i]) || (rc != 0 && errno == ECHILD);
+      if (!exited && !deadline.expired()) continue;
+      results[i].ended = Clock::now();
+      if (!exited) {
         ::kill(pids_[i], SIGKILL);
         results[i].hit_deadline = true;
-        got = ::waitpid(pids_[i], &status, 0);  // SIGKILL cannot be caught or ignored
       }
+      kill_tree(pids_[i]);
+      int status = 0;
+      pid_t got = ::waitpid(pids_[i], &status, 0);  // SIGKILL cannot be caught or ignored
+      if (got < 0 && errno == EINTR) got = ::waitpid(pids_[i], &status, 0);
       if (got == 0) continue;
       reaped_[i] = true;
       --left;
-      results[i].ended = Clock::now();
       if (got < 0) {
         results[i].status_lost = true;  // a status of 0 here would read as a clean exit
         continue;

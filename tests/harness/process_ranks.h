@@ -3,8 +3,12 @@
 // ...), runs a function, and exits with a code that says which lockstep
 // error, if any, it ended with. The parent can signal any rank (to kill one
 // mid-collective), and waits with a deadline: children still alive at the
-// deadline are SIGKILLed and reported, and every child is reaped. Children
-// also die with the parent (PR_SET_PDEATHSIG), so none is ever orphaned.
+// deadline are SIGKILLed and reported, and every child is reaped. Each child
+// leads a process group of its own, and this process is made a subreaper
+// (PR_SET_CHILD_SUBREAPER), so that when a child ends or is killed,
+// everything it started (its group, its descendants, and their orphans,
+// which come here rather than to init) is killed and reaped with it.
+// Children also die with the parent (PR_SET_PDEATHSIG).
 //
 // Fork only from a test thread while no other threads exist (do not create
 // process groups in the parent first). Not thread-safe.

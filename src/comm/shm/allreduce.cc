@@ -29,21 +29,12 @@ void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer o
       allreduce_shared(op, output.count, output.dtype, reduce_op, starts(shared->first), starts(shared->second));
       return;
     }
-    if (single_copy_allreduce_ == ShmSingleCopyAllreduce::always) {
-      allreduce_single_copy(op, input, output, reduce_op);
-      return;
-    }
-    if (single_copy_allreduce_ == ShmSingleCopyAllreduce::automatic) {
-      const AllreducePaths::Path path = choose_allreduce_path(op, output.bytes());
-      const auto start = std::chrono::steady_clock::now();
-      if (path == AllreducePaths::Path::single_copy) {
-        allreduce_single_copy(op, input, output, reduce_op);
-      } else {
+    if (ordinary_path_ != ShmOrdinaryPath::slots) {
+      run_ordinary(op, allreduce_paths_, output.bytes(), [&](OrdinaryPaths::Path path) {
+        if (path == OrdinaryPaths::Path::single_copy) return allreduce_single_copy(op, input, output, reduce_op);
         if (input.data != output.data) std::memcpy(output.data, input.data, output.bytes());
         allreduce_ordinary(op, output, reduce_op);
-      }
-      const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
-      allreduce_paths_.record(path, output.bytes(), took.count());
+      });
       return;
     }
   }
@@ -51,19 +42,32 @@ void ShmBackend::allreduce_into(const OpContext& op, ConstBuffer input, Buffer o
   allreduce_ordinary(op, output, reduce_op);
 }
 
-AllreducePaths::Path ShmBackend::choose_allreduce_path(const OpContext& op, std::size_t bytes) {
-  const std::uint64_t n = chosen_allreduces_++;
-  if (const auto forced = AllreducePaths::forced(n)) return *forced;
-  const auto mine = static_cast<std::int64_t>(allreduce_paths_.vote(bytes));
+void ShmBackend::run_ordinary(const OpContext& op, PathChoice& choice, std::size_t bytes,
+                              const std::function<void(OrdinaryPaths::Path)>& run) {
+  if (ordinary_path_ != ShmOrdinaryPath::automatic) {
+    run(ordinary_path_ == ShmOrdinaryPath::single_copy ? OrdinaryPaths::Path::single_copy : OrdinaryPaths::Path::slots);
+    return;
+  }
+  const OrdinaryPaths::Path path = choose_path(op, choice, bytes);
+  const auto start = std::chrono::steady_clock::now();
+  run(path);
+  const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  choice.costs.record(path, bytes, took.count());
+}
+
+OrdinaryPaths::Path ShmBackend::choose_path(const OpContext& op, PathChoice& choice, std::size_t bytes) {
+  const std::uint64_t n = choice.chosen++;
+  if (const auto forced = OrdinaryPaths::forced(n)) return *forced;
+  const auto mine = static_cast<std::int64_t>(choice.costs.vote(bytes));
   std::vector<std::int64_t> votes(static_cast<std::size_t>(size_));
-  exchange_inline(op, &mine, sizeof mine, "its vote on how to all-reduce a large buffer", votes.data());
-  const AllreducePaths::Path path = AllreducePaths::decide(votes.data(), size_);
-  if (path != last_path_)
-    log_.debug("shm: all-reduces of {} KiB go {} now (per byte, here: slots {:.3f} ns, single copy {:.3f} ns)",
-               bytes / 1024, path == AllreducePaths::Path::single_copy ? "by single copy" : "through the slots",
-               allreduce_paths_.cost_per_byte(AllreducePaths::Path::slots, bytes),
-               allreduce_paths_.cost_per_byte(AllreducePaths::Path::single_copy, bytes));
-  last_path_ = path;
+  exchange_inline(op, &mine, sizeof mine, "its vote on how to move a large buffer", votes.data());
+  const OrdinaryPaths::Path path = OrdinaryPaths::decide(votes.data(), size_);
+  if (path != choice.last)
+    log_.debug("shm: {} of {} KiB go {} now (per byte, here: slots {:.3f} ns, single copy {:.3f} ns)", choice.what,
+               bytes / 1024, path == OrdinaryPaths::Path::single_copy ? "by single copy" : "through the slots",
+               choice.costs.cost_per_byte(OrdinaryPaths::Path::slots, bytes),
+               choice.costs.cost_per_byte(OrdinaryPaths::Path::single_copy, bytes));
+  choice.last = path;
   return path;
 }
 
@@ -144,7 +148,7 @@ void ShmBackend::allreduce_shared(const OpContext& op, std::size_t count, DType 
   }
 }
 
-// Ordinary buffers by cross-memory attach (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE),
+// Ordinary buffers by cross-memory attach (LOCKSTEP_SHM_ORDINARY_PATH),
 // in one round: every rank posts its input's and output's addresses; the
 // owner of each n-th of the elements reads the peers' inputs of it a piece
 // at a time into scratch memory (chunk_bytes_ per peer, so the reduction

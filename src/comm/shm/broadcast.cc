@@ -1,7 +1,8 @@
-// shm broadcast: inline for tiny buffers; large ones, where every rank can
-// read its peers' memory, in one copy: each rank reads the root's buffer
-// straight into its own (single_copy.h); otherwise in rounds of one slot:
-// the root copies a piece into its slot, everyone else copies it out.
+// shm broadcast: inline for tiny buffers; otherwise in rounds of one slot:
+// the root copies a piece into its slot, everyone else copies it out; or,
+// from 32 KiB where every rank can read its peers' memory and that
+// measures cheaper (ordinary_paths.h), in one copy: each rank reads the
+// root's buffer straight into its own (single_copy.h).
 // The root also waits for every peer's arrival at the broadcast (the first
 // round's) and checks its stamp: ranks that each name themselves the root
 // would otherwise all hand out their data, read nobody's, and go on with
@@ -26,11 +27,18 @@ void ShmBackend::broadcast(const OpContext& op, Buffer data, int root) {
     }
     return;
   }
-  auto* buf = static_cast<std::byte*>(data.data);
-  if (single_copy(data.bytes())) {
-    broadcast_single_copy(op, data, root);
+  if (single_copy(data.bytes()) && ordinary_path_ != ShmOrdinaryPath::slots) {
+    run_ordinary(op, broadcast_paths_, data.bytes(), [&](OrdinaryPaths::Path path) {
+      if (path == OrdinaryPaths::Path::single_copy) return broadcast_single_copy(op, data, root);
+      broadcast_through_slots(op, data, root);
+    });
     return;
   }
+  broadcast_through_slots(op, data, root);
+}
+
+void ShmBackend::broadcast_through_slots(const OpContext& op, Buffer data, int root) {
+  auto* buf = static_cast<std::byte*>(data.data);
   for (std::size_t begin = 0; begin < data.bytes(); begin += layout_.slot_bytes) {
     const std::size_t bytes = std::min(layout_.slot_bytes, data.bytes() - begin);
     const std::uint64_t g = begin_round(op);

@@ -173,18 +173,16 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   // Once per group, by one rank: every rank knows the same.
   if (!single_copy_ && rank_ == 0)
     log_.info("shm: no single copy ({}); large blocks go through the shared slots (two copies)", first_refusal);
-  // How ordinary buffers are all-reduced (allreduce_paths.h): the same on
-  // every rank, and single copy only where possible.
-  const auto asked = static_cast<int>(ctx.config.shm_single_copy_allreduce);
-  store.set(fmt::format("shm/single_copy_allreduce/{}", rank_), std::to_string(asked));
+  // Which way ordinary buffers take (ordinary_paths.h): the same on every
+  // rank, and single copy only where possible.
+  const auto asked = static_cast<int>(ctx.config.shm_ordinary_path);
+  store.set(fmt::format("shm/ordinary_path/{}", rank_), std::to_string(asked));
   bool alike = true;
   for (int q = 0; q < size_; ++q)
-    alike = alike && store.get(fmt::format("shm/single_copy_allreduce/{}", q)) == std::to_string(asked);
+    alike = alike && store.get(fmt::format("shm/ordinary_path/{}", q)) == std::to_string(asked);
   if (!alike && rank_ == 0)
-    log_.warn("shm: the ranks were given different {}; ordinary buffers go through the slots",
-              env::kShmSingleCopyAllreduce);
-  single_copy_allreduce_ =
-      single_copy_ && alike ? ctx.config.shm_single_copy_allreduce : ShmSingleCopyAllreduce::never;
+    log_.warn("shm: the ranks were given different {}; ordinary buffers go through the slots", env::kShmOrdinaryPath);
+  ordinary_path_ = single_copy_ && alike ? ctx.config.shm_ordinary_path : ShmOrdinaryPath::slots;
   watch_ = PeerWatch(pids, namespaces, rank_);
   std::vector<const std::atomic<std::uint32_t>*> departed(static_cast<std::size_t>(size_), nullptr);
   for (int q = 0; q < size_; ++q)
@@ -196,10 +194,10 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
              "single copy {}, streaming stores {}",
              size_, layout_.total / 1024, layout_.slot_bytes / 1024, one_shot_max_, chunk_bytes_,
              wait_policy(crowded, waiter_.budget()),
-             !single_copy_                                                 ? "off"
-             : single_copy_allreduce_ == ShmSingleCopyAllreduce::always    ? "on (all-reduces of ordinary buffers too)"
-             : single_copy_allreduce_ == ShmSingleCopyAllreduce::automatic ? "on (all-reduces of ordinary buffers where it measures faster)"
-                                                                           : "on",
+             !single_copy_                                      ? "off"
+             : ordinary_path_ == ShmOrdinaryPath::single_copy  ? "on (ordinary buffers of all-reduces and broadcasts too)"
+             : ordinary_path_ == ShmOrdinaryPath::automatic    ? "on (ordinary buffers of all-reduces and broadcasts where it measures cheaper)"
+                                                               : "on",
              streaming_stores_ == ShmStreamingStores::automatic ? "while peers are far"
              : streaming_stores_ == ShmStreamingStores::always  ? "always"
                                                                 : "never");

@@ -23,8 +23,8 @@
 // (single copy): peers read each other's buffers directly. Ordinary
 // buffers stay where and as they are (the program's memory is its own:
 // docs/algorithms.md says why they are not moved into shared memory); a
-// large all-reduce of them goes through the slots or by cross-memory
-// attach, whichever measures cheaper (allreduce_paths.h).
+// large all-reduce or broadcast of them goes through the slots or by
+// cross-memory attach, whichever measures cheaper (ordinary_paths.h).
 //
 // Not thread-safe: one operation at a time, on the group's progress thread
 // (allocate_shared is guarded separately).
@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "comm/shm/allreduce_paths.h"
 #include "comm/shm/handoff_copy.h"
 #include "comm/shm/layout.h"
+#include "comm/shm/ordinary_paths.h"
 #include "comm/shm/peer_distance.h"
 #include "comm/shm/region.h"
 #include "comm/shm/region_sharing.h"
@@ -137,9 +137,21 @@ class ShmBackend final : public Backend {
                         const std::vector<std::byte*>& input, const std::vector<std::byte*>& output);
   // Ordinary buffers by cross-memory attach, no slots (allreduce.cc).
   void allreduce_single_copy(const OpContext& op, ConstBuffer input, Buffer output, ReduceOp reduce_op);
-  // Which way an ordinary buffer of `bytes` goes under `auto`: forced
-  // (a refresh) or voted on by every rank in one inline exchange.
-  AllreducePaths::Path choose_allreduce_path(const OpContext& op, std::size_t bytes);
+  // How one kind of operation (all-reduces, broadcasts) chooses its way for
+  // ordinary buffers under LOCKSTEP_SHM_ORDINARY_PATH=auto.
+  struct PathChoice {
+    const char* what;  // "all-reduces": for the log
+    OrdinaryPaths costs;
+    std::uint64_t chosen = 0;  // operations it chose for; the same on every rank
+    OrdinaryPaths::Path last = OrdinaryPaths::Path::slots;
+  };
+  // Runs `run(path)` for an ordinary buffer of `bytes`: the way the setting
+  // fixes, or under auto the way every rank's vote chooses (one inline
+  // exchange, or a refresh forced by the count), timed for the next votes.
+  void run_ordinary(const OpContext& op, PathChoice& choice, std::size_t bytes,
+                    const std::function<void(OrdinaryPaths::Path)>& run);
+  OrdinaryPaths::Path choose_path(const OpContext& op, PathChoice& choice, std::size_t bytes);
+  void broadcast_through_slots(const OpContext& op, Buffer data, int root);
   // inline, one-shot or two-shot by size, through the slots.
   void allreduce_ordinary(const OpContext& op, Buffer data, ReduceOp reduce_op);
   // One inline exchange of `bytes` (at most kInlineBytes) from every rank:
@@ -220,13 +232,12 @@ class ShmBackend final : public Backend {
   std::string self_;
   std::vector<pid_t> pids_;
   bool single_copy_ = false;
-  // Large all-reduces of ordinary buffers by single copy instead of the
-  // slots: always, never, or as measured (LOCKSTEP_SHM_SINGLE_COPY_ALLREDUCE;
-  // agreed at set-up; never where single copy is not possible).
-  ShmSingleCopyAllreduce single_copy_allreduce_ = ShmSingleCopyAllreduce::never;
-  AllreducePaths allreduce_paths_;
-  std::uint64_t chosen_allreduces_ = 0;  // all-reduces the paths chose for; the same on every rank
-  AllreducePaths::Path last_path_ = AllreducePaths::Path::slots;  // for the log
+  // Ordinary buffers of large all-reduces and broadcasts: through the
+  // slots, by single copy, or as measured (LOCKSTEP_SHM_ORDINARY_PATH;
+  // agreed at set-up; the slots where single copy is not possible).
+  ShmOrdinaryPath ordinary_path_ = ShmOrdinaryPath::slots;
+  PathChoice allreduce_paths_{"all-reduces", {}};
+  PathChoice broadcast_paths_{"broadcasts", {}};
   std::vector<std::byte> single_copy_scratch_;  // peers' pieces, one per peer
   std::size_t single_copy_bytes_ = kDefaultSingleCopyBytes;  // LOCKSTEP_SHM_SINGLE_COPY_BYTES; 0: off
   std::shared_ptr<Store> store_;
