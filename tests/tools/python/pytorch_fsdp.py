@@ -17,6 +17,7 @@ no FSDP2 (it came in 2.4 under torch.distributed._composable.fsdp, public
 in torch.distributed.fsdp since 2.6).
 """
 import array
+import faulthandler
 import os
 import sys
 import tempfile
@@ -48,6 +49,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 # Widths chosen so that no block's parameter count, and no dimension, is a
 # multiple of 2 or 3: FSDP2 pads its dim-0 shards, lockstep its flat ones.
+# A rank still running after this many seconds has hung (a run takes a
+# few on a loaded machine): its stacks are printed and it exits (status 1).
+HANG_S = float(os.environ.get("LOCKSTEP_REFERENCE_HANG_S", "60"))
 WIDTHS = (7, 13, 9, 11)
 OUTPUTS = 5
 STEPS = 6
@@ -93,6 +97,9 @@ def write(path, tensors):
 
 def train(rank, world, store_path, out_path, optimizer):
     torch.set_num_threads(1)
+    # A rank that hangs prints every thread's stack and exits, so the test
+    # says where instead of waiting for its deadline (HANG_S below).
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     net = make_model()

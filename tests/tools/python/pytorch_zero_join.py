@@ -13,6 +13,7 @@ bias of each Linear):
 Exits 3 when torch.distributed cannot be imported.
 """
 import array
+import faulthandler
 import os
 import sys
 import tempfile
@@ -28,6 +29,9 @@ except ImportError as e:
     print(f"no torch.distributed: {e}", file=sys.stderr)
     sys.exit(3)
 
+# A rank still running after this many seconds has hung (a run takes a
+# few on a loaded machine): its stacks are printed and it exits (status 1).
+HANG_S = float(os.environ.get("LOCKSTEP_REFERENCE_HANG_S", "60"))
 BATCHES = (5, 3)  # per rank
 ROWS = 4
 # The last learning-rate change comes in rank 1's last step: a joined rank's
@@ -61,6 +65,9 @@ def write(path, tensors):
 
 def train(rank, world, store_path, out_path, optimizer, sharded):
     torch.set_num_threads(1)
+    # A rank that hangs prints every thread's stack and exits, so the test
+    # says where instead of waiting for its deadline (HANG_S below).
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     net = make_model()
     ddp = DistributedDataParallel(net)  # divide_by_initial_world_size=True under Join (the default)
