@@ -76,10 +76,12 @@ def reap(procs: list[subprocess.Popen], deadline_s: float) -> list[Rank]:
 
 
 def kill_all(procs: list[subprocess.Popen]) -> None:
+    """Each process leads a group of its own (start_new_session): the group
+    goes, with whatever the process started, whether or not it still runs
+    (a rank that exited may have left a child behind in it)."""
     for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()

@@ -87,6 +87,11 @@ def train(rank, world, store_path, out_path, optimizer, sharded):
     if rank == 0:
         write(out_path, net.parameters())
     dist.destroy_process_group()
+    # No teardown of what gloo, DDP and the optimizer hold: a rank destroying
+    # them as train() returned hung now and then under load (faulthandler:
+    # the stack in mp.spawn's _wrap, after train, a gloo thread still
+    # running), and its peer had gone; the results are written by now.
+    os._exit(0)
 
 
 def main():
