@@ -99,6 +99,10 @@ struct Config {
   // (LOCKSTEP_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT, else 0).
   std::string run_name = "job";
   int restart_count = 0;
+  // LOCKSTEP_ON_RANK_FAILURE, set by `lockstep run`: "restart" (it stops
+  // every rank when one dies, so a group must not re-form in place) or
+  // "continue" (ProcessGroup::shrink); empty when no launcher said.
+  std::string on_rank_failure;
   std::string torchelastic_run_id;  // TORCHELASTIC_RUN_ID
   // TORCHELASTIC_USE_AGENT_STORE (torchrun sets "True" or "False"): torchrun's
   // agent hosts a PyTorch TCPStore at MASTER_ADDR:MASTER_PORT, so every rank

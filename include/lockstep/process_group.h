@@ -250,6 +250,18 @@ class ProcessGroup {
   std::shared_ptr<Work> all_to_all(ConstBuffer input, std::vector<std::size_t> input_counts, Buffer output,
                                    std::vector<std::size_t> output_counts);
   std::shared_ptr<Work> barrier();
+  // The reduction over logical shards (docs/faults.md): holder[s] is the
+  // rank holding shard s (the same map on every rank; its length is the
+  // number of shards), and each rank passes the buffers of the shards it
+  // holds, in ascending shard order, each output.count elements. Every
+  // element of every rank's output becomes op(...op(op(shard 0, shard 1),
+  // shard 2)..., shard n-1) (avg: divided by n), combined in that order by
+  // the same kernel whatever rank holds which shard: the bits are the same
+  // in any group, and the same as a shm all-reduce of groups where rank s
+  // holds shard s (which is what runs there). Host memory; sum, avg, min,
+  // max, prod.
+  std::shared_ptr<Work> reduce_shards(std::vector<ConstBuffer> held, std::vector<int> holder, Buffer output,
+                                      Reduction op = ReduceOp::avg);
   // Point to point. A send and its recv must agree on size, dtype and tag.
   std::shared_ptr<Work> send(ConstBuffer data, int dst, int tag = 0);
   std::shared_ptr<Work> recv(Buffer data, int src, int tag = 0);
@@ -273,6 +285,36 @@ class ProcessGroup {
   // with the same list. Groups with the same list are told apart by the order
   // of creation.
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
+  // Each rank of this group's rank in the world group (the group
+  // init_process_group formed); for the world itself 0..size()-1.
+  const std::vector<int>& world_ranks() const;
+
+  // The group re-formed in place among the ranks still here, after this
+  // one failed because ranks were lost (docs/faults.md, "The group shrinks
+  // in place"). Every rank that goes on calls it on the failed group:
+  //   - each says in the store that it is here;
+  //   - a rank named in `lost` (this group's ranks: a PeerError's peer), or
+  //     that `lockstep run --on-rank-failure continue` saw end, is not
+  //     waited for; any other that has not said so within `window` is left
+  //     out (a frozen or cut-off rank);
+  //   - the first list of members stored is the one every rank adopts, so
+  //     all form the same group;
+  //   - the members must be more than half of the ranks not known to have
+  //     ended (those the launcher saw end), or every rank stops: the side of
+  //     a partition without a majority never goes on alone.
+  // Returns the new group (its rank i is members_of_parent()[i] of this
+  // one; world_ranks() says which world ranks it keeps). Throws PeerError
+  // naming this rank itself on a rank that was left out (it must stop: the
+  // others go on without it); PeerError naming no rank (-1) where the
+  // re-formed group could not be connected (a member lost meanwhile: call
+  // shrink again on this group; each call is a new attempt); Error where
+  // there is no majority; ConfigError on mpi and nccl, which cannot
+  // re-form in place (docs/faults.md says what they offer).
+  std::shared_ptr<ProcessGroup> shrink(const std::vector<int>& lost, Duration window = std::chrono::seconds(10));
+  // For a group made by shrink: the ranks of the group it was made from,
+  // in its rank order (empty otherwise).
+  const std::vector<int>& members_of_parent() const;
 
   // Diagnostics (see docs/diagnostics.md).
   // Names operation `seq` (Work::seq) in the flight recorder and the

@@ -49,6 +49,17 @@ struct GroupSpec {
   Logger log;
   // The timeline, shared by a world group and its sub-groups.
   std::shared_ptr<diag::Tracer> tracer;
+  // Each member's rank in the world group (the world: 0..size-1).
+  std::vector<int> world_ranks;
+  // The launcher's round (lockstep run: LOCKSTEP_RESTART_COUNT), for its
+  // keys about lost ranks (launcher_keys.h).
+  int launcher_round = 0;
+  // How long forming the group waits for its members (0: `timeout`).
+  Duration rendezvous_timeout{0};
+  // For a group made by shrink: the ranks of its parent it keeps.
+  std::vector<int> members_of_parent;
+  // Shrinks of this group so far (ProcessGroup::shrink), numbering the next.
+  std::shared_ptr<std::atomic<int>> shrinks = std::make_shared<std::atomic<int>>(0);
   DiagnosticsSettings diagnostics;
 };
 

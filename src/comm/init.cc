@@ -142,7 +142,10 @@ std::shared_ptr<ProcessGroup> make_group(GroupSpec spec) {
   impl->log = spec.log;
   impl->store = std::make_shared<PrefixStore>(spec.key, spec.root_store);
   impl->store->set_timeout(spec.timeout);
-  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, spec.timeout, spec.host_id, *spec.os);
+  if (spec.world_ranks.empty())
+    for (int r = 0; r < spec.size; ++r) spec.world_ranks.push_back(r);
+  const Duration rendezvous_timeout = spec.rendezvous_timeout.count() > 0 ? spec.rendezvous_timeout : spec.timeout;
+  impl->host_ids = rendezvous(*impl->store, spec.rank, spec.size, rendezvous_timeout, spec.host_id, *spec.os);
   impl->backend_name = resolve_backend(spec.backend, impl->host_ids);
 
   BackendContext ctx;
@@ -283,6 +286,7 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     spec.diagnostics.launcher_store = spec.root_store->clone();
     spec.diagnostics.launcher_stop_key = launcher_stop_key(config.restart_count);
   }
+  spec.launcher_round = config.restart_count;
   spec.config = std::move(config);
   return make_group(std::move(spec));
 }

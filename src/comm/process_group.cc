@@ -318,6 +318,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   spec.size = static_cast<int>(ranks.size());
   spec.backend = impl_->backend_name;
   spec.key = fmt::format("{}/sub/{}/{}", impl_->spec.key, list, ordinal);
+  spec.world_ranks.clear();
+  for (int r : ranks) spec.world_ranks.push_back(impl_->spec.world_ranks[static_cast<std::size_t>(r)]);
+  spec.shrinks = std::make_shared<std::atomic<int>>(0);
   agree_on_member_order(*spec.root_store, spec.key, ranks, rank(), spec.timeout);
   spec.world = false;
   spec.finished_key.clear();

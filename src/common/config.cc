@@ -220,6 +220,10 @@ void read_rendezvous(const VariableReader& vars, Config& c) {
   const auto restart = vars.integer(env::kRestartCount, 0, INT_MAX);
   const auto elastic_restart = vars.integer(env::kTorchelasticRestartCount, 0, INT_MAX);
   c.restart_count = static_cast<int>(restart.value_or(elastic_restart.value_or(0)));
+  c.on_rank_failure = vars.string(env::kOnRankFailure).value_or("");
+  if (!c.on_rank_failure.empty() && c.on_rank_failure != "restart" && c.on_rank_failure != "continue")
+    throw ConfigError(fmt::format("{}='{}': use restart or continue (lockstep run --on-rank-failure sets it)",
+                                  env::kOnRankFailure, c.on_rank_failure));
 }
 
 void read_backends(const VariableReader& vars, Config& c) {

@@ -62,6 +62,8 @@ inline constexpr char kStoreAddr[] = "LOCKSTEP_STORE_ADDR";
 inline constexpr char kStorePort[] = "LOCKSTEP_STORE_PORT";
 inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
 inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
+// Set by `lockstep run`: what it does when a rank dies (restart|continue).
+inline constexpr char kOnRankFailure[] = "LOCKSTEP_ON_RANK_FAILURE";
 inline constexpr char kHostId[] = "LOCKSTEP_HOST_ID";
 inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";

@@ -13,4 +13,10 @@ namespace lockstep {
 // that then sees a peer go reports the planned stop, not a failure.
 inline std::string launcher_stop_key(int round) { return fmt::format("launcher/{}/stopping", round); }
 
+// Set by a launcher that lets a job go on without a rank (--on-rank-failure
+// continue) once that rank of round `round`, by its global rank, has ended
+// while the others run: survivors re-forming their group (ProcessGroup::
+// shrink) need not wait for it.
+inline std::string launcher_lost_key(int round, int rank) { return fmt::format("launcher/{}/lost/{}", round, rank); }
+
 }  // namespace lockstep

@@ -35,6 +35,7 @@ TEST(Config, NothingSetGivesTheDefaults) {
   EXPECT_EQ(c.debug, DebugLevel::off);
   EXPECT_EQ(c.run_name, "job");
   EXPECT_EQ(c.restart_count, 0);
+  EXPECT_EQ(c.on_rank_failure, "");
   EXPECT_TRUE(c.mpi_abort_on_failure);
   EXPECT_FALSE(c.started_by_mpirun);
   EXPECT_FALSE(c.tcp_small_bytes.has_value());
@@ -63,6 +64,7 @@ TEST(Config, EveryVariableReachesItsField) {
                           {env::kShmSingleCopyBytes, "1048576"},
                           {env::kShmStreamingStores, "always"},
                           {env::kShmOrdinaryPath, "single-copy"},
+                          {env::kOnRankFailure, "continue"},
                           {env::kDebug, "detail"},
                           {env::kTrace, "/tmp/trace"},
                           {env::kStats, "/tmp/stats"},
@@ -95,6 +97,7 @@ TEST(Config, EveryVariableReachesItsField) {
   EXPECT_EQ(c.shm_single_copy_bytes, 1048576u);
   EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::always);
   EXPECT_EQ(c.shm_ordinary_path, ShmOrdinaryPath::single_copy);
+  EXPECT_EQ(c.on_rank_failure, "continue");
   EXPECT_EQ(c.debug, DebugLevel::detail);
   EXPECT_EQ(c.trace_prefix, "/tmp/trace");
   EXPECT_EQ(c.stats_prefix, "/tmp/stats");
@@ -239,6 +242,7 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
       {env::kStorePort, "70000", "from 1 to 65535"},
       {env::kMpiAbortOnFailure, "2", "use 1 or 0"},
       {env::kShmOrdinaryPath, "always", "use auto, slots or single-copy"},
+      {env::kOnRankFailure, "stop", "use restart or continue"},
       {env::kRestartCount, "-1", "from 0 to 2147483647"},
       {env::kTorchelasticRestartCount, "x", "from 0 to 2147483647"},
       {env::kTcpSmallBytes, "2000000000", "from 0 to 1073741824"},

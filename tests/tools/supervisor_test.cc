@@ -1,7 +1,9 @@
 // The launcher's supervisor on a test clock: the grace period between
 // SIGTERM and SIGKILL is measured on the clock it is given, so a rank that
 // ignores SIGTERM is killed once that clock passes the grace period, however
-// little real time went by, and not before.
+// little real time went by, and not before. With --on-rank-failure
+// continue, a rank that dies does not stop the others: the attempt is
+// good when the ranks that outlived it finish cleanly.
 #include <gtest/gtest.h>
 
 #include <sys/signalfd.h>
@@ -74,6 +76,39 @@ TEST(SupervisorClock, ARankIgnoringSigtermIsKilledWhenTheGracePeriodPassesOnItsC
   EXPECT_EQ(result.first_failure->reported_by, "another node failed");
   EXPECT_EQ(ranks[0].status().signal, SIGKILL) << ranks[0].status().describe();
   EXPECT_LT(seconds_between(start, Clock::now()), 30.0) << "the hour's grace period was waited out in real time";
+}
+
+// Three ranks; rank 1 dies at once, rank 2 ends cleanly after it, and rank 0
+// last, with `last_exit`.
+AttemptResult supervise_with_a_death(const std::string& last_exit, std::vector<int>& told) {
+  QuietSignalFd signals;
+  std::vector<RankProcess> ranks;
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "sleep 0.8; exit " + last_exit}, std::map<std::string, std::string>{});
+  ranks.emplace_back(1, std::vector<std::string>{"/bin/sh", "-c", "kill -KILL $$"}, std::map<std::string, std::string>{});
+  ranks.emplace_back(2, std::vector<std::string>{"/bin/sh", "-c", "sleep 0.3"}, std::map<std::string, std::string>{});
+  SupervisorOptions options;
+  options.continue_after_rank_failure = true;
+  options.rank_lost = [&](int rank) { told.push_back(rank); };
+  return supervise(ranks, signals.fd(), options);
+}
+
+TEST(SupervisorContinue, ARankThatDiesLeavesTheOthersRunningAndTheLauncherIsTold) {
+  std::vector<int> told;
+  const AttemptResult result = supervise_with_a_death("0", told);
+  EXPECT_TRUE(result.ok);
+  EXPECT_FALSE(result.first_failure);
+  EXPECT_EQ(result.survived_loss_of, std::vector<int>{1});
+  EXPECT_EQ(told, std::vector<int>{1});
+}
+
+// The last rank standing failed too: nothing outlived the deaths.
+TEST(SupervisorContinue, WhenTheLastRankFailsTheAttemptFailsNamingTheFirstDeath) {
+  std::vector<int> told;
+  const AttemptResult result = supervise_with_a_death("3", told);
+  EXPECT_FALSE(result.ok);
+  ASSERT_TRUE(result.first_failure);
+  EXPECT_EQ(result.first_failure->rank, 1);
+  EXPECT_EQ(result.first_failure->status.signal, SIGKILL);
 }
 
 }  // namespace

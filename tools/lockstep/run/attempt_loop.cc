@@ -195,6 +195,20 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     StopReasons stop;
     if (!single)
       sup.remote_failure = watch_other_nodes(store, elastic.get(), plan, job, store_name, round, round_store, stop);
+    sup.continue_after_rank_failure = o.on_rank_failure == "continue";
+    if (sup.continue_after_rank_failure) {
+      // The survivors need not wait for a rank the launcher saw end
+      // (ProcessGroup::shrink reads this key).
+      sup.rank_lost = [&](int rank) {
+        const std::string key = launcher_lost_key(round.number, rank);
+        try {
+          store.set(key, "ended");
+          if (plan.etcd) tell_round_ranks(round_store, key, "ended");
+        } catch (const Error& e) {
+          std::fprintf(stderr, "lockstep run: could not tell the ranks that rank %d ended (%s)\n", rank, e.what());
+        }
+      };
+    }
     const AttemptResult result = supervise(ranks, signal_fd, sup);
     remove_leftover_segments(job.shm_tag);
     merge_rank_traces(round, nproc);

@@ -59,6 +59,7 @@ std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& ro
       {env::kStorePort, std::to_string(job.store_port)},
       {env::kRunId, job.run_id},
       {env::kRestartCount, std::to_string(round.number)},
+      {env::kOnRankFailure, o.on_rank_failure},
       {env::kShmTag, job.shm_tag},
       {env::kTorchelasticRunId, job.run_id},
       {env::kTorchelasticRestartCount, std::to_string(failures)},

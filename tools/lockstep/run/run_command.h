@@ -22,6 +22,10 @@ struct RunOptions {
   std::string rdzv_conf;      // "join_timeout=S,last_call_timeout=S"
   bool standalone = false;
   int max_restarts = 0;
+  // What the death of a rank does to the others: "restart" stops them (and
+  // restarts all with --max-restarts), "continue" lets them go on without it
+  // (docs/faults.md: they re-form their group in place).
+  std::string on_rank_failure = "restart";
   std::string log_dir;
   std::string tee;        // "0".."3", or "local_rank:n,..." as torchrun's --tee
   std::string redirects;  // the same, as torchrun's --redirects

@@ -126,6 +126,7 @@ class Attempt {
       s.out->finish();
       s.err->finish();
     }
+    judge_losses();
     result_.ok = !result_.first_failure && result_.interrupted_by == 0;
     return result_;
   }
@@ -217,6 +218,7 @@ class Attempt {
   // The first failure is recorded after kCauseSettle, or when every rank
   // has exited, whichever comes first (see kCauseSettle).
   void note_failure(std::size_t i) {
+    if (options_.continue_after_rank_failure && !stopping_ && result_.interrupted_by == 0) return note_loss(i);
     if (result_.first_failure || pending_failure_ >= 0 || result_.interrupted_by != 0 || stopping_) return;
     pending_failure_ = static_cast<int>(i);
     settle_deadline_ = options_.clock->now() + kCauseSettle;
@@ -251,6 +253,41 @@ class Attempt {
       first = i;
     }
     return first;
+  }
+
+  // --on-rank-failure continue: the others go on; they hear of it from the
+  // store (rank_lost) as soon as from their collectives.
+  void note_loss(std::size_t i) {
+    RankProcess& r = ranks_[i];
+    while (r.stderr_fd() >= 0 && read_stream(i, true)) {
+    }
+    std::fprintf(stderr, "lockstep run: rank %d %s after %.1f s; the other ranks go on without it (--on-rank-failure "
+                 "continue)\n",
+                 r.rank(), r.status().describe().c_str(), seconds_between(r.started(), r.ended()));
+    if (options_.rank_lost) options_.rank_lost(r.rank());
+    result_.survived_loss_of.push_back(r.rank());
+    last_loss_ = r.ended();
+    if (!first_loss_) {
+      RankFailure f;
+      f.rank = r.rank();
+      f.status = r.status();
+      f.seconds = seconds_between(r.started(), r.ended());
+      f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+      first_loss_ = f;
+    }
+  }
+
+  // With continue: ok if some rank outlived the last death and every such
+  // rank exited 0; otherwise the first death is the job's failure.
+  void judge_losses() {
+    if (!first_loss_ || result_.first_failure) return;
+    bool outlived = false, all_clean = true;
+    for (const auto& r : ranks_) {
+      if (r.ended() <= last_loss_) continue;
+      outlived = true;
+      all_clean = all_clean && r.status().ok();
+    }
+    if (!outlived || !all_clean) result_.first_failure = first_loss_;
   }
 
   void record_failure() {
@@ -310,6 +347,8 @@ class Attempt {
   int first_clean_exit_ = -1;  // index of the first rank that exited 0 before any failure
   int pending_failure_ = -1;   // index of the first failed rank, not yet recorded
   Clock::time_point settle_deadline_{};
+  std::optional<RankFailure> first_loss_;  // --on-rank-failure continue: the first rank that died
+  Clock::time_point last_loss_{};
 
 };
 

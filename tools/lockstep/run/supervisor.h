@@ -40,6 +40,10 @@ struct AttemptResult {
   bool ok = false;
   int interrupted_by = 0;  // the signal the launcher received, if any
   std::optional<RankFailure> first_failure;
+  // With continue_after_rank_failure: the ranks that died while the others
+  // went on (the attempt is ok when every rank still running after the last
+  // of them exited 0).
+  std::vector<int> survived_loss_of;
 };
 
 struct SupervisorOptions {
@@ -67,6 +71,11 @@ struct SupervisorOptions {
   // failure (or another reason to stop this attempt's ranks).
   Duration monitor_interval = std::chrono::milliseconds(200);
   std::function<std::optional<std::string>()> remote_failure;
+  // --on-rank-failure continue: a rank that dies does not stop the others;
+  // `rank_lost` (if set) is told its global rank at once, and the attempt
+  // succeeds if every rank that outlived the last death exits 0.
+  bool continue_after_rank_failure = false;
+  std::function<void(int rank)> rank_lost;
   // The clock the grace period, the settling of a failure's cause and the
   // monitor interval are measured on (the loop itself polls its pipes in
   // real time). Never null; tests move a clock of their own.

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""torchft's DDP on Gloo, the peer of bench/in_place_recovery.py: the same
+MLP (784-128-10, dropout 0.1, SGD with momentum 0.9) on Fashion-MNIST,
+--replicas replica groups of one process each on this machine, a global
+batch cut evenly between them, and, with --kill R:S, replica group R killed
+(SIGKILL) before the forward of step S. The survivors go on, as torchft
+does, with the replica groups left: the failed step is discarded and every
+later step averages fewer samples.
+
+Prints the wall time of the whole run (processes, lighthouse, quorum
+included) and writes replica group 0's final parameters (raw bytes) to
+--save-params, to compare a killed run with a clean one.
+
+torchft is a benchmark peer only (pip install torchft==0.2.0 into the
+project's PyTorch environment: `make deps-torchft`), never a dependency.
+
+Usage: .venv/torch2/bin/python bench/torchft_peer.py [--replicas 4]
+           [--steps 400] [--batch 256] [--kill 1:200] [--save-params F]
+"""
+import argparse
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_images(subset):
+    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
+    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    if subset:
+        images, labels = images[:subset], labels[:subset]
+    return images.astype(np.float32) / 255.0, labels.astype(np.int64)
+
+
+def replica(o):
+    """One replica group of one process: torchft's Manager, DDP and optimizer."""
+    import faulthandler
+    faulthandler.dump_traceback_later(o.timeout - 10, exit=True)  # a hang shows where
+    import torch
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 128), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(128, 10))
+    inner = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=0.9)
+    images, labels = load_images(o.subset)
+    group = int(os.environ["REPLICA_GROUP_ID"])
+    per_replica = o.batch // o.replicas
+    state = lambda: {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load(sd):
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    # The replica group's store, which torchrun would host: one process a group.
+    store = torch.distributed.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True,
+                                       wait_for_workers=False)
+    manager = Manager(pg=ProcessGroupGloo(), min_replica_size=1, load_state_dict=load, state_dict=state,
+                      replica_id=f"replica_{group}", rank=0, world_size=1)
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner)
+    kill = tuple(int(x) for x in o.kill.split(":")) if o.kill else None
+    per_epoch = len(images) // o.batch
+    while manager.current_step() < o.steps:
+        step = manager.current_step()
+        if kill and kill == (group, step):
+            print(f"replica group {group}: killing itself at step {step}, at {time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        first = (step % per_epoch) * o.batch + group * per_replica
+        x = torch.from_numpy(images[first:first + per_replica])
+        y = torch.from_numpy(labels[first:first + per_replica])
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    if group == 0 and o.save_params:
+        with open(o.save_params, "wb") as f:
+            for p in model.parameters():
+                f.write(p.detach().contiguous().numpy().tobytes())
+    print(f"replica group {group}: {o.steps} steps committed", flush=True)
+    manager.shutdown(wait=False)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--subset", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--kill", default="", help="R:S: replica group R dies before step S")
+    parser.add_argument("--save-params", default="")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
+    o = parser.parse_args()
+    if o.replica:
+        return replica(o)
+    lighthouse_port = free_port()
+    bindir = os.path.dirname(sys.executable)
+    lighthouse = subprocess.Popen([os.path.join(bindir, "torchft_lighthouse"), "--min_replicas", "1",
+                                   "--bind", f"127.0.0.1:{lighthouse_port}", "--join_timeout_ms", "10000"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    start = time.monotonic()
+    procs = []
+    try:
+        for group in range(o.replicas):
+            env = dict(os.environ, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(o.replicas),
+                       TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{lighthouse_port}", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--replica"] + sys.argv[1:], env=env,
+                                          start_new_session=True))
+        codes = [p.wait(timeout=o.timeout) for p in procs]
+    finally:
+        for p in procs + [lighthouse]:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+    wall = time.monotonic() - start
+    survivors = [c for c in codes if c == 0]
+    print(f"torchft: {len(survivors)} of {o.replicas} replica groups finished {o.steps} steps in {wall:.2f} s")
+    return 0 if survivors and all(c == 0 or c == -signal.SIGKILL for c in codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

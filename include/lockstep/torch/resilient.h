@@ -1,0 +1,118 @@
+// Training steps that survive a rank's death in place (docs/faults.md): the
+// job goes on in the same processes with fewer ranks, nothing committed is
+// lost, and the parameters are bit for bit those of a run without the
+// failure.
+//
+// Work belongs to logical shards, not to processes: each global batch is
+// cut into `shards` pieces (by default the group's size at start), and each
+// rank holds some of them (at first, rank r holds shard r). The library
+// calls the user's function once per shard this rank holds, and reduces
+// the shards' gradients in shard order (ProcessGroup::reduce_shards), so
+// the averaged gradient has the same bits whatever process computed each
+// shard. A step commits (optimizer step, the model's buffers, the step
+// count) only once every rank has its reduced gradient (a barrier after the
+// reduction); when a rank dies mid-step, the others re-form the group
+// (ProcessGroup::shrink), share out its shards, and redo the step from its
+// start, or commit it where some rank already had.
+//
+//   lockstep::torch::ResilientTrainer trainer(model, optimizer, group);
+//   while (trainer.steps_committed() < steps)
+//     trainer.step([&](const lockstep::torch::Shard& shard) {
+//       auto [x, y] = batch_of(shard.index, shard.count, shard.step);  // depends on the shard, not the rank
+//       return torch::nll_loss(model->forward(x), y);
+//     });
+//
+// The function must compute the shard's loss from the shard's data alone
+// (the same whoever calls it) and must not call collectives; before each
+// call the trainer restores the model's buffers to the step's start and
+// seeds libtorch's default generator from (seed, step, shard), so dropout
+// draws the same numbers for a shard wherever it runs. Models whose
+// forward needs collectives (SyncBatchNorm) and optimizers whose state is
+// sharded (ZeRO-1) are not supported here yet; on the mpi and nccl backends
+// a rank's death ends the job as before (the launcher restarts it).
+//
+// Gradients are views of the trainer's flat buffers, as DDP's
+// gradient_as_bucket_view makes them: after step() they hold the averaged
+// gradient the optimizer stepped with, until the next step overwrites them.
+//
+// Not thread-safe: one training thread.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/process_group.h"
+
+namespace lockstep::torch {
+
+// What a call of the user's function computes: logical shard `index` of
+// `count`, of global step `step`.
+struct Shard {
+  int index = 0;
+  int count = 1;
+  std::uint64_t step = 0;
+};
+
+struct ResilientOptions {
+  int shards = 0;          // logical shards per step; 0: the group's size at start
+  std::uint64_t seed = 0;  // libtorch's generator is seeded from (seed, step, shard) before each shard
+  // Steps already committed, for a job resumed from a checkpoint: the step
+  // numbers (which the seeds and the user's samples follow) go on from it.
+  std::uint64_t first_step = 0;
+  // How long survivors wait for a rank that neither answers nor is known
+  // to have ended before they go on without it (ProcessGroup::shrink).
+  Duration window = std::chrono::seconds(10);
+  // Called at each phase of a step, for logs and for tests that kill a
+  // rank at an exact point: "shard" (before the user's function, per
+  // shard), "reduce" (before the reduction), "buffers" (before the
+  // buffers' broadcast), "barrier" (before the commit point), "commit"
+  // (past it, before the optimizer step), "committed", "re-form" (before
+  // the group re-forms after a loss) and "re-formed" (once it stands and
+  // the survivors agree on the committed steps).
+  std::function<void(std::string_view phase, std::uint64_t step)> observer;
+};
+
+// What a committed step was.
+struct StepOutcome {
+  std::uint64_t step = 0;        // its number (committed steps before it)
+  std::vector<double> losses;    // each shard this rank computed last, in shard order
+  int redone = 0;                // how many times it was started again after a loss
+  std::vector<int> lost;         // world ranks lost while it ran
+  // From each failure seen to the group re-formed and agreed, summed.
+  double recovery_seconds = 0;
+};
+
+class ResilientTrainer {
+ public:
+  ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, ::torch::optim::Optimizer& optimizer,
+                   std::shared_ptr<ProcessGroup> group, ResilientOptions options = {});
+  ~ResilientTrainer();
+  ResilientTrainer(const ResilientTrainer&) = delete;
+  ResilientTrainer& operator=(const ResilientTrainer&) = delete;
+
+  // Runs and commits the next step: `loss_of` once per held shard,
+  // ascending; repeated after a loss until the step commits. Throws what
+  // cannot be survived: this rank left out of the re-formed group, no
+  // majority, the backend cannot re-form (mpi, nccl), or an error of the
+  // user's function.
+  StepOutcome step(const std::function<::torch::Tensor(const Shard&)>& loss_of);
+
+  std::uint64_t steps_committed() const;
+  // The shards this rank holds now, ascending.
+  std::vector<int> shards() const;
+  // The group the trainer runs on now (a new one after each re-form).
+  ProcessGroup& group() const;
+  // Re-forms so far.
+  int generation() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep::torch
