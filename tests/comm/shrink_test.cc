@@ -142,6 +142,16 @@ void allreduce_and_check(ProcessGroup& pg, int times) {
   }
 }
 
+// A victim's all-reduces, then its death. The survivors run the same
+// all-reduces inside their try: a victim that has finished one may die
+// before a peer has read all of it (its socket's reset drops what the peer
+// had not read), so the peer's failure can come in any of them.
+[[noreturn]] void die_after(ProcessGroup& pg, int allreduces) {
+  allreduce_and_check(pg, allreduces);
+  ::raise(SIGKILL);
+  std::abort();
+}
+
 // The lost rank the failure names, if any.
 std::vector<int> lost_in(const PeerError& e, const ProcessGroup& pg) {
   if (e.peer() >= 0 && e.peer() != pg.rank()) return {e.peer()};
@@ -157,10 +167,9 @@ TEST_P(KilledRankShrink, TheOthersReformInPlaceAndGoOn) {
   constexpr int n = 4;
   World world(n, backend, [victim = victim](int rank) {
     auto pg = init_process_group();
-    allreduce_and_check(*pg, 3);
-    if (rank == victim) ::raise(SIGKILL);
+    if (rank == victim) die_after(*pg, 3);
     try {
-      allreduce_and_check(*pg, 1000);
+      allreduce_and_check(*pg, 1003);
       throw std::runtime_error("no failure after the kill");
     } catch (const PeerError& e) {
       const auto noticed = Clock::now();
@@ -248,10 +257,9 @@ TEST_P(TwoOfFour, StopWithoutAMajorityUnlessTheOthersAreKnownToHaveEnded) {
   constexpr int n = 4;
   World world(n, "tcp", [](int rank) {
     auto pg = init_process_group();
-    allreduce_and_check(*pg, 2);
-    if (rank >= 2) ::raise(SIGKILL);
+    if (rank >= 2) die_after(*pg, 2);
     try {
-      allreduce_and_check(*pg, 1000);
+      allreduce_and_check(*pg, 1002);
       throw std::runtime_error("no failure");
     } catch (const PeerError& e) {
       try {
@@ -292,10 +300,9 @@ TEST(Shrink, IsRefusedWhereTheLauncherRestartsTheJob) {
       n, "tcp",
       [](int rank) {
         auto pg = init_process_group();
-        allreduce_and_check(*pg, 2);
-        if (rank == 2) ::raise(SIGKILL);
+        if (rank == 2) die_after(*pg, 2);
         try {
-          allreduce_and_check(*pg, 1000);
+          allreduce_and_check(*pg, 1002);
           throw std::runtime_error("no failure");
         } catch (const PeerError& e) {
           try {
@@ -320,11 +327,10 @@ TEST(Shrink, ARankLostWhileTheGroupReformsIsLeftOutOnTheNextAttempt) {
   constexpr int n = 4;
   World world(n, "tcp", [](int rank) {
     auto pg = init_process_group();
-    allreduce_and_check(*pg, 2);
-    if (rank == 3) ::raise(SIGKILL);
+    if (rank == 3) die_after(*pg, 2);
     std::vector<int> lost;
     try {
-      allreduce_and_check(*pg, 1000);
+      allreduce_and_check(*pg, 1002);
       throw std::runtime_error("no failure");
     } catch (const PeerError& e) {
       lost = lost_in(e, *pg);

@@ -23,11 +23,13 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -345,42 +347,55 @@ TEST(MemoryGivenBack, GlibcMallocTrimGivesBackAllReducedHeapBuffers) {
 
 // --- the cost of fork ------------------------------------------------------
 
-// The least time of `tries` forks (the child exits at once), waited for.
-std::chrono::nanoseconds fastest_fork(int tries) {
-  auto best = std::chrono::nanoseconds::max();
+// The least time and the fewest page faults in the child of `tries` forks
+// (the child exits at once), waited for.
+struct ForkCostSample {
+  std::chrono::nanoseconds time = std::chrono::nanoseconds::max();
+  long child_faults = LONG_MAX;
+};
+
+ForkCostSample cheapest_fork(int tries) {
+  ForkCostSample best;
   for (int t = 0; t < tries; ++t) {
     const auto start = Clock::now();
     const pid_t child = ::fork();
     if (child == 0) ::_exit(0);
-    ::waitpid(child, nullptr, 0);
-    best = std::min(best, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start));
+    struct rusage usage {};
+    ::wait4(child, nullptr, 0, &usage);
+    best.time = std::min(best.time, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start));
+    best.child_faults = std::min(best.child_faults, usage.ru_minflt + usage.ru_majflt);
   }
   return best;
 }
 
 // fork copies the page tables of private memory and nothing else; a
 // library that shares the program's buffers behind its back makes every
-// fork copy them. Compared within one process: 64 MiB touched before the
-// group exists, then all-reduced in place again and again. The bound is
-// loose for a loaded machine; docs/performance.md has the measured ratio.
+// fork copy them (the adopting code's children copied every adopted page
+// after the fork: a fault for each of these 64 MiB's 16384 pages).
+// Compared within one process: 64 MiB touched before the group exists,
+// then all-reduced in place again and again. What is asserted is the child's page faults,
+// which a loaded machine does not change; the times are printed for
+// docs/performance.md, whose ratio is measured on a quiet machine.
 TEST(ForkCost, IsWhatItIsWithoutLockstep) {
   const testing::ReservedPort port;
   ProcessRanks ranks(
       kRanks, [&](int r) { return shm_env(r, port.number()); },
       [](int rank) {
         std::vector<float> v = start_values(16 << 20, rank);
-        const auto without = fastest_fork(7);
+        const ForkCostSample without = cheapest_fork(7);
         auto pg = init_process_group();
         for (int i = 0; i < 4; ++i) allreduce(*pg, v);
-        const auto with = fastest_fork(7);
+        const ForkCostSample with = cheapest_fork(7);
         pg->barrier()->wait();
-        const double ms_without = std::chrono::duration<double, std::milli>(without).count();
-        const double ms_with = std::chrono::duration<double, std::milli>(with).count();
-        std::printf("rank %d: fork %.2f ms before the group, %.2f ms after its all-reduces\n", rank, ms_without,
-                    ms_with);
-        if (ms_with > 2 * ms_without + 2.0)
-          throw std::runtime_error(fmt::format("rank {}: fork took {:.2f} ms after the all-reduces, {:.2f} ms before",
-                                               rank, ms_with, ms_without));
+        const double ms_without = std::chrono::duration<double, std::milli>(without.time).count();
+        const double ms_with = std::chrono::duration<double, std::milli>(with.time).count();
+        std::printf("rank %d: fork %.2f ms (child: %ld page faults) before the group, %.2f ms (%ld) after its "
+                    "all-reduces\n",
+                    rank, ms_without, without.child_faults, ms_with, with.child_faults);
+        if (with.child_faults > without.child_faults + 512)
+          throw std::runtime_error(fmt::format("rank {}: a forked child took {} page faults after the all-reduces, {} "
+                                               "before: the fork copies memory the group touched",
+                                               rank, with.child_faults, without.child_faults));
       });
   for (const RankResult& r : ranks.wait_all(120s)) {
     EXPECT_EQ(r.exit_code, testing::kExitOk) << describe(r);

@@ -382,25 +382,32 @@ void ShmBackend::wait_inline(int q, std::uint64_t seq, const OpContext& op, cons
 }
 
 // This rank waits in a small operation, so every round it began is behind
-// it; a peer that has posted the arrival of a later round is in a
-// collective this rank did not issue (it has not reached this one: its
-// line is what this rank waits for).
+// it; a peer that has posted the arrival of a later round without having
+// reached this small operation is in a collective this rank did not issue.
+// A peer may also have posted this operation's line since the wait last
+// looked, finished it and begun a round: its line, posted before that
+// round's arrival (so seen after the acquire), says so, and that is no
+// mismatch.
 void ShmBackend::PeerBeganARound::check(int peer, const OpContext& op) const {
   const Counter& arrive = shm_.control(peer).arrive;
   const std::uint64_t posted = arrive.value.load(std::memory_order_acquire);
   if (posted <= shm_.rounds_) return;
+  const std::uint64_t current = shm_.inline_ops_;
+  if (shm_.control(peer).lines[current % 2].seq.load(std::memory_order_acquire) >= current) return;
   // Unreadable only while the peer rewrites it; the next check reads it.
   if (const auto stamp = arrive.stamp_of(posted)) check_round_stamp(op, stamp->first, stamp->second, peer, shm_.self_);
 }
 
-// This rank waits in a round; a peer cannot have finished the collective
-// this rank is in (or an earlier one) before posting what this rank waits
-// for, so a small operation it posted beyond this rank's count is one this
-// rank did not issue.
+// This rank waits in a round; a small operation a peer posted beyond this
+// rank's count, while the peer has not arrived at this rank's latest
+// round, is one this rank did not issue. A peer that has arrived there
+// (its arrival was posted before the line, so it is seen after the
+// acquire) may have finished the collective and moved on: no mismatch.
 void ShmBackend::PeerBeganASmallOperation::check(int peer, const OpContext& op) const {
   const std::uint64_t next = shm_.inline_ops_ + 1;
   const InlineLine& line = shm_.control(peer).lines[next % 2];
   if (line.seq.load(std::memory_order_acquire) < next) return;
+  if (shm_.control(peer).arrive.value.load(std::memory_order_acquire) >= shm_.rounds_) return;
   check_inline_stamp(op, line.stamp.load(std::memory_order_relaxed), peer, shm_.self_);
 }
 
