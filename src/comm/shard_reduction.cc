@@ -25,6 +25,7 @@
 #include "comm/chunks.h"
 #include "comm/group_impl.h"
 #include "comm/reduce_kernels.h"
+#include "comm/shard_map.h"
 #include "common/enforce.h"
 #include "common/format.h"
 
@@ -38,14 +39,6 @@ std::uint64_t holders_digest(const std::vector<int>& holder) {
   std::uint64_t h = 0x9e3779b97f4a7c15ull ^ holder.size();
   for (int q : holder) h = (h ^ static_cast<std::uint64_t>(q + 1)) * 0x100000001b3ull;
   return h == 0 ? 1 : h;
-}
-
-// Rank r's held shards, ascending.
-std::vector<int> shards_of(const std::vector<int>& holder, int r) {
-  std::vector<int> out;
-  for (int s = 0; s < static_cast<int>(holder.size()); ++s)
-    if (holder[static_cast<std::size_t>(s)] == r) out.push_back(s);
-  return out;
 }
 
 bool each_rank_holds_its_own(const std::vector<int>& holder, int size) {
@@ -121,7 +114,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_shards(std::vector<ConstBuffer> held,
     LOCKSTEP_CHECK_ARG(holder[s] >= 0 && holder[s] < size(),
                        "reduce_shards: shard {} is held by rank {}, which is not a rank of this group of {}", s,
                        holder[s], size());
-  const std::vector<int> mine = shards_of(holder, rank());
+  const std::vector<int> mine = shards_held(holder, rank());
   LOCKSTEP_CHECK_ARG(held.size() == mine.size(),
                      "reduce_shards: rank {} holds {} shard(s) by the map ({}) but passed {} buffer(s)", rank(),
                      mine.size(), fmt::join(mine, ", "), held.size());

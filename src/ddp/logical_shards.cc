@@ -30,11 +30,4 @@ std::vector<int> assign_shards(int shards, int world_size, const std::vector<int
   return holder;
 }
 
-std::vector<int> shards_held(const std::vector<int>& holder, int member) {
-  std::vector<int> out;
-  for (int s = 0; s < static_cast<int>(holder.size()); ++s)
-    if (holder[static_cast<std::size_t>(s)] == member) out.push_back(s);
-  return out;
-}
-
 }  // namespace lockstep

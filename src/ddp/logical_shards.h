@@ -10,13 +10,12 @@
 
 #include <vector>
 
+#include "comm/shard_map.h"  // shards_held: the shards a member holds
+
 namespace lockstep {
 
 // holder[s]: the index, in `members` (the world ranks of the group's ranks,
 // ascending as shrink keeps them), of the member that holds shard s.
 std::vector<int> assign_shards(int shards, int world_size, const std::vector<int>& members);
-
-// The shards `member` (an index into members) holds, ascending.
-std::vector<int> shards_held(const std::vector<int>& holder, int member);
 
 }  // namespace lockstep
