@@ -24,11 +24,14 @@
 // For tests and demonstrations, --kill R:S:PHASE (repeatable) makes world
 // rank R kill itself (SIGKILL) at step S at that phase of the step
 // (forward, backward, checkpoint: inside the write of the checkpoint after
-// step S, or a phase of ResilientOptions::observer: reduce, buffers,
-// barrier, commit, committed, re-form), in the launcher's first round only
+// step S, or a phase of ResilientOptions::observer: reduce, bucketK,
+// buffers, barrier, commit, committed, re-form), in the launcher's first round only
 // (a restarted job runs clean). The victim prints the wall-clock time of
 // its death and the survivors how long they took to re-form, for
-// bench/in_place_recovery.py.
+// bench/in_place_recovery.py. --freeze R:S:PHASE stops the rank instead
+// (SIGSTOP): its peers notice it once a collective times out
+// (LOCKSTEP_TIMEOUT), wait --window seconds, and go on without it; the
+// launcher then kills it.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/sampler.h>
@@ -68,16 +71,20 @@ struct Options {
   std::string checkpoint;
   int checkpoint_every = 0;
   bool plain = false;
-  std::vector<std::string> kills;  // "rank:step:phase"
+  std::vector<std::string> kills;    // "rank:step:phase"
+  std::vector<std::string> freezes;  // the same, SIGSTOP instead of SIGKILL
+  double window = 10;                // seconds the survivors wait for a rank that does not answer
+  double bucket_cap_mb = 25;         // the reduction's buckets, as DDP's bucket_cap_mb
 };
 
 struct Kill {
   int rank = -1;
   std::uint64_t step = 0;
   std::string phase;
+  int signal = SIGKILL;  // SIGSTOP: --freeze
 };
 
-std::vector<Kill> parse_kills(const std::vector<std::string>& specs) {
+std::vector<Kill> parse_kills(const std::vector<std::string>& specs, int signal) {
   static const std::set<std::string> phases = {"forward", "backward",  "reduce",  "buffers",   "barrier",
                                                "commit",  "committed", "re-form", "checkpoint"};
   std::vector<Kill> out;
@@ -88,9 +95,13 @@ std::vector<Kill> parse_kills(const std::vector<std::string>& specs) {
     k.rank = std::stoi(spec.substr(0, a));
     k.step = std::stoull(spec.substr(a + 1, b - a - 1));
     k.phase = spec.substr(b + 1);
-    if (!phases.count(k.phase))
+    k.signal = signal;
+    const bool bucket = k.phase.rfind("bucket", 0) == 0 && k.phase.size() > 6 &&
+                        k.phase.find_first_not_of("0123456789", 6) == std::string::npos;
+    if (!phases.count(k.phase) && !bucket)
       throw lockstep::InvalidArgument("--kill " + spec + ": the phase is one of forward, backward, reduce, buffers, "
-                                      "barrier, commit, committed, re-form, checkpoint");
+                                      "barrier, commit, committed, re-form, checkpoint, or bucketK (before the "
+                                      "reduction's bucket K, K >= 1)");
     out.push_back(k);
   }
   return out;
@@ -218,24 +229,33 @@ int run(const Options& o) {
   fashion_mnist::Dataset data(o.data, /*train=*/true, o.subset);
   ShardBatches batches(data, world_size, o.batch / world_size);
 
-  const std::vector<Kill> kills = first_round() ? parse_kills(o.kills) : std::vector<Kill>{};
-  const auto killed_at = [&](std::string_view phase, std::uint64_t step) {
+  std::vector<Kill> kills;
+  if (first_round()) {
+    kills = parse_kills(o.kills, SIGKILL);
+    for (const Kill& k : parse_kills(o.freezes, SIGSTOP)) kills.push_back(k);
+  }
+  const auto kill_at = [&](std::string_view phase, std::uint64_t step) -> const Kill* {
     for (const Kill& k : kills)
-      if (k.rank == world_rank && k.step == step && k.phase == phase) return true;
-    return false;
+      if (k.rank == world_rank && k.step == step && k.phase == phase) return &k;
+    return nullptr;
   };
+  const auto killed_at = [&](std::string_view phase, std::uint64_t step) { return kill_at(phase, step) != nullptr; };
   const auto kill_here = [&](std::string_view phase, std::uint64_t step) {
-    if (!killed_at(phase, step)) return;
-    std::fprintf(stderr, "rank %d: killing itself at step %llu, %s, at %.6f\n", world_rank,
-                 static_cast<unsigned long long>(step), std::string(phase).c_str(), wall_clock_now());
+    const Kill* k = kill_at(phase, step);
+    if (k == nullptr) return;
+    std::fprintf(stderr, "rank %d: %s itself at step %llu, %s, at %.6f\n", world_rank,
+                 k->signal == SIGSTOP ? "freezing" : "killing", static_cast<unsigned long long>(step),
+                 std::string(phase).c_str(), wall_clock_now());
     std::fflush(stderr);
-    ::raise(SIGKILL);
+    ::raise(k->signal);
   };
   if (o.plain) return run_plain(o, world, batches, model, optimizer, first_step, kill_here);
 
   lockstep::torch::ResilientOptions options;
   options.seed = 11;
   options.first_step = first_step;
+  options.window = std::chrono::milliseconds(static_cast<std::int64_t>(o.window * 1000));
+  options.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * (1 << 20));
   options.observer = [&](std::string_view phase, std::uint64_t step) {
     if (phase == "re-formed")
       std::printf("re-formed at %.6f\n", wall_clock_now());  // the first collective of the redone step follows
@@ -243,6 +263,7 @@ int run(const Options& o) {
   };
   lockstep::torch::ResilientTrainer trainer(model.ptr(), optimizer, world, options);
   world.reset();  // the trainer holds it, and the groups after it
+  if (world_rank == 0) std::printf("the reduction runs in %zu bucket(s)\n", trainer.bucket_count());
 
   const auto start = std::chrono::steady_clock::now();
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
@@ -293,6 +314,12 @@ int main(int argc, char** argv) {
   app.add_flag("--plain", o.plain, "Train with lockstep's DistributedDataParallel, without recovery (the step time to compare)");
   app.add_option("--kill", o.kills, "RANK:STEP:PHASE: world rank RANK kills itself at step STEP, at PHASE (forward, "
                  "backward, reduce, buffers, barrier, commit, committed, re-form, checkpoint); repeatable (tests)");
+  app.add_option("--freeze", o.freezes, "RANK:STEP:PHASE: as --kill, with SIGSTOP (the rank stops answering); "
+                 "repeatable (tests)");
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "The reduction's bucket size (MiB), as DDP's bucket_cap_mb")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--window", o.window, "Seconds the survivors wait for a rank that neither answers nor is known to "
+                 "have ended before going on without it")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -50,6 +50,22 @@ std::set<int> ended_by_launcher(const GroupSpec& spec) {
   return ended;
 }
 
+// Tells the launcher which ranks the new group left out though nothing said
+// they had ended (launcher_dropped_key): it kills them if they still run.
+void report_dropped(const GroupSpec& spec, const std::vector<int>& members, const std::set<int>& ended) {
+  if (!spec.diagnostics.launcher_store) return;
+  for (int r = 0; r < spec.size; ++r) {
+    if (ended.count(r) || std::find(members.begin(), members.end(), r) != members.end()) continue;
+    try {
+      spec.diagnostics.launcher_store->set(
+          launcher_dropped_key(spec.launcher_round, spec.world_ranks[static_cast<std::size_t>(r)]), "1");
+    } catch (const Error&) {
+      // The launcher's store is unreachable: the rank is left to its own
+      // end (it is told it was left out if it ever runs again).
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<int>& ProcessGroup::world_ranks() const { return impl_->spec.world_ranks; }
@@ -107,6 +123,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& lost,
     throw Error(fmt::format("rank {}/{}: only {} of the {} ranks not known to have ended (ranks {}) are here; without "
                             "a majority this side stops, so that the two sides of a partition never both go on",
                             rank(), size(), members.size(), possible, encode(members)));
+  report_dropped(spec, members, ended);
 
   GroupSpec next = spec;
   next.rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());

@@ -19,4 +19,13 @@ inline std::string launcher_stop_key(int round) { return fmt::format("launcher/{
 // shrink) need not wait for it.
 inline std::string launcher_lost_key(int round, int rank) { return fmt::format("launcher/{}/lost/{}", round, rank); }
 
+// Set by a rank whose group re-formed without global rank `rank` of round
+// `round` while it was neither heard from nor known to have ended (frozen,
+// or cut off from its peers): the rank's launcher kills it if it still
+// runs, so that it neither holds up the job's end nor wakes into a job
+// that went on without it.
+inline std::string launcher_dropped_key(int round, int rank) {
+  return fmt::format("launcher/{}/dropped/{}", round, rank);
+}
+
 }  // namespace lockstep

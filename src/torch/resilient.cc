@@ -3,8 +3,9 @@
 //      step's start, the gradients made views of the shard's flat buffer,
 //      zeroed, the generator seeded from (seed, step, shard), the user's
 //      loss and its backward, which accumulates into the flat buffer;
-//   2. reduce_shards: every shard's gradients averaged in shard order into
-//      the flat reduced buffer, the same bits on every rank;
+//   2. reduce_shards, bucket by bucket (all in flight at once): every
+//      shard's gradients averaged in shard order into the flat reduced
+//      buffer, the same bits on every rank;
 //   3. the buffers as shard 0's forward left them, broadcast from its
 //      holder (a clean run's buffers are rank 0's, whose shard is 0);
 //   4. a barrier, the commit point: once any rank has passed it, every
@@ -30,7 +31,11 @@
 #include "common/enforce.h"
 #include "ddp/logical_shards.h"
 #include "lockstep/error.h"
+#include "lockstep/reducer.h"
 #include "lockstep/torch/ddp.h"
+#include "lockstep/torch/fully_shard.h"
+#include "lockstep/torch/sync_batchnorm.h"
+#include "lockstep/torch/zero.h"
 
 namespace lockstep::torch {
 namespace {
@@ -43,6 +48,33 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t step, int shard) {
   return (x ^ (x >> 31)) & 0x7fffffffffffffffull;
 }
 
+// What a death in place cannot yet survive, named with what to do instead:
+// state that lives on one rank only (ZeRO-1's optimizer shards,
+// fully_shard's parameter shards) and forwards that call collectives
+// (SyncBatchNorm), which a shard computed on another rank cannot repeat.
+void refuse_what_cannot_survive(::torch::nn::Module& model, ::torch::optim::Optimizer& optimizer) {
+  constexpr const char* kFallback =
+      "; such a job restarts from its last checkpoint when a rank dies (lockstep run --on-rank-failure restart "
+      "--max-restarts N, docs/faults.md)";
+  if (dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr)
+    throw ConfigError(fmt::format("ResilientTrainer: ZeroRedundancyOptimizer keeps each rank's optimizer state on "
+                                  "that rank only, and a death would lose it; use a plain optimizer here{}",
+                                  kFallback));
+  const auto refuse_module = [&](::torch::nn::Module& m) {
+    if (dynamic_cast<FullyShardModule*>(&m) != nullptr)
+      throw ConfigError(fmt::format("ResilientTrainer: module '{}' is fully sharded, its parameters' shards each on "
+                                    "one rank, and a death would lose them; train the unsharded model here{}",
+                                    m.name(), kFallback));
+    const auto* sync = dynamic_cast<SyncBatchNormImpl*>(&m);
+    if (sync != nullptr && sync->options.process_group() != nullptr)
+      throw ConfigError(fmt::format("ResilientTrainer: module '{}' is a SyncBatchNorm, whose forward calls "
+                                    "collectives, and a shard's forward must compute alone; use BatchNorm here{}",
+                                    m.name(), kFallback));
+  };
+  refuse_module(model);
+  for (const auto& m : model.modules(/*include_self=*/false)) refuse_module(*m);
+}
+
 std::vector<::torch::Tensor> clones(const std::vector<::torch::Tensor>& tensors) {
   std::vector<::torch::Tensor> out;
   for (const auto& t : tensors) out.push_back(t.detach().clone());
@@ -52,6 +84,38 @@ std::vector<::torch::Tensor> clones(const std::vector<::torch::Tensor>& tensors)
 void copy_into(const std::vector<::torch::Tensor>& to, const std::vector<::torch::Tensor>& from) {
   ::torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+}
+
+// A bucket: a range [begin, end) of the flat gradient buffers.
+struct FlatRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+// DDP's buckets (plan_buckets, reverse order) as ranges of the flat
+// buffers, where the parameters lie in model order: a bucket holds
+// consecutive parameters, since they share one dtype.
+std::vector<FlatRange> flat_buckets(const std::vector<::torch::Tensor>& params, std::size_t cap_bytes) {
+  std::vector<ParamSpec> specs;
+  std::vector<std::int64_t> offsets;
+  std::int64_t at = 0;
+  for (const auto& p : params) {
+    specs.push_back({.name = "", .count = static_cast<std::size_t>(p.numel())});
+    offsets.push_back(at);
+    at += p.numel();
+  }
+  BucketPlanOptions plan;
+  plan.bucket_cap_bytes = std::max<std::size_t>(cap_bytes, 1);
+  plan.first_bucket_bytes = std::min(plan.first_bucket_bytes, plan.bucket_cap_bytes);
+  std::vector<FlatRange> out;
+  for (const Bucket& b : plan_buckets(specs, reverse_order(params.size()), plan)) {
+    const auto [lo, hi] = std::minmax_element(b.params.begin(), b.params.end());
+    const FlatRange r{offsets[*lo], offsets[*hi] + params[*hi].numel()};
+    LOCKSTEP_ENFORCE(static_cast<std::size_t>(r.end - r.begin) == b.count,
+                     "ResilientTrainer: a bucket's parameters are not consecutive");
+    out.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace
@@ -69,6 +133,7 @@ struct ResilientTrainer::State {
   std::vector<::torch::Tensor> params;
   std::vector<::torch::Tensor> buffers;
   std::int64_t flat_count = 0;
+  std::vector<FlatRange> buckets;
   ::torch::ScalarType dtype = ::torch::kFloat32;
   std::uint64_t committed = 0;
   // What steps 2 and 3 made for step `committed`, kept until it commits:
@@ -96,6 +161,7 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
   LOCKSTEP_CHECK_ARG(model != nullptr && group != nullptr, "ResilientTrainer: a model and a group are needed");
   LOCKSTEP_CHECK_ARG(options.shards >= 0, "ResilientTrainer: shards must be 0 (the group's size) or more, not {}",
                      options.shards);
+  refuse_what_cannot_survive(*model, optimizer);
   State& s = *state_;
   s.model = std::move(model);
   s.optimizer = &optimizer;
@@ -118,6 +184,7 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
   }
   s.buffers = s.model->buffers();
   s.reduced = ::torch::zeros({s.flat_count}, ::torch::TensorOptions().dtype(s.dtype));
+  s.buckets = flat_buckets(s.params, options.bucket_cap_bytes);
   s.reassign();
   // Every rank starts from rank 0's parameters and buffers, as DDP does.
   std::vector<::torch::Tensor> start = s.params;
@@ -131,6 +198,7 @@ std::uint64_t ResilientTrainer::steps_committed() const { return state_->committ
 std::vector<int> ResilientTrainer::shards() const { return state_->held(); }
 ProcessGroup& ResilientTrainer::group() const { return *state_->group; }
 int ResilientTrainer::generation() const { return state_->generation; }
+std::size_t ResilientTrainer::bucket_count() const { return state_->buckets.size(); }
 
 StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Shard&)>& loss_of) {
   State& s = *state_;
@@ -199,10 +267,26 @@ std::vector<double> ResilientTrainer::State::run(const std::function<::torch::Te
     if (shard == 0) after_shard_0 = clones(buffers);
   }
   pending = false;
-  observe("reduce");
-  std::vector<ConstBuffer> inputs;
-  for (const auto& f : flats) inputs.push_back(buffer_of(f, "a shard's gradients"));
-  group->reduce_shards(inputs, holder, buffer_of(reduced, "the reduced gradients"), ReduceOp::avg)->wait();
+  std::vector<std::shared_ptr<Work>> in_flight;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    observe(b == 0 ? std::string("reduce") : fmt::format("bucket{}", b));
+    const FlatRange& r = buckets[b];
+    std::vector<ConstBuffer> inputs;
+    for (const auto& f : flats) inputs.push_back(buffer_of(f.slice(0, r.begin, r.end), "a shard's gradients"));
+    in_flight.push_back(group->reduce_shards(inputs, holder, buffer_of(reduced.slice(0, r.begin, r.end), "the reduced gradients"),
+                                             ReduceOp::avg));
+  }
+  // Every bucket's end is waited for, even after one failed: none may write
+  // into the buffers while the step is redone.
+  std::exception_ptr failed;
+  for (const auto& work : in_flight) {
+    try {
+      work->wait();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
   // The buffers shard 0's forward left, from its holder.
   pending_buffers = after_shard_0.empty() ? clones(start_buffers) : after_shard_0;
   observe("buffers");

@@ -1,10 +1,13 @@
 // The kill matrix (docs/faults.md): examples/in_place_recovery under
 // `lockstep run --on-rank-failure continue`, a rank killed (SIGKILL) at
-// each phase of a step (before forward, in backward, before the reduction,
+// each phase of a step, over bucket layouts of 1 to 4 buckets (before
+// forward, in backward, before the reduction, inside each later bucket's,
 // before the buffers' broadcast, before the commit point, past it, after
 // the commit, while the first rank writes a checkpoint), two ranks at
-// once, and a second while the group re-forms,
-// over shm and tcp at 3 and 4 ranks and hier at 4. Every run must end with the
+// once, a second while the group re-forms, and a rank frozen (SIGSTOP)
+// before the reduction, which its peers drop once their collective times
+// out and the launcher then kills, over shm and tcp at 3 and 4 ranks and
+// hier at 4. Every run must end with the
 // parameters of the clean run of the same world, byte for byte, every
 // survivor must have committed every step, and the launcher must exit 0.
 // The victims vary (rank 0 among them): the store lives in the launcher.
@@ -40,41 +43,59 @@ struct Training {
   std::string params;
 };
 
-Training train(const std::string& backend, int world, const std::vector<std::string>& kills, const std::string& dir) {
+struct Case {
+  std::string name;
+  std::vector<std::string> kills;    // "rank:step:phase"
+  std::vector<std::string> freezes;  // the same, SIGSTOP
+  int survivors = 0;
+  std::string bucket_cap_mb = "25";  // the reduction's buckets (25: one)
+};
+
+Training train(const std::string& backend, int world, const Case& c, const std::string& dir) {
   const std::string params = dir + "/params.bin";
   const std::string checkpoint = dir + "/job.ckpt";
   std::vector<std::string> args{"--nproc-per-node", std::to_string(world), "--on-rank-failure", "continue",
                                 "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", std::to_string(kSteps),
                                 "--batch", std::to_string(16 * world), "--subset", "1200", "--save-params", params,
-                                "--checkpoint", checkpoint, "--checkpoint-every", "2"};
-  for (const auto& k : kills) args.insert(args.end(), {"--kill", k});
-  testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_BACKEND", backend}, {"LOCKSTEP_TIMEOUT", "20"}});
+                                "--checkpoint", checkpoint, "--checkpoint-every", "2", "--bucket-cap-mb",
+                                c.bucket_cap_mb};
+  for (const auto& k : c.kills) args.insert(args.end(), {"--kill", k});
+  for (const auto& k : c.freezes) args.insert(args.end(), {"--freeze", k});
+  // A frozen rank is noticed when a collective times out: a short timeout
+  // and window there, a long one elsewhere (a loaded machine).
+  const bool frozen = !c.freezes.empty();
+  if (frozen) args.insert(args.end(), {"--window", "3"});
+  testing::Launcher launcher(LOCKSTEP_CLI, args,
+                             {{"LOCKSTEP_BACKEND", backend}, {"LOCKSTEP_TIMEOUT", frozen ? "3" : "20"}});
   Training run;
   run.result = launcher.wait(180s);
   run.params = read_bytes(params);
   return run;
 }
 
-struct Case {
-  std::string name;
-  std::vector<std::string> kills;  // "rank:step:phase"
-  int survivors;
-};
-
 std::vector<Case> cases(int world) {
   std::vector<Case> out;
   const std::vector<std::string> phases = {"forward", "backward", "reduce", "buffers", "barrier", "commit", "committed"};
+  // The bucket layouts (the example's MLP has 4 parameters): 1, 2, 3 and 4
+  // buckets; the clean run has one, and the bits must not depend on it.
+  const std::vector<std::string> caps = {"25", "0.004", "0.0001", "0.00001"};
   for (std::size_t i = 0; i < phases.size(); ++i) {
     const int victim = static_cast<int>(i) % world;  // rank 0 among them
-    out.push_back({phases[i], {fmt::format("{}:{}:{}", victim, kKillStep, phases[i])}, world - 1});
+    out.push_back({phases[i], {fmt::format("{}:{}:{}", victim, kKillStep, phases[i])}, {}, world - 1,
+                   caps[i % caps.size()]});
   }
+  // Inside each later bucket's reduction, the earlier ones in flight.
+  for (int bucket = 1; bucket <= 3; ++bucket)
+    out.push_back({fmt::format("bucket{}", bucket), {fmt::format("{}:{}:bucket{}", bucket % world, kKillStep, bucket)},
+                   {}, world - 1, "0.00001"});
   // The checkpoint after step kKillStep is written by the first rank.
-  out.push_back({"checkpoint", {fmt::format("0:{}:checkpoint", kKillStep)}, world - 1});
+  out.push_back({"checkpoint", {fmt::format("0:{}:checkpoint", kKillStep)}, {}, world - 1});
+  out.push_back({"frozen", {}, {fmt::format("{}:{}:reduce", world - 1, kKillStep)}, world - 1});
   if (world >= 4) {
     out.push_back({"two_at_once", {fmt::format("1:{}:reduce", kKillStep), fmt::format("2:{}:reduce", kKillStep)},
-                   world - 2});
+                   {}, world - 2});
     out.push_back({"second_while_reforming",
-                   {fmt::format("3:{}:forward", kKillStep), fmt::format("1:{}:re-form", kKillStep)}, world - 2});
+                   {fmt::format("3:{}:forward", kKillStep), fmt::format("1:{}:re-form", kKillStep)}, {}, world - 2});
   }
   return out;
 }
@@ -84,18 +105,21 @@ class KillMatrix : public ::testing::TestWithParam<std::tuple<std::string, int>>
 TEST_P(KillMatrix, SurvivorsEndWithTheCleanRunsParametersBitForBit) {
   const auto& [backend, world] = GetParam();
   TempDir clean_dir;
-  const Training clean = train(backend, world, {}, clean_dir.path());
+  const Training clean = train(backend, world, Case{}, clean_dir.path());
   ASSERT_EQ(clean.result.exit_code, 0) << describe(clean.result);
   ASSERT_FALSE(clean.params.empty()) << "the clean run wrote no parameters";
   for (const Case& c : cases(world)) {
     SCOPED_TRACE(c.name);
     TempDir dir;
-    const Training killed = train(backend, world, c.kills, dir.path());
+    const Training killed = train(backend, world, c, dir.path());
     EXPECT_EQ(killed.result.exit_code, 0) << describe(killed.result);
     EXPECT_TRUE(killed.params == clean.params)
         << c.name << ": the parameters differ from the clean run's (" << killed.params.size() << " and "
         << clean.params.size() << " bytes)";
     EXPECT_TRUE(contains(killed.result.output, "the other ranks go on without it")) << killed.result.output;
+    if (!c.freezes.empty())
+      EXPECT_TRUE(contains(killed.result.output, "stopped answering its peers, who re-formed their group without it"))
+          << killed.result.output;
     // Every survivor committed every step, in a group of the survivors.
     const std::string done = fmt::format("{} steps in", kSteps);
     std::size_t survivors = 0;
@@ -127,6 +151,25 @@ TEST(InPlaceRecovery, TheDefaultStillStopsTheJob) {
   const auto r = launcher.wait(120s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.output, "rank 1 failed first")) << r.output;
+}
+
+// A program that does not re-form its group (here lockstep's DDP, as a
+// ZeRO-1 or fully_shard job would) under --on-rank-failure continue: the
+// launcher says the survivors could not go on in place and falls back to
+// the restart from the checkpoint.
+TEST(InPlaceRecovery, AProgramThatCannotGoOnInPlaceFallsBackToTheRestart) {
+  TempDir dir;
+  testing::Launcher launcher(LOCKSTEP_CLI,
+                             {"--nproc-per-node", "3", "--on-rank-failure", "continue", "--max-restarts", "1",
+                              "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--plain", "--steps", "8", "--batch",
+                              "48", "--subset", "1200", "--checkpoint", dir.path() + "/job.ckpt", "--checkpoint-every",
+                              "2", "--kill", "1:3:forward"},
+                             {{"LOCKSTEP_TIMEOUT", "20"}});
+  const auto r = launcher.wait(180s);
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.output, "rank 1 died and the others could not go on in place")) << r.output;
+  EXPECT_TRUE(contains(r.output, "falling back to the restart of every rank")) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting all ranks (restart 1 of 1)")) << r.output;
 }
 
 }  // namespace

@@ -27,9 +27,11 @@
 // call the trainer restores the model's buffers to the step's start and
 // seeds libtorch's default generator from (seed, step, shard), so dropout
 // draws the same numbers for a shard wherever it runs. Models whose
-// forward needs collectives (SyncBatchNorm) and optimizers whose state is
-// sharded (ZeRO-1) are not supported here yet; on the mpi and nccl backends
-// a rank's death ends the job as before (the launcher restarts it).
+// forward needs collectives (SyncBatchNorm), sharded models (fully_shard)
+// and optimizers whose state is sharded (ZeroRedundancyOptimizer) are
+// refused (ConfigError, naming the restart they fall back to); on the mpi
+// and nccl backends a rank's death ends the job as before (the launcher
+// restarts it).
 //
 // Gradients are views of the trainer's flat buffers, as DDP's
 // gradient_as_bucket_view makes them: after step() they hold the averaged
@@ -67,9 +69,16 @@ struct ResilientOptions {
   // How long survivors wait for a rank that neither answers nor is known
   // to have ended before they go on without it (ProcessGroup::shrink).
   Duration window = std::chrono::seconds(10);
+  // The reduction runs in buckets, as DDP's (lockstep::plan_buckets over
+  // the parameters in reverse order: a first bucket of at most 1 MiB, then
+  // at most this much each), all in flight at once. The bits do not depend
+  // on the layout: each element is averaged over the shards in shard order.
+  std::size_t bucket_cap_bytes = 25u << 20;
   // Called at each phase of a step, for logs and for tests that kill a
   // rank at an exact point: "shard" (before the user's function, per
-  // shard), "reduce" (before the reduction), "buffers" (before the
+  // shard), "reduce" (before the reduction's first bucket), "bucket<k>"
+  // (before bucket k's, k >= 1, while the earlier ones are in flight),
+  // "buffers" (before the
   // buffers' broadcast), "barrier" (before the commit point), "commit"
   // (past it, before the optimizer step), "committed", "re-form" (before
   // the group re-forms after a loss) and "re-formed" (once it stands and
@@ -109,6 +118,8 @@ class ResilientTrainer {
   ProcessGroup& group() const;
   // Re-forms so far.
   int generation() const;
+  // The reduction's buckets (ResilientOptions::bucket_cap_bytes).
+  std::size_t bucket_count() const;
 
  private:
   struct State;

@@ -43,6 +43,7 @@
 #include "run/failure_report.h"
 #include "run/interruption.h"
 #include "run/launcher_store.h"
+#include "run/node_loss_watch.h"
 #include "run/rank_environment.h"
 #include "run/round_store.h"
 #include "run/round_watch.h"
@@ -54,12 +55,13 @@
 namespace lockstep::cli {
 namespace {
 
-// The store's host waits for every node to finish before exiting.
+// The store's host waits for every node to finish before exiting (but for
+// nodes lost under --on-rank-failure continue).
 void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd,
                     const std::function<std::optional<std::string>()>& gone = nullptr) {
   const std::string done = fmt::format("launcher/{}/done", round);
   const std::string failed = round_failed_key(round);
-  while (store.add(done, 0) < nnodes && !store.check({failed})) {
+  while (store.add(done, 0) + lost_node_count(store, round) < nnodes && !store.check({failed})) {
     throw_if_interrupted(signal_fd, "the other nodes to finish");
     if (auto why = gone ? gone() : std::nullopt) {
       std::fprintf(stderr, "lockstep run: not waiting for the other nodes to finish: %s\n", why->c_str());
@@ -93,6 +95,36 @@ void merge_rank_traces(const Round& round, int nproc) {
 // The supervisor's options for the ranks of `round` as the command line
 // sets them; the loop adds each rank's directory and the watch of the
 // other nodes.
+// --on-rank-failure continue, when the ranks that outlived a death failed
+// after it: the program does not go on in place (docs/faults.md), and the
+// job falls back to what restart does.
+void print_fallback_to_restart(const RankFailure& survivor, const RankFailure& death, int failures, int max_restarts) {
+  // Its error: the last line that does not continue another (indented).
+  std::string last = survivor.status.describe();
+  for (const std::string& line : survivor.last_stderr)
+    if (!line.empty() && line[0] != ' ') last = line.size() > 240 ? line.substr(0, 240) + "..." : line;
+  std::fprintf(stderr,
+               "lockstep run: rank %d died and the others could not go on in place (rank %d: %s): the program must "
+               "re-form its group (lockstep::torch::ResilientTrainer), and ZeroRedundancyOptimizer, fully_shard and "
+               "SyncBatchNorm cannot yet survive a death (docs/faults.md); %s\n",
+               death.rank, survivor.rank, last.c_str(),
+               failures < max_restarts ? "falling back to the restart of every rank, as --on-rank-failure restart does"
+                                       : "the job fails (give --max-restarts N to restart it from its checkpoint "
+                                         "instead)");
+}
+
+// How often each node beats under --on-rank-failure continue, and after how
+// long a silent one is lost: --rdzv-conf's keep_alive_* if given, else
+// every second, lost after three: the survivors wait this long at most.
+KeepAlive continue_keep_alive(const RunOptions& o) {
+  const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
+  KeepAlive k;
+  k.interval = conf.keep_alive_interval > 0 ? Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000))
+                                            : std::chrono::seconds(1);
+  k.max_attempts = conf.keep_alive_max_attempt > 0 ? conf.keep_alive_max_attempt : 3;
+  return k;
+}
+
 SupervisorOptions supervisor_options(const RunOptions& o, const JobIdentity& job, const Round& round) {
   SupervisorOptions sup;
   sup.prefix_output = !o.no_prefix;
@@ -196,6 +228,20 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     if (!single)
       sup.remote_failure = watch_other_nodes(store, elastic.get(), plan, job, store_name, round, round_store, stop);
     sup.continue_after_rank_failure = o.on_rank_failure == "continue";
+    // Nodes that stop beating are lost, not failed (a fixed node count;
+    // an elastic job re-forms its rounds without them instead).
+    std::unique_ptr<NodeLossWatch> node_loss;
+    if (sup.continue_after_rank_failure && !single && !elastic) {
+      node_loss = std::make_unique<NodeLossWatch>(store, round, nproc, continue_keep_alive(o));
+      sup.remote_failure = [watch = std::move(sup.remote_failure), &node_loss,
+                            &stop]() -> std::optional<std::string> {
+        if (auto cut_off = node_loss->poll()) {
+          stop.store_lost = true;  // the others go on: this node stops, and does not restart
+          return cut_off;
+        }
+        return watch();
+      };
+    }
     if (sup.continue_after_rank_failure) {
       // The survivors need not wait for a rank the launcher saw end
       // (ProcessGroup::shrink reads this key).
@@ -208,12 +254,17 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
           std::fprintf(stderr, "lockstep run: could not tell the ranks that rank %d ended (%s)\n", rank, e.what());
         }
       };
+      sup.dropped = [&](int rank) {
+        const std::string key = launcher_dropped_key(round.number, rank);
+        return plan.etcd ? round_store_has(round_store, key) : store.check({key});
+      };
     }
     const AttemptResult result = supervise(ranks, signal_fd, sup);
     remove_leftover_segments(job.shm_tag);
     merge_rank_traces(round, nproc);
 
     if (result.ok) {
+      if (node_loss) node_loss->mark_finished();
       if (!single) {
         // "done" last: once every node has said it, the store's host leaves.
         if (elastic) elastic->mark_finished();
@@ -222,6 +273,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         // Under etcd, node 0 of the round hosts its ranks' store instead.
         if ((server || round_store.server) && elastic)
           wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
+        else if (server && node_loss)
+          // A node that dies meanwhile is lost, not waited for.
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return node_loss->poll(); });
         else if (server)
           wait_for_nodes(store, round.nnodes, round.number, signal_fd);
       }
@@ -291,6 +345,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       }
     }
     print_failure(f, round.node_rank, attempt, ranks.size() - (f.reported_by.empty() ? 1 : 0));
+    if (result.could_not_go_on) print_fallback_to_restart(*result.could_not_go_on, f, failures, o.max_restarts);
     if (failed_here && !stop.store_lost) print_other_nodes_failures(store, round, std::chrono::seconds(1));
     if (failures >= o.max_restarts || stop.store_lost) {
       // The failed rank's own code; a failure on another node has none here.

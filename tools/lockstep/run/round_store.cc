@@ -1,6 +1,7 @@
 // open_round_store; see round_store.h.
 #include "run/round_store.h"
 
+#include <memory>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -34,15 +35,32 @@ RoundStore open_round_store(Store& control, const Round& round, const std::strin
   return store;
 }
 
-void tell_round_ranks(const RoundStore& store, const std::string& key, const std::string& value) {
+namespace {
+
+// A connection to the round's store that gives up within a second.
+std::unique_ptr<TcpStore> briefly_connected(const RoundStore& store) {
   TcpStoreOptions options;
   options.token = store.token;
   options.connect_timeout = std::chrono::seconds(1);
   options.timeout = std::chrono::seconds(1);
+  return std::make_unique<TcpStore>(store.host, static_cast<std::uint16_t>(store.port), options);
+}
+
+}  // namespace
+
+void tell_round_ranks(const RoundStore& store, const std::string& key, const std::string& value) {
   try {
-    TcpStore(store.host, static_cast<std::uint16_t>(store.port), options).compare_set(key, "", value);
+    briefly_connected(store)->compare_set(key, "", value);
   } catch (const Error&) {
     // Its host is gone, and with it the ranks that would have read it.
+  }
+}
+
+bool round_store_has(const RoundStore& store, const std::string& key) {
+  try {
+    return briefly_connected(store)->check({key});
+  } catch (const Error&) {
+    return false;
   }
 }
 

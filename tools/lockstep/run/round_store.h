@@ -39,4 +39,9 @@ RoundStore open_round_store(Store& control, const Round& round, const std::strin
 // whose host has gone has no ranks left to tell.
 void tell_round_ranks(const RoundStore& store, const std::string& key, const std::string& value);
 
+// Whether `key` is set in the round's store, where its ranks tell their
+// launchers something (launcher_dropped_key); false if it does not answer
+// within a second.
+bool round_store_has(const RoundStore& store, const std::string& key);
+
 }  // namespace lockstep::cli

@@ -13,9 +13,11 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
+#include "lockstep/error.h"
 #include "lockstep/error_file.h"
 #include "run/output_relay.h"
 #include "run/run_arguments.h"
@@ -87,6 +89,7 @@ class Attempt {
 
   AttemptResult run() {
     Clock::time_point next_remote_check = options_.clock->now();
+    Clock::time_point next_dropped_check = options_.clock->now();
     std::optional<Clock::time_point> all_exited_at;
     while (!finished(all_exited_at)) {
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
@@ -115,6 +118,11 @@ class Attempt {
           result_.first_failure = f;
           begin_stop(SIGTERM);
         }
+      }
+      if (!stopping_ && options_.continue_after_rank_failure && options_.dropped &&
+          options_.clock->now() >= next_dropped_check) {
+        next_dropped_check = options_.clock->now() + options_.monitor_interval;
+        kill_dropped();
       }
       if (stopping_ && !killed_ && options_.clock->now() >= stop_deadline_) {
         for (auto& r : ranks_) r.signal(SIGKILL);
@@ -274,6 +282,26 @@ class Attempt {
       f.seconds = seconds_between(r.started(), r.ended());
       f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
       first_loss_ = f;
+      first_loss_at_ = r.ended();
+    }
+  }
+
+  // --on-rank-failure continue: a rank its peers re-formed without while it
+  // neither answered nor ended (frozen, cut off) is killed, and so lost.
+  void kill_dropped() {
+    for (RankProcess& r : ranks_) {
+      if (!r.running() || killed_dropped_.count(r.rank())) continue;
+      bool dropped = false;
+      try {
+        dropped = options_.dropped(r.rank());
+      } catch (const Error&) {
+        return;  // the store does not answer now: asked again at the next poll
+      }
+      if (!dropped) continue;
+      std::fprintf(stderr, "lockstep run: rank %d stopped answering its peers, who re-formed their group without it; "
+                   "killing it (--on-rank-failure continue)\n", r.rank());
+      r.signal(SIGKILL);
+      killed_dropped_.insert(r.rank());
     }
   }
 
@@ -287,7 +315,24 @@ class Attempt {
       outlived = true;
       all_clean = all_clean && r.status().ok();
     }
-    if (!outlived || !all_clean) result_.first_failure = first_loss_;
+    if (outlived && all_clean) return;
+    result_.first_failure = first_loss_;
+    // The first rank that exited with an error (not killed) after the first
+    // death: a survivor that could not go on in place.
+    std::optional<std::size_t> survivor;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      const RankProcess& r = ranks_[i];
+      if (r.rank() == first_loss_->rank || r.status().code <= 0 || r.ended() < first_loss_at_) continue;
+      if (!survivor || r.ended() < ranks_[*survivor].ended()) survivor = i;
+    }
+    if (!survivor) return;
+    const RankProcess& r = ranks_[*survivor];
+    RankFailure f;
+    f.rank = r.rank();
+    f.status = r.status();
+    f.seconds = seconds_between(r.started(), r.ended());
+    f.last_stderr.assign(streams_[*survivor].err->last_lines().begin(), streams_[*survivor].err->last_lines().end());
+    result_.could_not_go_on = f;
   }
 
   void record_failure() {
@@ -348,7 +393,9 @@ class Attempt {
   int pending_failure_ = -1;   // index of the first failed rank, not yet recorded
   Clock::time_point settle_deadline_{};
   std::optional<RankFailure> first_loss_;  // --on-rank-failure continue: the first rank that died
+  Clock::time_point first_loss_at_{};
   Clock::time_point last_loss_{};
+  std::set<int> killed_dropped_;  // ranks killed by kill_dropped
 
 };
 

@@ -44,6 +44,11 @@ struct AttemptResult {
   // went on (the attempt is ok when every rank still running after the last
   // of them exited 0).
   std::vector<int> survived_loss_of;
+  // With continue_after_rank_failure: ranks outlived a death but did not
+  // all exit 0: the program could not go on in place (it does not re-form
+  // its group, or its state cannot survive), and the job falls back to the
+  // restart. The first such rank's last words.
+  std::optional<RankFailure> could_not_go_on;
 };
 
 struct SupervisorOptions {
@@ -76,6 +81,11 @@ struct SupervisorOptions {
   // succeeds if every rank that outlived the last death exits 0.
   bool continue_after_rank_failure = false;
   std::function<void(int rank)> rank_lost;
+  // With continue_after_rank_failure, polled every monitor_interval for
+  // each rank still running (by its global rank): true once its peers
+  // re-formed their group without it (frozen, cut off). The supervisor
+  // kills it, and it counts as lost.
+  std::function<bool(int rank)> dropped;
   // The clock the grace period, the settling of a failure's cause and the
   // monitor interval are measured on (the loop itself polls its pipes in
   // real time). Never null; tests move a clock of their own.
