@@ -13,6 +13,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "simulate/failure_report.h"
+
 namespace lockstep::cli {
 
 struct SimulateOptions {
@@ -52,6 +54,8 @@ struct SimulateOptions {
   std::string param_dtype = "fp32";
   std::string reduce_dtype = "fp32";
   double optimizer_bytes = 8;
+  // Failures and recovery (failure_report.h).
+  FailureOptions failures;
   bool list_presets = false;
   std::string out = "lockstep-simulate";
   std::string json;

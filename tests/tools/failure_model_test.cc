@@ -1,0 +1,101 @@
+// The failure model of `lockstep simulate` (src/simulate/failure_model.h):
+// its analytic answers against its own Monte Carlo timeline, the best
+// checkpoint interval against Young's and Daly's, and the ordering a user
+// relies on when choosing a recovery mode.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "lockstep/error.h"
+#include "simulate/failure_model.h"
+
+namespace lockstep::sim {
+namespace {
+
+// 1024 ranks as 128 nodes of 8, a node failing every 500 hours on average
+// (the system every 3.9 h), 1 s steps of which 80% compute, a 24-hour job;
+// a 60 s checkpoint write, a 5-minute restart, 2 s to re-form in place and
+// 30 s to feed a replacement.
+FailureScenario at_scale() {
+  FailureScenario s;
+  s.step_s = 1;
+  s.nodes = 128;
+  s.node_mtbf_h = 500;
+  s.job_h = 24;
+  s.checkpoint_s = 60;
+  s.restart_s = 300;
+  s.detect_s = 2;
+  s.replace_s = 30;
+  s.compute_share = 0.8;
+  return s;
+}
+
+TEST(FailureModel, DalysSegmentMatchesTheSimulatedRestart) {
+  FailureScenario s = at_scale();
+  for (std::int64_t every : {600, 1800, 3600, 14400}) {
+    s.checkpoint_every = every;
+    const FailureCost predicted = predict_failures(s, Recovery::restart);
+    const FailureCost simulated = simulate_failures(s, Recovery::restart, 400);
+    EXPECT_NEAR(predicted.efficiency, simulated.efficiency, 0.01) << "every " << every;
+    EXPECT_NEAR(predicted.failures, simulated.failures, 0.15 * predicted.failures + 0.3) << "every " << every;
+  }
+}
+
+TEST(FailureModel, TheBestIntervalIsDalysAndTheSimulationsBest) {
+  FailureScenario s = at_scale();
+  const std::int64_t best = best_checkpoint_interval(s);
+  // Young's and Daly's textbook answers land near the search's optimum.
+  EXPECT_NEAR(daly_interval_steps(s), static_cast<double>(best), 0.05 * best);
+  EXPECT_NEAR(young_interval_steps(s), static_cast<double>(best), 0.15 * best);
+  // And the simulated job is no faster at half or twice the interval.
+  s.checkpoint_every = best;
+  const double at_best = simulate_failures(s, Recovery::restart, 400).efficiency;
+  for (double factor : {0.25, 4.0}) {
+    s.checkpoint_every = static_cast<std::int64_t>(best * factor);
+    EXPECT_LT(simulate_failures(s, Recovery::restart, 400).efficiency, at_best + 0.002) << "x" << factor;
+  }
+}
+
+TEST(FailureModel, InPlaceAndReplaceMatchTheirSimulation) {
+  const FailureScenario s = at_scale();
+  for (Recovery r : {Recovery::in_place, Recovery::replace}) {
+    const FailureCost predicted = predict_failures(s, r);
+    const FailureCost simulated = simulate_failures(s, r, 400);
+    EXPECT_NEAR(predicted.efficiency, simulated.efficiency, 0.03) << to_string(r);
+  }
+}
+
+TEST(FailureModel, ReplacementsLoseLeastAndInPlaceAloneSlowsTheJob) {
+  const FailureScenario s = at_scale();
+  const FailureCost restart = predict_failures(s, Recovery::restart);
+  const FailureCost in_place = predict_failures(s, Recovery::in_place);
+  const FailureCost replace = predict_failures(s, Recovery::replace);
+  EXPECT_GT(replace.efficiency, restart.efficiency);
+  EXPECT_LT(replace.lost_per_failure_s, 0.1 * restart.lost_per_failure_s);
+  // One shard per rank: after a loss, a survivor computes two, and every
+  // rank waits for it.
+  EXPECT_LT(in_place.efficiency, replace.efficiency);
+  // With 8 shards per rank, a loss costs 9/8 of the compute, not 2x.
+  FailureScenario finer = s;
+  finer.shards_per_rank = 8;
+  EXPECT_GT(predict_failures(finer, Recovery::in_place).efficiency, in_place.efficiency);
+}
+
+TEST(FailureModel, NoFailuresCostNothingButTheCheckpoints) {
+  FailureScenario s = at_scale();
+  s.node_mtbf_h = 1e12;
+  s.checkpoint_every = 3600;
+  const double clean = 24 * 3600.0 / (24 * 3600.0 + 24 * 60.0);
+  for (Recovery r : {Recovery::restart, Recovery::in_place, Recovery::replace})
+    EXPECT_NEAR(predict_failures(s, r).efficiency, clean, 1e-3) << to_string(r);
+}
+
+TEST(FailureModel, BadInputIsRefused) {
+  FailureScenario s = at_scale();
+  s.node_mtbf_h = 0;
+  EXPECT_THROW(predict_failures(s, Recovery::restart), InvalidArgument);
+  EXPECT_THROW(parse_recovery("sometimes"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::sim
