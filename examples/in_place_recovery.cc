@@ -7,8 +7,9 @@
 //     build/examples/in_place_recovery --steps 200 --save-params /tmp/params.bin
 //
 // The global batch (--batch) is cut into one logical shard per rank at
-// start; each shard's samples come from its own DistributedSampler (the
-// shard's index as its rank), so they are the same whoever computes them.
+// start (--shards-per-rank for more); each shard's samples come from its
+// own DistributedSampler (the shard's index as its rank), so they are the
+// same whoever computes them.
 // The loop changes from a DDP loop by these lines: the step function, and
 // the batch chosen by shard instead of by rank.
 //
@@ -75,6 +76,7 @@ struct Options {
   std::vector<std::string> freezes;  // the same, SIGSTOP instead of SIGKILL
   double window = 10;                // seconds the survivors wait for a rank that does not answer
   double bucket_cap_mb = 25;         // the reduction's buckets, as DDP's bucket_cap_mb
+  int shards_per_rank = 1;           // logical shards per rank at start
 };
 
 struct Kill {
@@ -220,14 +222,17 @@ int run_plain(const Options& o, std::shared_ptr<lockstep::ProcessGroup> world, S
 int run(const Options& o) {
   auto world = lockstep::init_process_group();
   const int world_rank = world->rank(), world_size = world->size();
-  if (o.batch % world_size != 0)
-    throw lockstep::InvalidArgument(fmt::format("--batch {} must divide into {} shards", o.batch, world_size));
+  const int shards = world_size * o.shards_per_rank;
+  if (o.batch % shards != 0)
+    throw lockstep::InvalidArgument(fmt::format("--batch {} must divide into {} shards", o.batch, shards));
+  if (o.plain && o.shards_per_rank != 1)
+    throw lockstep::InvalidArgument("--plain trains one shard per rank (lockstep's DDP): leave out --shards-per-rank");
   torch::set_num_threads(1);
   Net model = make_model();
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
   const std::uint64_t first_step = resume(o, model, optimizer);
   fashion_mnist::Dataset data(o.data, /*train=*/true, o.subset);
-  ShardBatches batches(data, world_size, o.batch / world_size);
+  ShardBatches batches(data, shards, o.batch / shards);
 
   std::vector<Kill> kills;
   if (first_round()) {
@@ -253,6 +258,7 @@ int run(const Options& o) {
 
   lockstep::torch::ResilientOptions options;
   options.seed = 11;
+  options.shards = shards;
   options.first_step = first_step;
   options.window = std::chrono::milliseconds(static_cast<std::int64_t>(o.window * 1000));
   options.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * (1 << 20));
@@ -283,7 +289,7 @@ int run(const Options& o) {
                   "shards %s of %d\n",
                   static_cast<unsigned long long>(outcome.step), fmt::format("{}", fmt::join(outcome.lost, ",")).c_str(),
                   outcome.recovery_seconds, outcome.redone, fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str(),
-                  world_size);
+                  shards);
     if (trainer.group().rank() == 0 && (outcome.step % 50 == 0 || outcome.step + 1 == static_cast<std::uint64_t>(o.steps)))
       std::printf("step %llu: loss %.4f (shard %d)\n", static_cast<unsigned long long>(outcome.step),
                   outcome.losses.empty() ? 0.0 : outcome.losses.front(), trainer.shards().front());
@@ -317,6 +323,10 @@ int main(int argc, char** argv) {
   app.add_option("--freeze", o.freezes, "RANK:STEP:PHASE: as --kill, with SIGSTOP (the rank stops answering); "
                  "repeatable (tests)");
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "The reduction's bucket size (MiB), as DDP's bucket_cap_mb")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--shards-per-rank", o.shards_per_rank,
+                 "Logical shards per rank at start: after a loss, the most a survivor computes is ceil(shards / "
+                 "survivors), so more shards per rank slow the steps after a loss less")
       ->check(CLI::PositiveNumber);
   app.add_option("--window", o.window, "Seconds the survivors wait for a rank that neither answers nor is known to "
                  "have ended before going on without it")->check(CLI::PositiveNumber);

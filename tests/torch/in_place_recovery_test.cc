@@ -49,6 +49,7 @@ struct Case {
   std::vector<std::string> freezes;  // the same, SIGSTOP
   int survivors = 0;
   std::string bucket_cap_mb = "25";  // the reduction's buckets (25: one)
+  std::string shards_per_rank = "1";
 };
 
 Training train(const std::string& backend, int world, const Case& c, const std::string& dir) {
@@ -58,7 +59,7 @@ Training train(const std::string& backend, int world, const Case& c, const std::
                                 "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", std::to_string(kSteps),
                                 "--batch", std::to_string(16 * world), "--subset", "1200", "--save-params", params,
                                 "--checkpoint", checkpoint, "--checkpoint-every", "2", "--bucket-cap-mb",
-                                c.bucket_cap_mb};
+                                c.bucket_cap_mb, "--shards-per-rank", c.shards_per_rank};
   for (const auto& k : c.kills) args.insert(args.end(), {"--kill", k});
   for (const auto& k : c.freezes) args.insert(args.end(), {"--freeze", k});
   // A frozen rank is noticed when a collective times out: a short timeout
@@ -151,6 +152,26 @@ TEST(InPlaceRecovery, TheDefaultStillStopsTheJob) {
   const auto r = launcher.wait(120s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.output, "rank 1 failed first")) << r.output;
+}
+
+// Two logical shards per rank: after a loss the survivors share out two
+// shards each, and the result is still the clean run's (of two per rank).
+TEST(InPlaceRecovery, TwoShardsPerRankSurviveTwoDeaths) {
+  Case clean{.name = "clean", .shards_per_rank = "2"};
+  Case killed{.name = "killed",
+              .kills = {fmt::format("1:{}:reduce", kKillStep), fmt::format("2:{}:forward", kKillStep + 2)},
+              .survivors = 2,
+              .shards_per_rank = "2"};
+  TempDir clean_dir, dir;
+  const Training a = train("shm", 4, clean, clean_dir.path());
+  ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
+  const Training b = train("shm", 4, killed, dir.path());
+  EXPECT_EQ(b.result.exit_code, 0) << describe(b.result);
+  EXPECT_TRUE(!a.params.empty() && a.params == b.params) << "the parameters differ from the clean run's";
+  // Each of the two survivors ends with four of the eight shards.
+  EXPECT_TRUE(contains(b.result.output, "this rank now holds shards 0,1,4,5 of 8") &&
+              contains(b.result.output, "this rank now holds shards 2,3,6,7 of 8"))
+      << b.result.output;
 }
 
 // A program that does not re-form its group (here lockstep's DDP, as a

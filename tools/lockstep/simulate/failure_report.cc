@@ -49,11 +49,12 @@ FailureRow failure_row(const FailureOptions& o, int ranks, int ranks_per_host, d
 std::string render_failures(const FailureOptions& o, const std::vector<FailureRow>& rows) {
   const sim::FailureScenario& first = rows.front().scenario;
   std::string out = fmt::format(
-      "\n## What failures cost\n\nA {:.0f}-hour job (clean), a node failing every {:.0f} hours on average, "
-      "checkpoints of {:.2f} GB at {:g} GB/s ({}), a restart of {} besides reading the checkpoint, {} from a death "
+      "\n## What failures cost\n\nA job of {} (clean), a node failing every {} on average, "
+      "checkpoints of {:.3g} GB at {:g} GB/s ({}), a restart of {} besides reading the checkpoint, {} from a death "
       "to the survivors' re-formed group in place, {} logical shard(s) per rank, and a replacement fed from its "
       "peers' memory after {} besides sending the state.\n\n",
-      o.job_h, first.node_mtbf_h, first.checkpoint_s * o.storage_gb_per_s, o.storage_gb_per_s,
+      seconds_text(o.job_h * 3600), seconds_text(first.node_mtbf_h * 3600), first.checkpoint_s * o.storage_gb_per_s,
+      o.storage_gb_per_s,
       seconds_text(first.checkpoint_s), seconds_text(o.restart_s), seconds_text(o.detect_s), o.shards_per_rank,
       seconds_text(o.replace_join_s));
   out += "| ranks | nodes | a failure every | failures | checkpoint every (Young, Daly) | restart | in place | "

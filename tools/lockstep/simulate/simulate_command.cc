@@ -283,6 +283,28 @@ int run_sharded(const SimulateOptions& o, const sim::Scenario& s, const fs::path
   return 0;
 }
 
+// --step-ms: what failures cost a step measured elsewhere.
+int run_failures_only(const SimulateOptions& o, const sim::Scenario& s, const fs::path& dir) {
+  if (!o.failures.given())
+    throw InvalidArgument("simulate: --step-ms is for the failures' costs alone: give --node-mtbf-hours or "
+                          "--failures-per-rank-hour too");
+  if (!o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty() || sharded(o))
+    throw InvalidArgument("simulate: --step-ms replaces the workload's predicted step: leave out --model, --layers, "
+                          "--trace, --stats and --strategy fsdp");
+  std::vector<FailureRow> rows;
+  for (const auto n : parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize))
+    rows.push_back(failure_row(o.failures, static_cast<int>(n), s.cluster.ranks_per_host, o.step_ms / 1e3,
+                               o.compute_share, o.state_gb * 1e9, s.cluster.inter.gb_per_s()));
+  const std::string report = fmt::format("# lockstep simulate: failures\n\nA step of {:g} ms ({:.0f}% compute), "
+                                         "{} rank(s) per host.\n", o.step_ms, 100 * o.compute_share,
+                                         s.cluster.ranks_per_host) +
+                             render_failures(o.failures, rows);
+  std::ofstream(dir / "report.md") << report;
+  if (!o.json.empty()) std::ofstream(o.json) << nlohmann::json{{"failures", failures_json(rows)}}.dump(1) << "\n";
+  std::printf("%s\nreport: %s\n", report.c_str(), (dir / "report.md").string().c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_simulate_command(CLI::App& app, SimulateOptions& o) {
@@ -396,6 +418,15 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--shards-per-rank", f.shards_per_rank, "Failures: in place, logical shards per rank at start")
       ->capture_default_str()
       ->check(checks::positive_count());
+  s->add_option("--step-ms", o.step_ms,
+                "Failures only: a measured step (ms) at every --world-sizes instead of a workload's prediction")
+      ->check(checks::positive_number());
+  s->add_option("--compute-share", o.compute_share, "With --step-ms: the share of the step that is compute")
+      ->capture_default_str()
+      ->check(checks::number_in(0, 1));
+  s->add_option("--state-gb", o.state_gb,
+                "With --step-ms: the parameters and optimizer state (GB), sent to a replacement and checkpointed")
+      ->check(checks::non_negative_number());
   s->add_flag("--list-presets", o.list_presets, "List the cluster presets");
   s->add_option("--out", o.out, "Directory for report.md, scaling.png, cluster.json")->capture_default_str();
   s->add_option("--json", o.json, "Also write the predictions to this JSON file");
@@ -427,6 +458,7 @@ int run_simulate(const SimulateOptions& o) {
     std::printf("compute spread %.1f%% (from %zu trace file(s))\n", 100 * s.jitter, o.jitter_from.size());
   }
   s.bucket_view = o.bucket_view;
+  if (o.step_ms > 0) return run_failures_only(o, s, dir);
   if (sharded(o)) {
     if (o.failures.given())
       throw InvalidArgument("simulate: --node-mtbf-hours and --failures-per-rank-hour are modelled for DDP's step: "

@@ -56,6 +56,11 @@ struct SimulateOptions {
   double optimizer_bytes = 8;
   // Failures and recovery (failure_report.h).
   FailureOptions failures;
+  // A measured step instead of a workload (failures only): its time and
+  // the share of it that is compute.
+  double step_ms = 0;
+  double compute_share = 0.8;
+  double state_gb = 0;  // with step_ms: parameters and optimizer state, for a replacement and the checkpoint
   bool list_presets = false;
   std::string out = "lockstep-simulate";
   std::string json;

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Checks what `lockstep simulate` predicts failures cost against jobs whose
+ranks are killed at a known rate (docs/scaling.md, "What failures cost").
+
+examples/in_place_recovery runs under `lockstep run`, --ranks processes on
+this machine, a checkpoint every --checkpoint-every steps:
+  1. clean: the step time, and the launcher's start-up;
+  2. calibration: rank 1 killed just after a checkpoint under
+     --on-rank-failure restart (the restart's cost), and killed before the
+     first step under continue (a step with a survivor holding two shards:
+     the compute share; and the time to re-form);
+  3. --runs jobs of each mode, restart and continue (both --max-restarts
+     100), while a killer sends SIGKILL to a random rank process at random
+     times, a Poisson process of --mean-interval seconds per rank divided
+     by the ranks running (each rank failing at the same rate);
+  4. the prediction: `lockstep simulate --step-ms` with the measured step,
+     restart and re-form times and the same rate, written down before the
+     jobs run; then the measured mean wall time against it.
+The ranks stand for nodes (one rank a node). Prints a markdown table for
+docs/scaling.md.
+
+Usage: bench/validate_failures.py [--build build] [--ranks 4] [--steps 2000]
+           [--batch 64] [--mean-interval 40] [--checkpoint-every 100]
+           [--runs 3] [--seed 1]
+"""
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def children(pid):
+    """The launcher's rank processes."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def run_job(args, mode, kills=(), killer_rate=None, rng=None):
+    """One job: (wall seconds, output, kills sent)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [os.path.join(args.build, "lockstep"), "run", "--nproc-per-node", str(args.ranks),
+                   "--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1", "--",
+                   os.path.join(args.build, "examples", "in_place_recovery"), "--steps", str(args.steps),
+                   "--batch", str(args.batch), "--subset", "6000", "--window", "5",
+                   "--checkpoint", os.path.join(tmp, "job.ckpt"), "--checkpoint-every", str(args.checkpoint_every)]
+        for k in kills:
+            command += ["--kill", k]
+        env = dict(os.environ, LOCKSTEP_TIMEOUT="30")
+        start = time.monotonic()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        sent = []
+        done = threading.Event()
+        training = threading.Event()  # the first step's loss printed: the job's clock starts
+        lines = []
+
+        def reader():
+            for line in proc.stdout:
+                lines.append(line)
+                if "step 0: loss" in line:
+                    training.set()
+
+        def killer():
+            # Each running rank fails at `killer_rate` per second: the next
+            # failure among n after an exponential time of rate n x rate.
+            # From the first step on: the model's job starts there (failures
+            # during the restarts' start-up are the model's too).
+            while not training.wait(0.05):
+                if done.is_set():
+                    return
+            while not done.is_set():
+                ranks = children(proc.pid)
+                if not ranks:
+                    if done.wait(0.05):
+                        return
+                    continue
+                if done.wait(rng.expovariate(killer_rate * len(ranks))):
+                    return
+                ranks = children(proc.pid)
+                if ranks:
+                    victim = rng.choice(ranks)
+                    try:
+                        os.kill(victim, 9)
+                        sent.append(time.monotonic() - start)
+                    except ProcessLookupError:
+                        pass
+
+        thread = threading.Thread(target=killer, daemon=True) if killer_rate else None
+        if thread:
+            thread.start()
+        read = threading.Thread(target=reader, daemon=True)
+        read.start()
+        try:
+            proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            sys.exit(f"validate_failures.py: a {mode} job ran past {args.timeout} s")
+        read.join()
+        output = "".join(lines)
+        done.set()
+        if thread:
+            thread.join()
+        wall = time.monotonic() - start
+        if proc.returncode != 0:
+            sys.exit(f"validate_failures.py: {' '.join(command)} failed ({proc.returncode}):\n{output[-3000:]}")
+        return wall, output, len(sent)
+
+
+def training_seconds(output):
+    """The first rank's "N steps in X s" of the last attempt."""
+    found = re.findall(r"world rank 0: (\d+) steps in ([0-9.]+) s", output)
+    if not found:
+        sys.exit("validate_failures.py: no 'world rank 0: N steps in X s' line:\n" + output[-2000:])
+    return int(found[-1][0]), float(found[-1][1])
+
+
+def predict(args, step_s, compute_share, restart_s, detect_s, train_s):
+    """What `lockstep simulate` predicts: {mode: efficiency}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "failures.json")
+        subprocess.run([os.path.join(args.build, "lockstep"), "simulate", "--step-ms", f"{1e3 * step_s:.4f}",
+                        "--compute-share", f"{compute_share:.3f}", "--world-sizes", str(args.ranks),
+                        "--ranks-per-host", "1", "--node-mtbf-hours", f"{args.mean_interval / 3600:.6f}",
+                        "--job-hours", f"{train_s / 3600:.6f}", "--checkpoint-every", str(args.checkpoint_every),
+                        "--restart-seconds", f"{restart_s:.3f}", "--detect-seconds", f"{detect_s:.3f}",
+                        "--out", tmp, "--json", out], check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            modes = json.load(f)["failures"][0]["modes"]
+        return {m: v["efficiency"] for m, v in modes.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--mean-interval", type=float, default=40, help="seconds between one rank's failures, on average")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=900)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+
+    clean_wall, out, _ = run_job(args, "continue")
+    steps, train_s = training_seconds(out)
+    step_s = train_s / steps
+    startup_s = clean_wall - train_s
+    print(f"clean: {clean_wall:.2f} s, {steps} steps in {train_s:.2f} s ({1e3 * step_s:.2f} ms a step), "
+          f"start-up and end {startup_s:.2f} s", flush=True)
+
+    # Just after the checkpoint of the run's middle: almost nothing to redo.
+    at = (args.steps // 2 // args.checkpoint_every) * args.checkpoint_every
+    wall, _, _ = run_job(args, "restart", kills=[f"1:{at}:forward"])
+    restart_s = max(0.0, wall - clean_wall - step_s)
+    wall, out, _ = run_job(args, "continue", kills=["1:0:forward"])
+    _, slowed_s = training_seconds(out)
+    compute_share = min(1.0, max(0.0, slowed_s / train_s - 1))
+    reformed = [float(x) for x in re.findall(r"re-formed in ([0-9.]+) s", out)]
+    detect_s = statistics.median(reformed) if reformed else 0.1
+    print(f"calibration: a restart costs {restart_s:.2f} s; a survivor holding two shards makes a step "
+          f"{slowed_s / train_s:.2f}x (compute share {compute_share:.2f}); re-formed in {detect_s:.3f} s", flush=True)
+
+    predicted = predict(args, step_s, compute_share, restart_s, detect_s, train_s)
+    expected = {m: startup_s + train_s / e for m, e in predicted.items()}
+    print("predicted (before the runs): " + ", ".join(f"{m} {t:.1f} s" for m, t in expected.items()), flush=True)
+
+    rows = []
+    for mode, model_mode in (("restart", "restart"), ("continue", "in-place")):
+        walls, kills = [], []
+        for _ in range(args.runs):
+            wall, _, sent = run_job(args, mode, killer_rate=1 / args.mean_interval, rng=rng)
+            walls.append(wall)
+            kills.append(sent)
+            print(f"{mode}: {wall:.2f} s, {sent} kill(s)", flush=True)
+        measured = statistics.mean(walls)
+        error = expected[model_mode] / measured - 1
+        rows.append((mode, measured, statistics.mean(kills), expected[model_mode], error))
+
+    print(f"\n{args.ranks} ranks, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
+          f"{args.mean_interval:g} s on average, checkpoint every {args.checkpoint_every} steps, "
+          f"{args.runs} run(s) each; clean {clean_wall:.1f} s\n")
+    print("| mode | measured wall (mean) | kills (mean) | predicted | error |")
+    print("|---|---|---|---|---|")
+    for mode, measured, kills, expected_s, error in rows:
+        print(f"| {mode} | {measured:.1f} s | {kills:.1f} | {expected_s:.1f} s | {100 * error:+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
