@@ -72,7 +72,12 @@ cut_at=$(date +%s)
 echo "host2 cut off after $(elapsed) s"
 until_true 120 "the survivors re-form a world of 2" in_log 0 "world size 2"
 echo "hosts 0 and 1 re-formed a world of 2 $(($(date +%s) - cut_at)) s after the cut"
-in_log 0 "rank(s) 2 did not answer\|waiting for data from rank 2" || fail "host0 did not name rank 2"
+# Whichever notices first names what was lost: host0's ranks (their
+# watchdog, or the wait for rank 2's data) or host0's launcher (host2's
+# heartbeat stopped; it then stops its ranks before their collective times
+# out, which a loaded machine makes the more likely).
+until_true 10 "host0 names rank 2 or host2" in_log 0 \
+  "rank(s) 2 did not answer\|waiting for data from rank 2\|(host host2) stopped beating"
 # On whichever host is node 0 of the new round (the first to join it).
 until_true 120 "the world of 2 resumes" eval 'sed -s -n "/now on 2 rank(s)/,\$p" "$work"/fm[01].log | grep -c "samples/s" >/dev/null'
 left=$((cut_at + 30 - $(date +%s)))
