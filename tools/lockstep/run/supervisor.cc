@@ -276,12 +276,7 @@ class Attempt {
     result_.survived_loss_of.push_back(r.rank());
     last_loss_ = r.ended();
     if (!first_loss_) {
-      RankFailure f;
-      f.rank = r.rank();
-      f.status = r.status();
-      f.seconds = seconds_between(r.started(), r.ended());
-      f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
-      first_loss_ = f;
+      first_loss_ = ended_rank(i);
       first_loss_at_ = r.ended();
     }
   }
@@ -326,13 +321,19 @@ class Attempt {
       if (!survivor || r.ended() < ranks_[*survivor].ended()) survivor = i;
     }
     if (!survivor) return;
-    const RankProcess& r = ranks_[*survivor];
+    result_.could_not_go_on = ended_rank(*survivor);
+  }
+
+  // What rank `i` was when it ended: its status, how long it ran, its last
+  // lines on stderr.
+  RankFailure ended_rank(std::size_t i) const {
+    const RankProcess& r = ranks_[i];
     RankFailure f;
     f.rank = r.rank();
     f.status = r.status();
     f.seconds = seconds_between(r.started(), r.ended());
-    f.last_stderr.assign(streams_[*survivor].err->last_lines().begin(), streams_[*survivor].err->last_lines().end());
-    result_.could_not_go_on = f;
+    f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+    return f;
   }
 
   void record_failure() {
@@ -342,11 +343,7 @@ class Attempt {
     // Drain what it already wrote, so the summary shows its last words.
     while (r.stderr_fd() >= 0 && read_stream(i, true)) {
     }
-    RankFailure f;
-    f.rank = r.rank();
-    f.status = r.status();
-    f.seconds = seconds_between(r.started(), r.ended());
-    f.last_stderr.assign(streams_[i].err->last_lines().begin(), streams_[i].err->last_lines().end());
+    RankFailure f = ended_rank(i);
     if (i < options_.rank_dirs.size()) {
       f.error_file_path = options_.rank_dirs[i] / "error.json";
       f.error_file = read_error_file(f.error_file_path).value_or("");
