@@ -53,6 +53,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
+#include <thread>
 #include <vector>
 #include <string>
 
@@ -69,6 +71,7 @@ struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::size_t subset = 6000;
   std::string save_params;
+  std::string save_params_of_each;  // every rank writes PATH.<world rank>
   std::string checkpoint;
   int checkpoint_every = 0;
   bool plain = false;
@@ -77,6 +80,9 @@ struct Options {
   double window = 10;                // seconds the survivors wait for a rank that does not answer
   double bucket_cap_mb = 25;         // the reduction's buckets, as DDP's bucket_cap_mb
   int shards_per_rank = 1;           // logical shards per rank at start
+  std::vector<std::string> replacement_kills;  // "rank:incarnation:steps:phase"
+  double step_ms = 0;                // a pause after each step (a slower model, for demonstrations)
+  int hidden = 128;                  // the MLP's hidden width (a bigger model: more state to feed a replacement)
 };
 
 struct Kill {
@@ -84,11 +90,15 @@ struct Kill {
   std::uint64_t step = 0;
   std::string phase;
   int signal = SIGKILL;  // SIGSTOP: --freeze
+  // Phases that come only when a replacement joins (admit, feed, fed): the
+  // first at or after `step`.
+  bool from_step = false;
 };
 
 std::vector<Kill> parse_kills(const std::vector<std::string>& specs, int signal) {
-  static const std::set<std::string> phases = {"forward", "backward",  "reduce",  "buffers",   "barrier",
-                                               "commit",  "committed", "re-form", "checkpoint"};
+  static const std::set<std::string> phases = {"forward", "backward",  "reduce",  "buffers",    "barrier",
+                                               "commit",  "committed", "re-form", "checkpoint", "admit",
+                                               "feed",    "fed"};
   std::vector<Kill> out;
   for (const std::string& spec : specs) {
     const auto a = spec.find(':'), b = spec.rfind(':');
@@ -98,15 +108,48 @@ std::vector<Kill> parse_kills(const std::vector<std::string>& specs, int signal)
     k.step = std::stoull(spec.substr(a + 1, b - a - 1));
     k.phase = spec.substr(b + 1);
     k.signal = signal;
+    k.from_step = k.phase == "admit" || k.phase == "feed" || k.phase == "fed";
     const bool bucket = k.phase.rfind("bucket", 0) == 0 && k.phase.size() > 6 &&
                         k.phase.find_first_not_of("0123456789", 6) == std::string::npos;
     if (!phases.count(k.phase) && !bucket)
       throw lockstep::InvalidArgument("--kill " + spec + ": the phase is one of forward, backward, reduce, buffers, "
-                                      "barrier, commit, committed, re-form, checkpoint, or bucketK (before the "
-                                      "reduction's bucket K, K >= 1)");
+                                      "barrier, commit, committed, re-form, checkpoint, admit, feed, fed, or "
+                                      "bucketK (before the reduction's bucket K, K >= 1)");
     out.push_back(k);
   }
   return out;
+}
+
+// --kill-replacement R:I:K:PHASE: replacement I of world rank R kills
+// itself K steps after the step it joined at.
+struct ReplacementKill {
+  int rank = -1;
+  int incarnation = 0;
+  std::uint64_t after = 0;
+  std::string phase;
+};
+
+std::vector<ReplacementKill> parse_replacement_kills(const std::vector<std::string>& specs) {
+  std::vector<ReplacementKill> out;
+  for (const std::string& spec : specs) {
+    ReplacementKill k;
+    std::istringstream in(spec);
+    char c1 = 0, c2 = 0, c3 = 0;
+    if (!(in >> k.rank >> c1 >> k.incarnation >> c2 >> k.after >> c3) || c1 != ':' || c2 != ':' || c3 != ':' ||
+        !std::getline(in, k.phase) || k.incarnation < 1)
+      throw lockstep::InvalidArgument("--kill-replacement " + spec +
+                                      ": use RANK:INCARNATION:STEPS:PHASE (INCARNATION >= 1)");
+    parse_kills({fmt::format("{}:0:{}", k.rank, k.phase)}, SIGKILL);  // checks the phase
+    out.push_back(k);
+  }
+  return out;
+}
+
+// Which start of this rank in the launcher's round this process is (0:
+// the first; a replacement counts up).
+int incarnation() {
+  const char* value = std::getenv("LOCKSTEP_INCARNATION");
+  return value == nullptr ? 0 : std::atoi(value);
 }
 
 // One shard's samples, epoch by epoch: its own sampler's order, cut into
@@ -153,9 +196,10 @@ void write_params(const std::string& path, nn::Module& model) {
 
 using Net = nn::Sequential;
 
-Net make_model() {
+Net make_model(int hidden) {
   torch::manual_seed(1);
-  return nn::Sequential(nn::Flatten(), nn::Linear(28 * 28, 128), nn::ReLU(), nn::Dropout(0.1), nn::Linear(128, 10));
+  return nn::Sequential(nn::Flatten(), nn::Linear(28 * 28, hidden), nn::ReLU(), nn::Dropout(0.1),
+                        nn::Linear(hidden, 10));
 }
 
 double wall_clock_now() {
@@ -221,27 +265,32 @@ int run_plain(const Options& o, std::shared_ptr<lockstep::ProcessGroup> world, S
 
 int run(const Options& o) {
   auto world = lockstep::init_process_group();
-  const int world_rank = world->rank(), world_size = world->size();
+  // A replacement (lockstep run --max-replacements) joined a running group:
+  // its rank there need not be its world rank, nor its size the world's.
+  const int world_rank = world->world_ranks()[static_cast<std::size_t>(world->rank())];
+  const int world_size = world->job_size();
   const int shards = world_size * o.shards_per_rank;
   if (o.batch % shards != 0)
     throw lockstep::InvalidArgument(fmt::format("--batch {} must divide into {} shards", o.batch, shards));
   if (o.plain && o.shards_per_rank != 1)
     throw lockstep::InvalidArgument("--plain trains one shard per rank (lockstep's DDP): leave out --shards-per-rank");
   torch::set_num_threads(1);
-  Net model = make_model();
+  Net model = make_model(o.hidden);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
   const std::uint64_t first_step = resume(o, model, optimizer);
   fashion_mnist::Dataset data(o.data, /*train=*/true, o.subset);
   ShardBatches batches(data, shards, o.batch / shards);
 
   std::vector<Kill> kills;
-  if (first_round()) {
+  if (first_round() && !world->joined()) {
     kills = parse_kills(o.kills, SIGKILL);
     for (const Kill& k : parse_kills(o.freezes, SIGSTOP)) kills.push_back(k);
   }
+  const std::vector<ReplacementKill> replacement_kills =
+      world->joined() ? parse_replacement_kills(o.replacement_kills) : std::vector<ReplacementKill>{};
   const auto kill_at = [&](std::string_view phase, std::uint64_t step) -> const Kill* {
     for (const Kill& k : kills)
-      if (k.rank == world_rank && k.step == step && k.phase == phase) return &k;
+      if (k.rank == world_rank && (k.from_step ? step >= k.step : k.step == step) && k.phase == phase) return &k;
     return nullptr;
   };
   const auto killed_at = [&](std::string_view phase, std::uint64_t step) { return kill_at(phase, step) != nullptr; };
@@ -262,14 +311,36 @@ int run(const Options& o) {
   options.first_step = first_step;
   options.window = std::chrono::milliseconds(static_cast<std::int64_t>(o.window * 1000));
   options.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * (1 << 20));
+  double feed_started = 0;
   options.observer = [&](std::string_view phase, std::uint64_t step) {
     if (phase == "re-formed")
       std::printf("re-formed at %.6f\n", wall_clock_now());  // the first collective of the redone step follows
+    if (phase == "feed") feed_started = wall_clock_now();
+    if (phase == "fed")
+      std::printf("fed a replacement: %.3f s from the first broadcast to every digest compared\n",
+                  wall_clock_now() - feed_started);
     kill_here(phase, step);
   };
+  const bool replacement = world->joined();
+  // A replacement's kill while it is fed (phase feed or fed) comes before
+  // it knows its step.
+  for (const ReplacementKill& k : replacement_kills)
+    if (k.rank == world_rank && k.incarnation == incarnation() && (k.phase == "feed" || k.phase == "fed"))
+      kills.push_back(Kill{k.rank, 0, k.phase, SIGKILL, true});
   lockstep::torch::ResilientTrainer trainer(model.ptr(), optimizer, world, options);
   world.reset();  // the trainer holds it, and the groups after it
-  if (world_rank == 0) std::printf("the reduction runs in %zu bucket(s)\n", trainer.bucket_count());
+  const std::uint64_t joined_at = trainer.steps_committed();
+  if (replacement) {
+    std::printf("world rank %d (replacement %d): joined at step %llu, fed by its peers; holds shards %s of %d; "
+                "training at %.6f\n",
+                world_rank, incarnation(), static_cast<unsigned long long>(joined_at),
+                fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str(), trainer.shard_count(), wall_clock_now());
+    // Kills K steps after it joined: --kill-replacement.
+    for (const ReplacementKill& k : replacement_kills)
+      if (k.rank == world_rank && k.incarnation == incarnation() && k.phase != "feed" && k.phase != "fed")
+        kills.push_back(Kill{k.rank, joined_at + k.after, k.phase, SIGKILL, k.phase == "admit"});
+  }
+  if (world_rank == 0 && !replacement) std::printf("the reduction runs in %zu bucket(s)\n", trainer.bucket_count());
 
   const auto start = std::chrono::steady_clock::now();
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
@@ -290,6 +361,12 @@ int run(const Options& o) {
                   static_cast<unsigned long long>(outcome.step), fmt::format("{}", fmt::join(outcome.lost, ",")).c_str(),
                   outcome.recovery_seconds, outcome.redone, fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str(),
                   shards);
+    if (!outcome.joined.empty())
+      std::printf("step %llu: world rank(s) %s joined as replacements; %d ranks; this rank now holds shards %s\n",
+                  static_cast<unsigned long long>(outcome.step),
+                  fmt::format("{}", fmt::join(outcome.joined, ",")).c_str(), trainer.group().size(),
+                  fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str());
+    if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.step_ms));
     if (trainer.group().rank() == 0 && (outcome.step % 50 == 0 || outcome.step + 1 == static_cast<std::uint64_t>(o.steps)))
       std::printf("step %llu: loss %.4f (shard %d)\n", static_cast<unsigned long long>(outcome.step),
                   outcome.losses.empty() ? 0.0 : outcome.losses.front(), trainer.shards().front());
@@ -299,8 +376,11 @@ int run(const Options& o) {
       write_checkpoint(o, model, optimizer, done, [&] { kill_here("checkpoint", done - 1); });
     std::fflush(stdout);
   }
-  report(world_rank, o.steps - static_cast<int>(first_step), start, trainer.group().size(), trainer.generation());
+  report(world_rank, o.steps - static_cast<int>(replacement ? joined_at : first_step), start, trainer.group().size(),
+         trainer.generation());
   if (!o.save_params.empty() && trainer.group().rank() == 0) write_params(o.save_params, *model);
+  if (!o.save_params_of_each.empty())
+    write_params(fmt::format("{}.{}", o.save_params_of_each, world_rank), *model);
   return 0;
 }
 
@@ -315,6 +395,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "Fashion-MNIST directory");
   app.add_option("--subset", o.subset, "Use only the first N training images (0: all)");
   app.add_option("--save-params", o.save_params, "Write the final parameters (raw bytes) here, from the first survivor");
+  app.add_option("--save-params-of-each-rank", o.save_params_of_each,
+                 "Every rank writes its final parameters to PATH.<world rank> (a replacement's must be its peers')");
   app.add_option("--checkpoint", o.checkpoint, "Resume from this checkpoint if it exists; write it every --checkpoint-every steps");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0: none)")->check(CLI::NonNegativeNumber);
   app.add_flag("--plain", o.plain, "Train with lockstep's DistributedDataParallel, without recovery (the step time to compare)");
@@ -330,9 +412,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--window", o.window, "Seconds the survivors wait for a rank that neither answers nor is known to "
                  "have ended before going on without it")->check(CLI::PositiveNumber);
+  app.add_option("--kill-replacement", o.replacement_kills,
+                 "RANK:INCARNATION:STEPS:PHASE: replacement INCARNATION (1, 2, ...) of world rank RANK kills itself "
+                 "STEPS steps after it joined, at PHASE (lockstep run --max-replacements; repeatable; tests)");
+  app.add_option("--hidden", o.hidden, "The MLP's hidden width (a bigger model)")->check(CLI::PositiveNumber);
+  app.add_option("--step-ms", o.step_ms, "Pause this long after each step (a slower model, for demonstrations)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);
+  } catch (const lockstep::JobFinished& e) {
+    std::printf("in_place_recovery: %s\n", e.what());  // a replacement that came too late: nothing to do
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "in_place_recovery: %s\n", e.what());
     return 1;

@@ -103,6 +103,10 @@ struct Config {
   // every rank when one dies, so a group must not re-form in place) or
   // "continue" (ProcessGroup::shrink); empty when no launcher said.
   std::string on_rank_failure;
+  // LOCKSTEP_INCARNATION, set by `lockstep run --max-replacements`: 0 for a
+  // rank's first start in the round; a replacement (1, 2, ...) joins the
+  // group its peers are running (init_process_group, docs/faults.md).
+  int incarnation = 0;
   std::string torchelastic_run_id;  // TORCHELASTIC_RUN_ID
   // TORCHELASTIC_USE_AGENT_STORE (torchrun sets "True" or "False"): torchrun's
   // agent hosts a PyTorch TCPStore at MASTER_ADDR:MASTER_PORT, so every rank

@@ -55,4 +55,11 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A replacement (LOCKSTEP_INCARNATION > 0) found the group it would join
+// already finished: the job's work is done, and the process should exit 0.
+class JobFinished : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace lockstep

@@ -316,6 +316,39 @@ class ProcessGroup {
   // in its rank order (empty otherwise).
   const std::vector<int>& members_of_parent() const;
 
+  // Replacements (docs/faults.md, "Replacements join the running group").
+  // Under `lockstep run --on-rank-failure continue --max-replacements N`
+  // the launcher starts a new process for a rank that died; its
+  // init_process_group does not form the world but asks to join the group
+  // the job runs now, and returns once it is a member.
+  //
+  // The world ranks of replacements waiting to join this group, ascending
+  // (a replacement whose process ended meanwhile is not listed). Reads the
+  // launcher's store: one counter while no replacement is new. Any rank
+  // may call it; grow adopts its rank 0's answer.
+  std::vector<int> replacements_waiting();
+  // Collective over every rank of this group: the group grown by
+  // replacements, its members in world-rank order. Rank 0 passes the
+  // replacements to admit (replacements_waiting()); the others' lists are
+  // ignored, and every rank adopts rank 0's. Returns nullptr, on every
+  // rank, when none of them still waits. The replacements are told the new
+  // group's key and form it with the members within `window`; else Error
+  // (a replacement ended before it came): this group is intact, and the
+  // members agree on it (an allreduce here, for instance) before they go
+  // on with it.
+  std::shared_ptr<ProcessGroup> grow(const std::vector<int>& replacements, Duration window = std::chrono::seconds(10));
+  // Whether this process joined a running group as a replacement: its
+  // model and optimizer state must come from its peers (ResilientTrainer
+  // does that), and its group's rank and size are those of the group it
+  // joined, not its world rank and the world's size.
+  bool joined() const;
+  // The world's size when the job started (the world ranks there are).
+  int job_size() const;
+  // No replacement joins after this: one waiting, or started later, is
+  // told the job finished (init_process_group throws JobFinished). Any
+  // rank may call it, once its job's work is done.
+  void close_to_replacements();
+
   // Diagnostics (see docs/diagnostics.md).
   // Names operation `seq` (Work::seq) in the flight recorder and the
   // timeline, e.g. "bucket 3".

@@ -60,6 +60,27 @@ struct GroupSpec {
   std::vector<int> members_of_parent;
   // Shrinks of this group so far (ProcessGroup::shrink), numbering the next.
   std::shared_ptr<std::atomic<int>> shrinks = std::make_shared<std::atomic<int>>(0);
+  // Each member's start in the launcher's round, beside world_ranks (0: its
+  // first; a replacement's count up): the launcher's keys about a rank's
+  // end name the start that ended. Empty: all 0.
+  std::vector<int> incarnations;
+  // Where replacements ask to join the job's group (join_board.h): the
+  // world group's and every group shrink and grow make from it; empty for
+  // sub-groups, which no replacement joins.
+  std::string join_board;
+  // The world's size when the job started: the world ranks there are.
+  int job_size = 0;
+  // Formed by a replacement joining a running group (init_process_group
+  // with LOCKSTEP_INCARNATION > 0): its training state comes from peers.
+  bool joined = false;
+  // Grows of this group so far (ProcessGroup::grow), numbering the next.
+  std::shared_ptr<std::atomic<int>> grows = std::make_shared<std::atomic<int>>(0);
+  // The replacements' asks last seen (join_board.h), so that a group reads
+  // one counter per look while nothing is new.
+  std::shared_ptr<std::atomic<std::int64_t>> asks_seen = std::make_shared<std::atomic<std::int64_t>>(0);
+  int incarnation_of(int rank) const {
+    return incarnations.empty() ? 0 : incarnations[static_cast<std::size_t>(rank)];
+  }
   DiagnosticsSettings diagnostics;
 };
 
@@ -85,6 +106,13 @@ struct ProcessGroup::Impl {
 };
 
 std::shared_ptr<ProcessGroup> make_group(GroupSpec spec);
+
+// For a replacement (LOCKSTEP_INCARNATION > 0): asks on `spec`'s join board
+// to join the group the job runs now, waits until its rank 0 admits it (at
+// most spec.timeout; JobFinished when the job ended first), and forms that
+// group with its members. `spec` is the world's, as init_process_group
+// built it (grow.cc).
+std::shared_ptr<ProcessGroup> join_running_group(GroupSpec spec, int incarnation);
 
 // With LOCKSTEP_DEBUG=DETAIL: every rank shares the fingerprint of the
 // collective it is about to run and compares; a rank that issued something

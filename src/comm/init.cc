@@ -287,7 +287,11 @@ std::shared_ptr<ProcessGroup> init_process_group(GroupOptions options) {
     spec.diagnostics.launcher_stop_key = launcher_stop_key(config.restart_count);
   }
   spec.launcher_round = config.restart_count;
+  spec.job_size = launch.world_size;
+  spec.join_board = spec.key + "/join/";
+  const int incarnation = config.incarnation;
   spec.config = std::move(config);
+  if (incarnation > 0) return join_running_group(std::move(spec), incarnation);
   return make_group(std::move(spec));
 }
 

@@ -321,6 +321,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   spec.world_ranks.clear();
   for (int r : ranks) spec.world_ranks.push_back(impl_->spec.world_ranks[static_cast<std::size_t>(r)]);
   spec.shrinks = std::make_shared<std::atomic<int>>(0);
+  spec.grows = std::make_shared<std::atomic<int>>(0);
+  spec.incarnations.clear();
+  for (int r : ranks) spec.incarnations.push_back(impl_->spec.incarnation_of(r));
+  spec.join_board.clear();  // replacements join the job's group, not its sub-groups
+  spec.joined = false;
   agree_on_member_order(*spec.root_store, spec.key, ranks, rank(), spec.timeout);
   spec.world = false;
   spec.finished_key.clear();

@@ -42,7 +42,10 @@ std::set<int> ended_by_launcher(const GroupSpec& spec) {
   for (int r = 0; r < spec.size; ++r) {
     const int world = spec.world_ranks[static_cast<std::size_t>(r)];
     try {
-      if (spec.diagnostics.launcher_store->check({launcher_lost_key(spec.launcher_round, world)})) ended.insert(r);
+      Store& launcher = *spec.diagnostics.launcher_store;
+      if (launcher.check({launcher_lost_key(spec.launcher_round, world, spec.incarnation_of(r))}) ||
+          launcher.check({launcher_node_lost_key(spec.launcher_round, world)}))
+        ended.insert(r);
     } catch (const Error&) {
       // The launcher's store is unreachable: nothing learnt from it.
     }
@@ -58,7 +61,9 @@ void report_dropped(const GroupSpec& spec, const std::vector<int>& members, cons
     if (ended.count(r) || std::find(members.begin(), members.end(), r) != members.end()) continue;
     try {
       spec.diagnostics.launcher_store->set(
-          launcher_dropped_key(spec.launcher_round, spec.world_ranks[static_cast<std::size_t>(r)]), "1");
+          launcher_dropped_key(spec.launcher_round, spec.world_ranks[static_cast<std::size_t>(r)],
+                               spec.incarnation_of(r)),
+          "1");
     } catch (const Error&) {
       // The launcher's store is unreachable: the rank is left to its own
       // end (it is told it was left out if it ever runs again).
@@ -132,10 +137,16 @@ std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& lost,
   next.world = false;
   next.finished_key.clear();
   next.world_ranks.clear();
-  for (int r : members) next.world_ranks.push_back(spec.world_ranks[static_cast<std::size_t>(r)]);
+  next.incarnations.clear();
+  for (int r : members) {
+    next.world_ranks.push_back(spec.world_ranks[static_cast<std::size_t>(r)]);
+    next.incarnations.push_back(spec.incarnation_of(r));
+  }
   next.members_of_parent = members;
   next.rendezvous_timeout = window;
   next.shrinks = std::make_shared<std::atomic<int>>(0);
+  next.grows = std::make_shared<std::atomic<int>>(0);
+  next.joined = false;
   next.tracer = impl_->diagnostics->shared_tracer();
   impl_->log.warn("re-forming the group in place without rank(s) {}: {} of {} ranks go on as ranks 0..{}",
                   [&] {

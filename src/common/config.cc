@@ -221,9 +221,15 @@ void read_rendezvous(const VariableReader& vars, Config& c) {
   const auto elastic_restart = vars.integer(env::kTorchelasticRestartCount, 0, INT_MAX);
   c.restart_count = static_cast<int>(restart.value_or(elastic_restart.value_or(0)));
   c.on_rank_failure = vars.string(env::kOnRankFailure).value_or("");
+  c.incarnation = static_cast<int>(vars.integer(env::kIncarnation, 0, INT_MAX).value_or(0));
   if (!c.on_rank_failure.empty() && c.on_rank_failure != "restart" && c.on_rank_failure != "continue")
     throw ConfigError(fmt::format("{}='{}': use restart or continue (lockstep run --on-rank-failure sets it)",
                                   env::kOnRankFailure, c.on_rank_failure));
+  if (c.incarnation > 0 && c.on_rank_failure != "continue")
+    throw ConfigError(fmt::format("{}={} starts a replacement, which joins a group that goes on after a death; that "
+                                  "needs {}=continue (lockstep run --on-rank-failure continue --max-replacements N "
+                                  "sets both)",
+                                  env::kIncarnation, c.incarnation, env::kOnRankFailure));
 }
 
 void read_backends(const VariableReader& vars, Config& c) {

@@ -64,6 +64,10 @@ inline constexpr char kRunId[] = "LOCKSTEP_RUN_ID";
 inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
 // Set by `lockstep run`: what it does when a rank dies (restart|continue).
 inline constexpr char kOnRankFailure[] = "LOCKSTEP_ON_RANK_FAILURE";
+// Set by `lockstep run --max-replacements`: which start of this rank in the
+// round this process is (0: the first; more: a replacement, which joins the
+// running group instead of forming the world).
+inline constexpr char kIncarnation[] = "LOCKSTEP_INCARNATION";
 inline constexpr char kHostId[] = "LOCKSTEP_HOST_ID";
 inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";

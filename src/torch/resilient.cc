@@ -24,6 +24,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <sstream>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -144,6 +146,13 @@ struct ResilientTrainer::State {
   std::map<int, ::torch::Tensor> shard_gradients;
   std::vector<::torch::Tensor> pending_buffers;
 
+  // False on a replacement until its peers fed it the training state.
+  bool has_state = true;
+  // Set at the commit point when rank 0 saw a replacement waiting: the
+  // group grows once the step has committed.
+  bool admit_pending = false;
+  std::chrono::steady_clock::time_point next_replacement_look{};
+
   std::vector<int> held() const { return shards_held(holder, group->rank()); }
   void observe(std::string_view phase) const {
     if (options.observer) options.observer(phase, committed);
@@ -153,6 +162,11 @@ struct ResilientTrainer::State {
                           const std::vector<::torch::Tensor>& start_buffers);
   void commit();
   std::vector<int> recover(const std::exception_ptr& failure);
+  std::int64_t replacements_seen();
+  std::vector<int> admit(StepOutcome& outcome);
+  void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
+  void settle();
+  void feed(int source);
 };
 
 ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, ::torch::optim::Optimizer& optimizer,
@@ -185,6 +199,21 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
   s.buffers = s.model->buffers();
   s.reduced = ::torch::zeros({s.flat_count}, ::torch::TensorOptions().dtype(s.dtype));
   s.buckets = flat_buckets(s.params, options.bucket_cap_bytes);
+  if (s.group->joined()) {
+    // A replacement: the step count, the shards, the parameters, buffers
+    // and optimizer state come from its peers, whatever the options said.
+    s.has_state = false;
+    try {
+      s.settle();
+    } catch (const PeerError&) {
+      s.recover(std::current_exception());  // settles again, with whoever is left
+    } catch (const TimeoutError&) {
+      s.recover(std::current_exception());
+    }
+    s.reassign();
+    s.observe("joined");
+    return;
+  }
   s.reassign();
   // Every rank starts from rank 0's parameters and buffers, as DDP does.
   std::vector<::torch::Tensor> start = s.params;
@@ -192,13 +221,22 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
   broadcast_coalesced(*s.group, start, 0);
 }
 
-ResilientTrainer::~ResilientTrainer() = default;
+ResilientTrainer::~ResilientTrainer() {
+  // The job's work is done (or failed here): a replacement waiting, or
+  // started from now on, is told so instead of waiting for a step boundary.
+  try {
+    if (state_->group->rank() == 0) state_->group->close_to_replacements();
+  } catch (const std::exception&) {
+    // The store is gone: a replacement waiting times out instead.
+  }
+}
 
 std::uint64_t ResilientTrainer::steps_committed() const { return state_->committed; }
 std::vector<int> ResilientTrainer::shards() const { return state_->held(); }
 ProcessGroup& ResilientTrainer::group() const { return *state_->group; }
 int ResilientTrainer::generation() const { return state_->generation; }
 std::size_t ResilientTrainer::bucket_count() const { return state_->buckets.size(); }
+int ResilientTrainer::shard_count() const { return state_->shards; }
 
 StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Shard&)>& loss_of) {
   State& s = *state_;
@@ -210,6 +248,7 @@ StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Sha
     try {
       outcome.losses = s.run(loss_of, start_buffers);
       s.commit();
+      if (s.admit_pending) outcome.joined = s.admit(outcome);
       return outcome;
     } catch (const PeerError&) {
       failure = std::current_exception();  // only valid inside the handler
@@ -293,7 +332,12 @@ std::vector<double> ResilientTrainer::State::run(const std::function<::torch::Te
   broadcast_coalesced(*group, pending_buffers, holder[0]);
   pending = true;
   observe("barrier");
-  group->barrier()->wait();
+  // The commit point: an allreduce, a barrier that also carries whether
+  // rank 0 saw a replacement waiting, so that every rank grows the group
+  // after the same step.
+  std::int64_t waiting = group->rank() == 0 ? replacements_seen() : 0;
+  group->allreduce(Buffer{&waiting, 1, DType::i64}, ReduceOp::max)->wait();
+  admit_pending = waiting > 0;
   return losses;
 }
 
@@ -344,21 +388,7 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
       std::shared_ptr<ProcessGroup> next = group->shrink(lost_here, options.window);
       group = std::move(next);
       ++generation;
-      // The highest step any survivor committed. A rank one behind has what
-      // that step needs: a survivor committed only after passing the commit
-      // point's barrier, which every rank had reached.
-      std::int64_t highest = static_cast<std::int64_t>(committed);
-      group->allreduce(Buffer{&highest, 1, DType::i64}, ReduceOp::max)->wait();
-      if (static_cast<std::uint64_t>(highest) == committed + 1) {
-        if (!pending)
-          throw Error(fmt::format("ResilientTrainer: a survivor committed step {} but this rank holds no reduced "
-                                  "gradients for it; the commit rule was broken",
-                                  committed));
-        commit();
-      } else if (static_cast<std::uint64_t>(highest) != committed) {
-        throw Error(fmt::format("ResilientTrainer: survivors are {} steps apart; at most one is possible",
-                                highest - static_cast<std::int64_t>(committed)));
-      }
+      settle();
       reassign();
       observe("re-formed");
       break;
@@ -377,6 +407,215 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
   for (int w : before)
     if (std::find(after.begin(), after.end(), w) == after.end()) lost.push_back(w);
   return lost;
+}
+
+namespace {
+
+std::string serialized(::torch::optim::Optimizer& optimizer) {
+  ::torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_serialized(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  ::torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size());
+  optimizer.load(archive);
+}
+
+// FNV-1a over bytes, continued from `h`.
+std::uint64_t digest_of(const void* data, std::size_t size, std::uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::uint64_t digest_of(const std::vector<::torch::Tensor>& tensors, std::uint64_t h) {
+  for (const auto& t : tensors) {
+    const ::torch::Tensor c = t.detach().contiguous();
+    h = digest_of(c.data_ptr(), c.nbytes(), h);
+  }
+  return h;
+}
+
+// A parameter's entry in the optimizer's state map, keyed by its tensor's
+// address: a pointer in libtorch 2, the pointer printed in 1.x.
+template <typename StateMap>
+auto state_of(StateMap& state, c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream key;
+    key << static_cast<const void*>(impl);
+    return state.find(key.str());
+  } else {
+    return state.find(impl);
+  }
+}
+
+// The optimizer's state, parameter by parameter in its groups' order. Not
+// its serialized form as a whole: that names each parameter's state by the
+// address of the parameter's tensor, which differs from process to process.
+std::uint64_t digest_of(::torch::optim::Optimizer& optimizer, std::uint64_t h) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      const auto it = state_of(optimizer.state(), p.unsafeGetTensorImpl());
+      if (it == optimizer.state().end()) {
+        h = digest_of("-", 1, h);
+        continue;
+      }
+      ::torch::serialize::OutputArchive archive;
+      it->second->serialize(archive);
+      std::ostringstream out;
+      archive.save_to(out);
+      const std::string bytes = out.str();
+      h = digest_of(bytes.data(), bytes.size(), h);
+    }
+  return h;
+}
+
+}  // namespace
+
+// Rank 0 looks in the store for replacements at most every 50 ms: a
+// counter's read, off the step's critical path for any step this short.
+std::int64_t ResilientTrainer::State::replacements_seen() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_replacement_look) return 0;
+  next_replacement_look = now + std::chrono::milliseconds(50);
+  try {
+    return static_cast<std::int64_t>(group->replacements_waiting().size());
+  } catch (const Error&) {
+    return 0;  // the store does not answer now: looked at again later
+  }
+}
+
+// After a committed step that saw a replacement waiting: the group grows
+// (ProcessGroup::grow), the members agree on the old group that it stands,
+// and the replacements are fed (settle). A replacement that did not come
+// leaves the old group in use; a member lost meanwhile is recovered from
+// as in a step. Returns the world ranks that joined.
+// A loss while replacements were admitted: recovered from as in a step
+// (the step has committed: nothing is redone).
+void ResilientTrainer::State::recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome) {
+  const auto seen = std::chrono::steady_clock::now();
+  const std::vector<int> gone = recover(failure);
+  outcome.recovery_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - seen).count();
+  outcome.lost.insert(outcome.lost.end(), gone.begin(), gone.end());
+}
+
+std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
+  admit_pending = false;
+  observe("admit");
+  const std::vector<int> waiting = group->rank() == 0 ? group->replacements_waiting() : std::vector<int>{};
+  std::shared_ptr<ProcessGroup> grown;
+  try {
+    grown = group->grow(waiting, options.window);
+  } catch (const Error&) {
+    // Not formed here (grow says why in the log of the rank that knows):
+    // decided below, with the others.
+  }
+  std::int64_t formed = grown ? 1 : 0;
+  try {
+    group->allreduce(Buffer{&formed, 1, DType::i64}, ReduceOp::min)->wait();
+  } catch (const PeerError&) {
+    recover_during_admission(std::current_exception(), outcome);
+    return {};
+  } catch (const TimeoutError&) {
+    recover_during_admission(std::current_exception(), outcome);
+    return {};
+  }
+  if (formed == 0) return {};  // its launcher starts another once the process ends
+  const std::vector<int> before = group->world_ranks();
+  group = std::move(grown);
+  ++generation;
+  try {
+    settle();
+    reassign();
+  } catch (const PeerError&) {
+    recover_during_admission(std::current_exception(), outcome);
+  } catch (const TimeoutError&) {
+    recover_during_admission(std::current_exception(), outcome);
+  }
+  std::vector<int> joined;
+  for (int w : group->world_ranks())
+    if (std::find(before.begin(), before.end(), w) == before.end()) joined.push_back(w);
+  observe("admitted");
+  return joined;
+}
+
+// On a group just formed (shrunk or grown): the members agree on the
+// highest step any committed (a survivor one behind commits the pending
+// step from what it holds: a survivor committed only after passing the
+// commit point, which every rank had reached), and the members without
+// the training state (replacements) get it from the first member with it.
+void ResilientTrainer::State::settle() {
+  const auto size = static_cast<std::size_t>(group->size());
+  std::vector<std::int64_t> committed_of(size);
+  const std::int64_t mine = has_state ? static_cast<std::int64_t>(committed) : -1;
+  group->allgather(ConstBuffer{&mine, 1, DType::i64}, Buffer{committed_of.data(), size, DType::i64})->wait();
+  const std::int64_t highest = *std::max_element(committed_of.begin(), committed_of.end());
+  if (highest < 0)
+    throw Error(fmt::format("ResilientTrainer: no rank of the group (world ranks {}) holds the training state: every "
+                            "rank that did was lost before the replacements were fed; the job restarts from its last "
+                            "checkpoint (lockstep run --max-restarts)",
+                            fmt::join(group->world_ranks(), ",")));
+  if (has_state) {
+    if (static_cast<std::uint64_t>(highest) == committed + 1) {
+      if (!pending)
+        throw Error(fmt::format("ResilientTrainer: a survivor committed step {} but this rank holds no reduced "
+                                "gradients for it; the commit rule was broken",
+                                committed));
+      commit();
+    } else if (static_cast<std::uint64_t>(highest) != committed) {
+      throw Error(fmt::format("ResilientTrainer: survivors are {} steps apart; at most one is possible",
+                              highest - static_cast<std::int64_t>(committed)));
+    }
+  }
+  const auto source = std::find_if(committed_of.begin(), committed_of.end(), [](std::int64_t c) { return c >= 0; });
+  if (std::find(committed_of.begin(), committed_of.end(), -1) != committed_of.end())
+    feed(static_cast<int>(source - committed_of.begin()));
+}
+
+// The training state from rank `source` to every member: the step count,
+// the shards and the world's size at start, the parameters and buffers,
+// the optimizer's state (serialized as a checkpoint holds it). Then every
+// member compares a digest of what it holds: a replacement holds exactly
+// its peers' bytes, or the job stops here, naming who differs.
+void ResilientTrainer::State::feed(int source) {
+  observe("feed");
+  const bool sending = group->rank() == source;
+  std::int64_t header[3] = {static_cast<std::int64_t>(committed), shards, world_size};
+  group->broadcast(Buffer{header, 3, DType::i64}, source)->wait();
+  std::vector<::torch::Tensor> tensors = params;
+  tensors.insert(tensors.end(), buffers.begin(), buffers.end());
+  broadcast_coalesced(*group, tensors, source);
+  std::string optimizer_bytes = sending ? serialized(*optimizer) : std::string();
+  std::int64_t length = static_cast<std::int64_t>(optimizer_bytes.size());
+  group->broadcast(Buffer{&length, 1, DType::i64}, source)->wait();
+  optimizer_bytes.resize(static_cast<std::size_t>(length));
+  group->broadcast(Buffer{optimizer_bytes.data(), optimizer_bytes.size(), DType::u8}, source)->wait();
+  if (!has_state) {
+    committed = static_cast<std::uint64_t>(header[0]);
+    shards = static_cast<int>(header[1]);
+    world_size = static_cast<int>(header[2]);
+    load_serialized(*optimizer, optimizer_bytes);
+    has_state = true;
+  }
+  // What this rank holds now: its optimizer's state, parameters, buffers.
+  std::uint64_t digest = digest_of(*optimizer, 0xcbf29ce484222325ull);
+  digest = digest_of(tensors, digest);
+  std::vector<std::uint64_t> digests(static_cast<std::size_t>(group->size()));
+  static_assert(sizeof(std::uint64_t) == sizeof(std::int64_t));
+  group->allgather(ConstBuffer{&digest, 1, DType::i64}, Buffer{digests.data(), digests.size(), DType::i64})->wait();
+  std::vector<int> differ;
+  for (std::size_t r = 0; r < digests.size(); ++r)
+    if (digests[r] != digests[static_cast<std::size_t>(source)]) differ.push_back(group->world_ranks()[r]);
+  if (!differ.empty())
+    throw Error(fmt::format("ResilientTrainer: after the training state was sent from world rank {}, world rank(s) "
+                            "{} hold other bytes (parameters, buffers or optimizer state); replicas that differ would "
+                            "train apart silently, so the job stops here",
+                            group->world_ranks()[static_cast<std::size_t>(source)], fmt::join(differ, ",")));
+  observe("fed");
 }
 
 }  // namespace lockstep::torch

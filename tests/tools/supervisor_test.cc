@@ -3,7 +3,8 @@
 // ignores SIGTERM is killed once that clock passes the grace period, however
 // little real time went by, and not before. With --on-rank-failure
 // continue, a rank that dies does not stop the others: the attempt is
-// good when the ranks that outlived it finish cleanly.
+// good when the ranks that outlived it finish cleanly; with
+// --max-replacements the dead rank is started again.
 #include <gtest/gtest.h>
 
 #include <sys/signalfd.h>
@@ -88,7 +89,7 @@ AttemptResult supervise_with_a_death(const std::string& last_exit, std::vector<i
   ranks.emplace_back(2, std::vector<std::string>{"/bin/sh", "-c", "sleep 0.3"}, std::map<std::string, std::string>{});
   SupervisorOptions options;
   options.continue_after_rank_failure = true;
-  options.rank_lost = [&](int rank) { told.push_back(rank); };
+  options.rank_lost = [&](int rank, int) { told.push_back(rank); };
   return supervise(ranks, signals.fd(), options);
 }
 
@@ -109,6 +110,57 @@ TEST(SupervisorContinue, WhenTheLastRankFailsTheAttemptFailsNamingTheFirstDeath)
   ASSERT_TRUE(result.first_failure);
   EXPECT_EQ(result.first_failure->rank, 1);
   EXPECT_EQ(result.first_failure->status.signal, SIGKILL);
+}
+
+// --max-replacements: rank 1 dies twice and is started again each time
+// (its starts 1 and 2, told by their incarnation), up to the budget; the
+// launcher hears each death with the start that died.
+TEST(SupervisorReplacements, ARankThatDiesIsStartedAgainUpToTheBudget) {
+  QuietSignalFd signals;
+  std::vector<RankProcess> ranks;
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "sleep 1.5"}, std::map<std::string, std::string>{});
+  ranks.emplace_back(1, std::vector<std::string>{"/bin/sh", "-c", "kill -KILL $$"}, std::map<std::string, std::string>{});
+  std::vector<std::pair<int, int>> lost;
+  std::vector<int> started;
+  SupervisorOptions options;
+  options.continue_after_rank_failure = true;
+  options.rank_lost = [&](int rank, int incarnation) { lost.emplace_back(rank, incarnation); };
+  options.replacements = 2;
+  options.start_replacement = [&](std::size_t local, int incarnation) {
+    started.push_back(incarnation);
+    // The first replacement dies as its predecessor did; the second ends cleanly.
+    const std::string script = incarnation == 1 ? "kill -KILL $$" : "sleep 0.3";
+    return RankProcess(static_cast<int>(local), std::vector<std::string>{"/bin/sh", "-c", script},
+                       std::map<std::string, std::string>{});
+  };
+  options.joined = [](int, int) { return true; };
+  const AttemptResult result = supervise(ranks, signals.fd(), options);
+  EXPECT_TRUE(result.ok);
+  EXPECT_EQ(started, (std::vector<int>{1, 2}));
+  EXPECT_EQ(lost, (std::vector<std::pair<int, int>>{{1, 0}, {1, 1}}));
+  EXPECT_EQ(result.replaced, (std::vector<int>{1, 1}));
+}
+
+// A replacement that ends cleanly without having joined (the job had
+// finished, or was ending) did not go on with the job: when every rank
+// that did go on failed, so did the attempt.
+TEST(SupervisorReplacements, AReplacementThatNeverJoinedDoesNotMakeAFailedAttemptGood) {
+  QuietSignalFd signals;
+  std::vector<RankProcess> ranks;
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "sleep 0.5; exit 3"}, std::map<std::string, std::string>{});
+  ranks.emplace_back(1, std::vector<std::string>{"/bin/sh", "-c", "kill -KILL $$"}, std::map<std::string, std::string>{});
+  SupervisorOptions options;
+  options.continue_after_rank_failure = true;
+  options.replacements = 1;
+  options.start_replacement = [&](std::size_t local, int) {
+    return RankProcess(static_cast<int>(local), std::vector<std::string>{"/bin/sh", "-c", "sleep 1"},
+                       std::map<std::string, std::string>{});
+  };
+  options.joined = [](int, int) { return false; };
+  const AttemptResult result = supervise(ranks, signals.fd(), options);
+  EXPECT_FALSE(result.ok);
+  ASSERT_TRUE(result.first_failure);
+  EXPECT_EQ(result.first_failure->rank, 1);
 }
 
 }  // namespace

@@ -22,6 +22,21 @@
 //       return torch::nll_loss(model->forward(x), y);
 //     });
 //
+// Replacements (lockstep run --on-rank-failure continue --max-replacements
+// N): the launcher starts a new process for a rank that died; the same
+// program, whose init_process_group joins the running group
+// (ProcessGroup::joined()) and whose ResilientTrainer is then fed by its
+// peers instead of starting from rank 0's parameters: the step count, the
+// shards, the parameters, the buffers and the optimizer's state (compared
+// by digest on every rank afterwards: a replacement holds its peers' bytes
+// or the job stops). Rank 0 looks for waiting replacements at each commit
+// point (a store read at most every 50 ms); once the step has committed,
+// the group grows (ProcessGroup::grow) and the shards go back to their
+// home ranks, so that the job ends with the bits of a run without the
+// failure. A replacement's options.shards and first_step are ignored:
+// its peers' count. Its loop runs until steps_committed() reaches the
+// job's end, as any rank's does.
+//
 // The function must compute the shard's loss from the shard's data alone
 // (the same whoever calls it) and must not call collectives; before each
 // call the trainer restores the model's buffers to the step's start and
@@ -81,8 +96,11 @@ struct ResilientOptions {
   // "buffers" (before the
   // buffers' broadcast), "barrier" (before the commit point), "commit"
   // (past it, before the optimizer step), "committed", "re-form" (before
-  // the group re-forms after a loss) and "re-formed" (once it stands and
-  // the survivors agree on the committed steps).
+  // the group re-forms after a loss), "re-formed" (once it stands and
+  // the survivors agree on the committed steps), "admit" (after a committed
+  // step, before the group grows by replacements), "feed" and "fed" (on
+  // every member, around a replacement's feeding), "admitted" (the grown
+  // group stands), and "joined" (a replacement's, once it is fed).
   std::function<void(std::string_view phase, std::uint64_t step)> observer;
 };
 
@@ -94,6 +112,8 @@ struct StepOutcome {
   std::vector<int> lost;         // world ranks lost while it ran
   // From each failure seen to the group re-formed and agreed, summed.
   double recovery_seconds = 0;
+  // World ranks whose replacements joined the group after it committed.
+  std::vector<int> joined;
 };
 
 class ResilientTrainer {
@@ -120,6 +140,9 @@ class ResilientTrainer {
   int generation() const;
   // The reduction's buckets (ResilientOptions::bucket_cap_bytes).
   std::size_t bucket_count() const;
+  // Logical shards per step (ResilientOptions::shards, or what a
+  // replacement's peers said).
+  int shard_count() const;
 
  private:
   struct State;

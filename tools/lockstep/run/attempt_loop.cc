@@ -245,8 +245,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     if (sup.continue_after_rank_failure) {
       // The survivors need not wait for a rank the launcher saw end
       // (ProcessGroup::shrink reads this key).
-      sup.rank_lost = [&](int rank) {
-        const std::string key = launcher_lost_key(round.number, rank);
+      sup.rank_lost = [&](int rank, int incarnation) {
+        const std::string key = launcher_lost_key(round.number, rank, incarnation);
         try {
           store.set(key, "ended");
           if (plan.etcd) tell_round_ranks(round_store, key, "ended");
@@ -254,9 +254,19 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
           std::fprintf(stderr, "lockstep run: could not tell the ranks that rank %d ended (%s)\n", rank, e.what());
         }
       };
-      sup.dropped = [&](int rank) {
-        const std::string key = launcher_dropped_key(round.number, rank);
+      sup.dropped = [&](int rank, int incarnation) {
+        const std::string key = launcher_dropped_key(round.number, rank, incarnation);
         return plan.etcd ? round_store_has(round_store, key) : store.check({key});
+      };
+      sup.replacements = o.max_replacements;
+      sup.joined = [&](int rank, int incarnation) {
+        const std::string key = launcher_joined_key(round.number, rank, incarnation);
+        return plan.etcd ? round_store_has(round_store, key) : store.check({key});
+      };
+      sup.start_replacement = [&](std::size_t local, int incarnation) {
+        const int l = static_cast<int>(local);
+        return RankProcess(round.first_rank + l, command,
+                           rank_env(o, round, nproc, l, job, master, failures, incarnation));
       };
     }
     const AttemptResult result = supervise(ranks, signal_fd, sup);

@@ -32,6 +32,11 @@ void refuse_unsupported(const RunOptions& o) {
 
 JobPlan plan_job(const RunOptions& o) {
   JobPlan plan;
+  if (o.max_replacements > 0 && o.on_rank_failure != "continue")
+    throw ConfigError(fmt::format("--max-replacements {} starts a new process for a rank that died while the others go "
+                                  "on; add --on-rank-failure continue (under restart, --max-restarts starts every "
+                                  "rank again instead)",
+                                  o.max_replacements));
   plan.nodes = parse_nnodes(o.nnodes);
   const std::string& backend = o.rdzv_backend;
   // etcd-v2 is torchrun's other name for its etcd rendezvous.

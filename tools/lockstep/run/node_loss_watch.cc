@@ -62,7 +62,10 @@ void NodeLossWatch::mark_lost(int node, Duration silent_for) {
     const std::string ranks_key = key(round_, "ranks", node);
     if (store_->check({ranks_key})) std::istringstream(store_->get(ranks_key)) >> first >> count;
   }
-  for (int r = first; r >= 0 && r < first + count; ++r) store_->set(launcher_lost_key(round_.number, r), "node lost");
+  for (int r = first; r >= 0 && r < first + count; ++r) {
+    store_->set(launcher_lost_key(round_.number, r), "node lost");
+    store_->set(launcher_node_lost_key(round_.number, r), "node lost");  // its replacements too
+  }
   const std::string why = fmt::format("node {} stopped beating in the store", node);
   if (store_->compare_set(key(round_, "lost-node", node), "", why) == why)
     store_->add(lost_count_key(round_.number), 1);

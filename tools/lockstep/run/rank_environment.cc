@@ -37,7 +37,8 @@ Endpoint program_master(Store& store, const Round& round, bool single, const std
 }
 
 std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& round, int nproc, int local,
-                                            const JobIdentity& job, const Endpoint& master, int failures) {
+                                            const JobIdentity& job, const Endpoint& master, int failures,
+                                            int incarnation) {
   const std::string rank = std::to_string(round.first_rank + local);
   const std::string world = std::to_string(round.world_size);
   std::map<std::string, std::string> env{
@@ -68,6 +69,7 @@ std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& ro
       {env::kTorchelasticErrorFile, (attempt_dir(job, round, local) / "error.json").string()},
   };
   if (!job.token.empty()) env[env::kStoreToken] = job.token;
+  if (incarnation > 0) env[env::kIncarnation] = std::to_string(incarnation);
   if (!o.backend.empty()) env[env::kBackend] = o.backend;
   // As torchrun does: several ranks per node each using every core for
   // their math would oversubscribe the machine.

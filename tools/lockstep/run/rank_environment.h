@@ -35,7 +35,10 @@ Endpoint program_master(Store& store, const Round& round, bool single, const std
 // rank `local` of `round`. `failures`: restarts after failures so far
 // (torchrun's TORCHELASTIC_RESTART_COUNT); LOCKSTEP_RESTART_COUNT is the
 // round, which every node shares and which names the ranks' store keys.
+// `incarnation`: which start of the rank in the round (0: the first; a
+// replacement, --max-replacements, counts up: LOCKSTEP_INCARNATION).
 std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& round, int nproc, int local,
-                                            const JobIdentity& job, const Endpoint& master, int failures);
+                                            const JobIdentity& job, const Endpoint& master, int failures,
+                                            int incarnation = 0);
 
 }  // namespace lockstep::cli

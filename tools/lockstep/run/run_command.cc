@@ -65,6 +65,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_flag("--standalone", o.standalone, "Single node on this host with a free port (the default for one node)");
   run->add_option("--max-restarts,--max_restarts", o.max_restarts, "Restart all ranks up to this many times after a failure")->capture_default_str()->check(option_checks::non_negative_count());
   run->add_option("--on-rank-failure", o.on_rank_failure, "When a rank dies: restart (stop the others; with --max-restarts start all again) or continue (the others go on without it, re-forming their group in place: docs/faults.md)")->capture_default_str()->check(CLI::IsMember({"restart", "continue"}));
+  run->add_option("--max-replacements", o.max_replacements, "With --on-rank-failure continue: start a new process for a rank of this node that died, up to this many times; it joins the running group at a step boundary and gets its state from its peers (docs/faults.md)")->capture_default_str()->check(option_checks::non_negative_count());
   run->add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "Seconds between looks at the other nodes (failures, nodes waiting to join)")->capture_default_str()->check(option_checks::number_in(0.01, 60));
   run->add_option("--role", o.role, "ROLE_NAME of the ranks")->capture_default_str();
   run->add_option("--log-dir,--log_dir", o.log_dir, "Also write each rank's output to DIR/<run id>/attempt_<k>/<local rank>/{stdout,stderr}.log");

@@ -26,6 +26,9 @@ struct RunOptions {
   // restarts all with --max-restarts), "continue" lets them go on without it
   // (docs/faults.md: they re-form their group in place).
   std::string on_rank_failure = "restart";
+  // With "continue": start a new process for a rank of this node that died,
+  // up to this many times in a round; it joins the running group.
+  int max_replacements = 0;
   std::string log_dir;
   std::string tee;        // "0".."3", or "local_rank:n,..." as torchrun's --tee
   std::string redirects;  // the same, as torchrun's --redirects

@@ -264,31 +264,66 @@ class Attempt {
   }
 
   // --on-rank-failure continue: the others go on; they hear of it from the
-  // store (rank_lost) as soon as from their collectives.
+  // store (rank_lost) as soon as from their collectives. With replacements
+  // left, a new process takes its place and joins them.
   void note_loss(std::size_t i) {
     RankProcess& r = ranks_[i];
     while (r.stderr_fd() >= 0 && read_stream(i, true)) {
     }
+    while (r.stdout_fd() >= 0 && read_stream(i, false)) {
+    }
     std::fprintf(stderr, "lockstep run: rank %d %s after %.1f s; the other ranks go on without it (--on-rank-failure "
                  "continue)\n",
                  r.rank(), r.status().describe().c_str(), seconds_between(r.started(), r.ended()));
-    if (options_.rank_lost) options_.rank_lost(r.rank());
+    if (options_.rank_lost) options_.rank_lost(r.rank(), incarnation(i));
     result_.survived_loss_of.push_back(r.rank());
     last_loss_ = r.ended();
     if (!first_loss_) {
       first_loss_ = ended_rank(i);
       first_loss_at_ = r.ended();
     }
+    if (replacements_started_ < options_.replacements && options_.start_replacement) replace(i);
   }
+
+  // Starts local rank `i` again: its replacement joins the running group.
+  void replace(std::size_t i) {
+    const int next = incarnation(i) + 1;
+    ++replacements_started_;
+    const int rank = ranks_[i].rank();
+    try {
+      ranks_[i] = options_.start_replacement(i, next);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "lockstep run: could not start a replacement for rank %d: %s\n", rank, e.what());
+      return;
+    }
+    incarnations_[i] = next;
+    result_.replaced.push_back(rank);
+    std::fprintf(stderr, "lockstep run: started a replacement for rank %d (replacement %d of %d on this node); it "
+                 "joins the running group at its next step boundary\n",
+                 rank, replacements_started_, options_.replacements);
+  }
+
+  // Whether rank `i` took part in the job: a replacement only once it joined.
+  bool went_on(std::size_t i) const {
+    if (incarnation(i) == 0 || !options_.joined) return true;
+    try {
+      return options_.joined(ranks_[i].rank(), incarnation(i));
+    } catch (const Error&) {
+      return false;  // the store is gone: not known to have joined
+    }
+  }
+
+  int incarnation(std::size_t i) const { return i < incarnations_.size() ? incarnations_[i] : 0; }
 
   // --on-rank-failure continue: a rank its peers re-formed without while it
   // neither answered nor ended (frozen, cut off) is killed, and so lost.
   void kill_dropped() {
-    for (RankProcess& r : ranks_) {
-      if (!r.running() || killed_dropped_.count(r.rank())) continue;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      RankProcess& r = ranks_[i];
+      if (!r.running() || killed_dropped_.count({r.rank(), incarnation(i)})) continue;
       bool dropped = false;
       try {
-        dropped = options_.dropped(r.rank());
+        dropped = options_.dropped(r.rank(), incarnation(i));
       } catch (const Error&) {
         return;  // the store does not answer now: asked again at the next poll
       }
@@ -296,7 +331,7 @@ class Attempt {
       std::fprintf(stderr, "lockstep run: rank %d stopped answering its peers, who re-formed their group without it; "
                    "killing it (--on-rank-failure continue)\n", r.rank());
       r.signal(SIGKILL);
-      killed_dropped_.insert(r.rank());
+      killed_dropped_.insert({r.rank(), incarnation(i)});
     }
   }
 
@@ -305,8 +340,9 @@ class Attempt {
   void judge_losses() {
     if (!first_loss_ || result_.first_failure) return;
     bool outlived = false, all_clean = true;
-    for (const auto& r : ranks_) {
-      if (r.ended() <= last_loss_) continue;
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      const RankProcess& r = ranks_[i];
+      if (r.ended() <= last_loss_ || !went_on(i)) continue;
       outlived = true;
       all_clean = all_clean && r.status().ok();
     }
@@ -392,7 +428,9 @@ class Attempt {
   std::optional<RankFailure> first_loss_;  // --on-rank-failure continue: the first rank that died
   Clock::time_point first_loss_at_{};
   Clock::time_point last_loss_{};
-  std::set<int> killed_dropped_;  // ranks killed by kill_dropped
+  std::set<std::pair<int, int>> killed_dropped_;  // (rank, incarnation) killed by kill_dropped
+  std::vector<int> incarnations_ = std::vector<int>(ranks_.size(), 0);  // per local rank: its start in the round
+  int replacements_started_ = 0;
 
 };
 

@@ -44,6 +44,8 @@ struct AttemptResult {
   // went on (the attempt is ok when every rank still running after the last
   // of them exited 0).
   std::vector<int> survived_loss_of;
+  // The ranks started again after a death (--max-replacements), in order.
+  std::vector<int> replaced;
   // With continue_after_rank_failure: ranks outlived a death but did not
   // all exit 0: the program could not go on in place (it does not re-form
   // its group, or its state cannot survive), and the job falls back to the
@@ -80,12 +82,23 @@ struct SupervisorOptions {
   // `rank_lost` (if set) is told its global rank at once, and the attempt
   // succeeds if every rank that outlived the last death exits 0.
   bool continue_after_rank_failure = false;
-  std::function<void(int rank)> rank_lost;
+  // `incarnation`: which start of the rank in the round ended (0: the
+  // first; its replacements count up).
+  std::function<void(int rank, int incarnation)> rank_lost;
+  // With continue_after_rank_failure: a rank that died is started again
+  // (its replacement joins the running group), up to `replacements` times
+  // for this node's ranks together; `start_replacement` starts local rank
+  // `local`'s start `incarnation`.
+  int replacements = 0;
+  std::function<RankProcess(std::size_t local, int incarnation)> start_replacement;
+  // Whether a replacement joined the running group (it ended without
+  // joining when the job finished first: it does not count as going on).
+  std::function<bool(int rank, int incarnation)> joined;
   // With continue_after_rank_failure, polled every monitor_interval for
   // each rank still running (by its global rank): true once its peers
   // re-formed their group without it (frozen, cut off). The supervisor
   // kills it, and it counts as lost.
-  std::function<bool(int rank)> dropped;
+  std::function<bool(int rank, int incarnation)> dropped;
   // The clock the grace period, the settling of a failure's cause and the
   // monitor interval are measured on (the loop itself polls its pipes in
   // real time). Never null; tests move a clock of their own.

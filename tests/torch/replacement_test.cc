@@ -1,0 +1,140 @@
+// Replacements (docs/faults.md, "Replacements join the running group"):
+// examples/in_place_recovery under `lockstep run --on-rank-failure continue
+// --max-replacements N` at 4 ranks over shm, tcp and hier. A rank is
+// killed, its replacement joins at a step boundary, is fed by its peers
+// and is killed in turn, three times over (rank 1, and rank 0, whose
+// replacement becomes the group's first rank); a replacement dies while it
+// is fed; a replacement joins while another rank dies during its feeding.
+// Every run must end at its full size with the parameters of the clean
+// run, byte for byte, on every rank, replacements included (the trainer
+// itself compares every rank's state by digest once a replacement is fed,
+// and stops the job if one differs), and the launcher must exit 0.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "harness/launcher.h"
+
+namespace lockstep {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::contains;
+using testing::describe;
+using testing::TempDir;
+
+constexpr int kWorld = 4;
+// Long enough, at --step-ms 15, for three replacements to start (a
+// process that loads libtorch and the data set) and join before the end.
+constexpr int kSteps = 600;
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+  return n;
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::string> kills;              // --kill RANK:STEP:PHASE
+  std::vector<std::string> replacement_kills;  // --kill-replacement RANK:INCARNATION:STEPS:PHASE
+  int replacements = 0;                        // --max-replacements
+  int joins = 0;                               // replacements that must join
+};
+
+struct Training {
+  testing::RankResult result;
+  std::string params;                  // the group's first rank's
+  std::vector<std::string> each_rank;  // every world rank's, at the end
+};
+
+Training train(const std::string& backend, const Case& c, const std::string& dir) {
+  std::vector<std::string> args{"--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
+                                "--max-replacements", std::to_string(c.replacements), "--grace-period", "2", "--",
+                                IN_PLACE_RECOVERY, "--steps", std::to_string(kSteps), "--batch", "64", "--subset",
+                                "1200", "--save-params", dir + "/params.bin", "--save-params-of-each-rank",
+                                dir + "/each"};
+  if (c.replacements > 0) args.insert(args.end(), {"--step-ms", "15"});
+  for (const auto& k : c.kills) args.insert(args.end(), {"--kill", k});
+  for (const auto& k : c.replacement_kills) args.insert(args.end(), {"--kill-replacement", k});
+  testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_BACKEND", backend}, {"LOCKSTEP_TIMEOUT", "20"}});
+  Training run;
+  run.result = launcher.wait(240s);
+  run.params = read_bytes(dir + "/params.bin");
+  for (int r = 0; r < kWorld; ++r) run.each_rank.push_back(read_bytes(fmt::format("{}/each.{}", dir, r)));
+  return run;
+}
+
+std::vector<Case> cases() {
+  return {
+      {"kill_replace_kill_again", {"1:10:reduce"}, {"1:1:20:barrier", "1:2:20:forward"}, 3, 3},
+      {"first_rank_replaced", {"0:10:commit"}, {"0:1:20:committed", "0:2:20:backward"}, 3, 3},
+      {"replacement_dies_while_fed", {"1:10:reduce"}, {"1:1:0:feed"}, 2, 1},
+      // Rank 2 dies at the first feeding at or after step 12: the one of
+      // rank 1's replacement.
+      {"joins_while_another_dies", {"1:10:reduce", "2:12:feed"}, {}, 2, 2},
+  };
+}
+
+class Replacements : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Replacements, TheGroupGrowsBackAndEndsWithTheCleanRunsParametersOnEveryRank) {
+  const std::string backend = GetParam();
+  TempDir clean_dir;
+  const Training clean = train(backend, Case{.name = "clean"}, clean_dir.path());
+  ASSERT_EQ(clean.result.exit_code, 0) << describe(clean.result);
+  ASSERT_FALSE(clean.params.empty()) << "the clean run wrote no parameters";
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    TempDir dir;
+    const Training run = train(backend, c, dir.path());
+    EXPECT_EQ(run.result.exit_code, 0) << describe(run.result);
+    EXPECT_TRUE(run.params == clean.params) << c.name << ": the parameters differ from the clean run's";
+    for (int r = 0; r < kWorld; ++r)
+      EXPECT_TRUE(run.each_rank[static_cast<std::size_t>(r)] == clean.params)
+          << c.name << ": world rank " << r << " ended with other parameters than the clean run's";
+    EXPECT_EQ(count(run.result.output, "fed by its peers"), static_cast<std::size_t>(c.joins)) << run.result.output;
+    EXPECT_EQ(count(run.result.output, fmt::format("{} ranks at the end", kWorld)), static_cast<std::size_t>(kWorld))
+        << run.result.output;
+    EXPECT_TRUE(contains(run.result.output, "started a replacement for rank")) << run.result.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Replacements, ::testing::Values("shm", "tcp", "hier"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// A replacement that starts as the job ends finds it finished: it exits 0
+// without joining, and the job is still a success.
+TEST(Replacement, OneThatComesTooLateFindsTheJobFinished) {
+  TempDir dir;
+  testing::Launcher launcher(LOCKSTEP_CLI,
+                             {"--nproc-per-node", "3", "--on-rank-failure", "continue", "--max-replacements", "1",
+                              "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", "40", "--batch", "48",
+                              "--subset", "1200", "--kill", "2:38:reduce"},
+                             {{"LOCKSTEP_TIMEOUT", "20"}});
+  const auto r = launcher.wait(120s);
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.output, "the job finished before this replacement")) << r.output;
+}
+
+// --max-replacements replaces a rank while the others go on; without
+// --on-rank-failure continue nothing goes on, and the launcher says so.
+TEST(Replacement, NeedsTheContinueMode) {
+  testing::Launcher launcher(LOCKSTEP_CLI, {"--nproc-per-node", "2", "--max-replacements", "1", "--", "/bin/true"}, {});
+  const auto r = launcher.wait(30s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.output, "add --on-rank-failure continue")) << r.output;
+}
+
+}  // namespace
+}  // namespace lockstep
