@@ -23,7 +23,7 @@ this machine, and prints markdown for docs/performance.md:
      survivors finish alone), medians of --runs.
 
 Usage: bench/replacements.py [--build build] [--ranks 4] [--hidden 128 4096 32768]
-           [--interval 30] [--duration 150] [--runs 1] [--skip-rate]
+           [--interval 30] [--duration 150] [--runs 1] [--skip-rate | --skip-time]
 """
 import argparse
 import os
@@ -75,7 +75,12 @@ def time_to_train(o):
           "| `lockstep bench` broadcast busbw (GB/s) | rate / busbw |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for hidden in o.hidden:
-        steps = o.kill_step + 40
+        # Long enough after the kill for the replacement to start (a few
+        # seconds) and join: the clean step's time says how many steps.
+        _, probe = job(o, ["--hidden", str(hidden), "--steps", "30"], ["--on-rank-failure", "continue"])
+        m = re.search(r"world rank 0: 30 steps in ([\d.]+) s", probe)
+        step_s = float(m.group(1)) / 30
+        steps = o.kill_step + max(40, int(o.after_kill / step_s))
         _, out = job(o, ["--hidden", str(hidden), "--steps", str(steps), "--kill", f"1:{o.kill_step}:reduce"],
                      ["--on-rank-failure", "continue", "--max-replacements", "1"])
         killed = float(re.search(r"killing itself at step \d+, \w+, at ([\d.]+)", out).group(1))
@@ -91,15 +96,11 @@ def time_to_train(o):
     print()
 
 
-def steps_per_second(wall, steps):
-    return steps / wall
-
-
 def rate_under_kills(o):
     # The clean run's step time sets the steps between kills.
-    probe_steps = 400
-    wall, _ = job(o, ["--steps", str(probe_steps)], ["--on-rank-failure", "continue"])
-    step_s = wall / probe_steps
+    probe_steps = 1000
+    _, out = job(o, ["--steps", str(probe_steps)], ["--on-rank-failure", "continue"])
+    step_s = float(re.search(rf"world rank 0: {probe_steps} steps in ([\d.]+) s", out).group(1)) / probe_steps
     steps = int(o.duration / step_s)
     every = max(int(o.interval / step_s), 1)
     first = every
@@ -131,12 +132,15 @@ def main():
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 4096, 32768])
     parser.add_argument("--kill-step", type=int, default=10)
+    parser.add_argument("--after-kill", type=float, default=10, help="seconds of steps after the kill")
     parser.add_argument("--interval", type=float, default=30)
     parser.add_argument("--duration", type=float, default=150)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--skip-rate", action="store_true", help="only the time to train")
+    parser.add_argument("--skip-time", action="store_true", help="only the rate under kills")
     o = parser.parse_args()
-    time_to_train(o)
+    if not o.skip_time:
+        time_to_train(o)
     if not o.skip_rate:
         rate_under_kills(o)
 

@@ -6,6 +6,14 @@
 //   build/lockstep run --nproc-per-node 4 --on-rank-failure continue -- \
 //     build/examples/in_place_recovery --steps 200 --save-params /tmp/params.bin
 //
+// With --max-replacements N the launcher also starts the dead rank again:
+// the replacement joins at a step boundary, is fed by its peers, and the
+// group grows back to 4 (--kill-replacement kills a replacement in turn,
+// --step-ms slows the steps so that there is time to see it):
+//   build/lockstep run --nproc-per-node 4 --on-rank-failure continue --max-replacements 2 -- \
+//     build/examples/in_place_recovery --steps 600 --step-ms 15 --kill 1:10:reduce \
+//     --kill-replacement 1:1:20:barrier
+//
 // The global batch (--batch) is cut into one logical shard per rank at
 // start (--shards-per-rank for more); each shard's samples come from its
 // own DistributedSampler (the shard's index as its rank), so they are the

@@ -14,6 +14,7 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
+#include "optimizer_bytes.h"
 #include "zero_overlap_state.h"
 #include "zero_pieces.h"
 
@@ -117,14 +118,6 @@ GatherLayout gather_layout(const std::vector<detail::ZeroPiece>& pieces, const s
 // must be contiguous (checked where tensors are cut).
 Tensor elements_of(const Tensor& param, std::int64_t begin, std::int64_t count) {
   return param.detach().view({-1}).narrow(0, begin, count);
-}
-
-std::string serialized(::torch::optim::Optimizer& optimizer) {
-  ::torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
 }
 
 }  // namespace

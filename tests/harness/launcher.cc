@@ -108,4 +108,11 @@ void expect_gone(const std::vector<pid_t>& pids) {
   }
 }
 
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
 }  // namespace lockstep::testing

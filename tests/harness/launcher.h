@@ -62,4 +62,7 @@ std::vector<pid_t> pids_in(const std::string& dir, int ranks);
 // left is killed, so a failing test leaves nothing behind either.
 void expect_gone(const std::vector<pid_t>& pids);
 
+// A file's bytes ("" if it cannot be read): parameters a run wrote.
+std::string read_bytes(const std::string& path);
+
 }  // namespace lockstep::testing

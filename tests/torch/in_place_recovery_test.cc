@@ -13,8 +13,6 @@
 // The victims vary (rank 0 among them): the store lives in the launcher.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -28,15 +26,11 @@ namespace {
 using namespace std::chrono_literals;
 using testing::contains;
 using testing::describe;
+using testing::read_bytes;
 using testing::TempDir;
 
 constexpr int kSteps = 8;
 constexpr int kKillStep = 3;
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 struct Training {
   testing::RankResult result;

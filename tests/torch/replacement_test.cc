@@ -11,8 +11,6 @@
 // and stops the job if one differs), and the launcher must exit 0.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -26,17 +24,13 @@ namespace {
 using namespace std::chrono_literals;
 using testing::contains;
 using testing::describe;
+using testing::read_bytes;
 using testing::TempDir;
 
 constexpr int kWorld = 4;
 // Long enough, at --step-ms 15, for three replacements to start (a
 // process that loads libtorch and the data set) and join before the end.
 constexpr int kSteps = 600;
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
