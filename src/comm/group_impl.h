@@ -107,6 +107,12 @@ struct ProcessGroup::Impl {
 
 std::shared_ptr<ProcessGroup> make_group(GroupSpec spec);
 
+// Whether `lockstep run --on-rank-failure continue` saw start `incarnation`
+// of world rank `world_rank` end, by itself or with its node (false
+// without a launcher's store). Throws Error when that store does not
+// answer (grow.cc).
+bool launcher_saw_end(const GroupSpec& spec, int world_rank, int incarnation);
+
 // For a replacement (LOCKSTEP_INCARNATION > 0): asks on `spec`'s join board
 // to join the group the job runs now, waits until its rank 0 admits it (at
 // most spec.timeout; JobFinished when the job ended first), and forms that

@@ -30,15 +30,6 @@ bool is_member(const GroupSpec& spec, int world_rank) {
   return std::find(spec.world_ranks.begin(), spec.world_ranks.end(), world_rank) != spec.world_ranks.end();
 }
 
-// Whether the launcher saw incarnation `incarnation` of world rank `rank`
-// end (its process, or its node).
-bool ended(const GroupSpec& spec, int rank, int incarnation) {
-  if (!spec.diagnostics.launcher_store) return false;
-  Store& launcher = *spec.diagnostics.launcher_store;
-  return launcher.check({launcher_lost_key(spec.launcher_round, rank, incarnation)}) ||
-         launcher.check({launcher_node_lost_key(spec.launcher_round, rank)});
-}
-
 // The replacement of world rank `rank` waiting to be admitted, if any: it
 // asked, is not yet admitted, and has not ended.
 std::optional<Member> waiting_replacement(const GroupSpec& spec, int rank) {
@@ -46,7 +37,8 @@ std::optional<Member> waiting_replacement(const GroupSpec& spec, int rank) {
   const std::string ask = join_board::ask(spec.join_board, rank);
   if (is_member(spec, rank) || !root.check({ask})) return std::nullopt;
   const Member m{rank, std::stoi(root.get(ask))};
-  if (root.check({join_board::admit(spec.join_board, m.rank, m.incarnation)}) || ended(spec, m.rank, m.incarnation))
+  if (root.check({join_board::admit(spec.join_board, m.rank, m.incarnation)}) ||
+      launcher_saw_end(spec, m.rank, m.incarnation))
     return std::nullopt;
   return m;
 }
@@ -78,6 +70,13 @@ GroupSpec spec_of(GroupSpec spec, const std::string& key, const std::vector<Memb
 }
 
 }  // namespace
+
+bool launcher_saw_end(const GroupSpec& spec, int world_rank, int incarnation) {
+  if (!spec.diagnostics.launcher_store) return false;
+  Store& launcher = *spec.diagnostics.launcher_store;
+  return launcher.check({launcher_lost_key(spec.launcher_round, world_rank, incarnation)}) ||
+         launcher.check({launcher_node_lost_key(spec.launcher_round, world_rank)});
+}
 
 bool ProcessGroup::joined() const { return impl_->spec.joined; }
 

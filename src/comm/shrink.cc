@@ -40,11 +40,8 @@ std::set<int> ended_by_launcher(const GroupSpec& spec) {
   std::set<int> ended;
   if (!spec.diagnostics.launcher_store) return ended;
   for (int r = 0; r < spec.size; ++r) {
-    const int world = spec.world_ranks[static_cast<std::size_t>(r)];
     try {
-      Store& launcher = *spec.diagnostics.launcher_store;
-      if (launcher.check({launcher_lost_key(spec.launcher_round, world, spec.incarnation_of(r))}) ||
-          launcher.check({launcher_node_lost_key(spec.launcher_round, world)}))
+      if (launcher_saw_end(spec, spec.world_ranks[static_cast<std::size_t>(r)], spec.incarnation_of(r)))
         ended.insert(r);
     } catch (const Error&) {
       // The launcher's store is unreachable: nothing learnt from it.
