@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NPROC ?= 2
 
-.PHONY: all deps deps-run deps-torch2 deps-torchft bench-in-place-recovery deps-oldest configure configure-run build build-run build-torch2 build-python \
+.PHONY: all deps deps-run deps-torch2 bench-in-place-recovery deps-oldest configure configure-run build build-run build-torch2 build-python \
   build-python-cuda build-python-oldest build-fuzz run test check test-cpp run-cpp-tests run-net-tests test-torch2 \
   run-torch2-tests test-python run-python-tests test-python-cuda run-python-cuda-tests test-battery run-battery \
   test-battery-full test-python-oldest run-python-oldest-tests wheel test-wheel run-wheel-test test-tsan test-asan \
@@ -115,15 +115,11 @@ TORCH2_CUDA = $(abspath $(TORCH2_VENV))/cuda
 deps-torch2: deps
 	@scripts/install-torch2.sh $(TORCH2_VENV)
 
-# torchft, the peer of bench/in_place_recovery.py (a benchmark peer only:
-# nothing of lockstep uses it), into the same environment, on demand.
-deps-torchft: deps-torch2
-	@$(TORCH2_PYTHON) -c 'import torchft' 2>/dev/null || \
-	  $(TORCH2_PYTHON) -m pip install --disable-pip-version-check --no-input --progress-bar off -q torchft==0.2.0
-
 # What a rank's death costs in place, against the restart and torchft
-# (docs/performance.md, "A rank dies: in place against the restart").
-bench-in-place-recovery: build deps-torchft
+# (docs/performance.md, "A rank dies: in place against the restart");
+# torchft comes with the PyTorch 2.x environment (a pin of
+# scripts/torch2-requirements.txt, for the package's torchft tests).
+bench-in-place-recovery: build deps-torch2
 	@bench/in_place_recovery.py --build $(BUILD_DIR) --torchft $(TORCH2_PYTHON)
 
 build-torch2: deps-torch2

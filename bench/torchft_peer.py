@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""torchft's DDP on Gloo, the peer of bench/in_place_recovery.py: the same
-MLP (784-128-10, dropout 0.1, SGD with momentum 0.9) on Fashion-MNIST,
+"""torchft's DDP on Gloo (or, with --pg lockstep, on lockstep_torch.torchft's
+process group), the peer of bench/in_place_recovery.py: the same
+MLP (784-H-10, H=--hidden, 128 by default; dropout 0.1, SGD with momentum 0.9) on Fashion-MNIST,
 --replicas replica groups of one process each on this machine, a global
 batch cut evenly between them, and, with --kill R:S, replica group R killed
 (SIGKILL) before the forward of step S. The survivors go on, as torchft
@@ -8,14 +9,16 @@ does, with the replica groups left: the failed step is discarded and every
 later step averages fewer samples.
 
 Prints the wall time of the whole run (processes, lighthouse, quorum
-included) and writes replica group 0's final parameters (raw bytes) to
+included), replica group 0's time per step over the second half of the
+steps (the steady state), and writes replica group 0's final parameters (raw bytes) to
 --save-params, to compare a killed run with a clean one.
 
 torchft is a benchmark peer only (pip install torchft==0.2.0 into the
-project's PyTorch environment: `make deps-torchft`), never a dependency.
+project's PyTorch environment: `make deps-torch2`), never a dependency.
 
 Usage: .venv/torch2/bin/python bench/torchft_peer.py [--replicas 4]
-           [--steps 400] [--batch 256] [--kill 1:200] [--save-params F]
+           [--steps 400] [--batch 256] [--hidden 128] [--kill 1:200]
+           [--save-params F] [--pg gloo|lockstep [--python-dir build-torch2/python]]
 """
 import argparse
 import gzip
@@ -53,11 +56,14 @@ def replica(o):
     faulthandler.dump_traceback_later(o.timeout - 10, exit=True)  # a hang shows where
     import torch
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    if o.pg == "lockstep":
+        sys.path.insert(0, o.python_dir)
+        from lockstep_torch.torchft import ProcessGroupLockstep
 
     torch.set_num_threads(1)
     torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 128), torch.nn.ReLU(),
-                                torch.nn.Dropout(0.1), torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, o.hidden), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(o.hidden, 10))
     inner = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=0.9)
     images, labels = load_images(o.subset)
     group = int(os.environ["REPLICA_GROUP_ID"])
@@ -71,14 +77,18 @@ def replica(o):
     # The replica group's store, which torchrun would host: one process a group.
     store = torch.distributed.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True,
                                        wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(), min_replica_size=1, load_state_dict=load, state_dict=state,
+    pg = ProcessGroupLockstep() if o.pg == "lockstep" else ProcessGroupGloo()
+    manager = Manager(pg=pg, min_replica_size=1, load_state_dict=load, state_dict=state,
                       replica_id=f"replica_{group}", rank=0, world_size=1)
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     kill = tuple(int(x) for x in o.kill.split(":")) if o.kill else None
     per_epoch = len(images) // o.batch
+    half_time = None
     while manager.current_step() < o.steps:
         step = manager.current_step()
+        if step == o.steps // 2 and half_time is None:
+            half_time = time.perf_counter()
         if kill and kill == (group, step):
             print(f"replica group {group}: killing itself at step {step}, at {time.time():.6f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -92,6 +102,9 @@ def replica(o):
         with open(o.save_params, "wb") as f:
             for p in model.parameters():
                 f.write(p.detach().contiguous().numpy().tobytes())
+    if group == 0:
+        per_step = (time.perf_counter() - half_time) / (o.steps - o.steps // 2)
+        print(f"replica group 0: {per_step * 1e3:.2f} ms per step over steps {o.steps // 2}-{o.steps - 1}")
     print(f"replica group {group}: {o.steps} steps committed", flush=True)
     manager.shutdown(wait=False)
     sys.stdout.flush()
@@ -105,6 +118,11 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--subset", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--pg", choices=["gloo", "lockstep"], default="gloo")
+    parser.add_argument("--python-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                              "build-torch2", "python"),
+                        help="where lockstep_torch is installed (make build-python)")
     parser.add_argument("--kill", default="", help="R:S: replica group R dies before step S")
     parser.add_argument("--save-params", default="")
     parser.add_argument("--timeout", type=float, default=300)
@@ -136,7 +154,7 @@ def main():
             p.wait()
     wall = time.monotonic() - start
     survivors = [c for c in codes if c == 0]
-    print(f"torchft: {len(survivors)} of {o.replicas} replica groups finished {o.steps} steps in {wall:.2f} s")
+    print(f"torchft ({o.pg}): {len(survivors)} of {o.replicas} replica groups finished {o.steps} steps in {wall:.2f} s")
     return 0 if survivors and all(c == 0 or c == -signal.SIGKILL for c in codes) else 1
 
 

@@ -5,11 +5,12 @@
 #      objects need is in the wheel, in torch's lib/, or in the C and C++
 #      run-times every Linux has;
 #   2. its metadata names the torch it was built for (version label, and
-#      Requires-Dist torch==that release);
+#      Requires-Dist torch==that release), and torchft only as an extra;
 #   3. installed by pip into a fresh virtual environment, with only what pip
 #      brings for it (torch and torch's own dependencies), it trains
 #      PyTorch's DDP over "lockstep" under torchrun, equal to Gloo
-#      (python/tests/workers.py, case ddp).
+#      (python/tests/workers.py, case ddp), and lockstep_torch.torchft says
+#      what to install (torchft is not there).
 # Needs the network to PyPI for torch (pip's cache answers when warm).
 #
 # Usage: scripts/test-wheel.sh WHEEL_DIR      (make test-wheel)
@@ -31,7 +32,9 @@ fail() { echo "test-wheel: FAILED: $*" >&2; exit 1; }
 # 2. Metadata.
 metadata=$(unzip -p "$wheel" '*.dist-info/METADATA')
 version=$(sed -n 's/^Version: //p' <<<"$metadata")
-requires=$(sed -n 's/^Requires-Dist: //p' <<<"$metadata")
+# What every install needs, and torchft only under the extra "torchft".
+requires=$(sed -n 's/^Requires-Dist: //p' <<<"$metadata" | grep -v '; extra ==' || true)
+grep -q '^Requires-Dist: torchft.*; extra == "torchft"$' <<<"$metadata" || fail "no optional extra \"torchft\" in $metadata"
 [[ $version =~ \+pt[0-9]+(cpu|cu[0-9]+)$ ]] || fail "version '$version' does not name the torch it was built for"
 [[ $requires =~ ^torch==[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "Requires-Dist '$requires' does not pin one torch release"
 echo "test-wheel: version $version, requires $requires"
@@ -74,4 +77,9 @@ comparisons=$(grep -oE 'rank [01]: default: max \|lockstep - gloo\| = [^ ]+ afte
 [ "$(wc -l <<<"$comparisons")" -eq 2 ] || fail "no comparison with gloo from both ranks (the worker itself fails past 1e-6):
 $output"
 sed 's/^/test-wheel: /' <<<"$comparisons"
+
+# 3c. Without the extra, lockstep_torch.torchft says what to install.
+refusal=$("$python" -c 'import lockstep_torch.torchft' 2>&1) && fail "lockstep_torch.torchft imported without torchft"
+grep -q "pip install torchft" <<<"$refusal" || fail "lockstep_torch.torchft without torchft does not name the fix: $refusal"
+echo "test-wheel: without torchft, lockstep_torch.torchft names the fix"
 echo "test-wheel: passed"

@@ -7,8 +7,9 @@ Every torch.distributed collective on CPU tensors, and DistributedDataParallel,
 then runs on lockstep: shared memory between the ranks of a host, TCP across
 hosts, with lockstep's mismatch checks and hang diagnostics. The CUDA build
 (LOCKSTEP_WITH_CUDA=1 at install; `lockstep_torch.WITH_CUDA`) also takes CUDA
-tensors, staged through pinned host memory on their current streams. See
-docs/python.md.
+tensors, staged through pinned host memory on their current streams.
+lockstep_torch.torchft.ProcessGroupLockstep is torchft's process group on
+this backend (torchft, an optional extra). See docs/python.md.
 """
 
 import os
