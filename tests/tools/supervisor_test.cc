@@ -112,6 +112,28 @@ TEST(SupervisorContinue, WhenTheLastRankFailsTheAttemptFailsNamingTheFirstDeath)
   EXPECT_EQ(result.first_failure->status.signal, SIGKILL);
 }
 
+// A frozen rank its peers re-formed without is killed once the launcher
+// reads that they dropped it, which can be after they all finished: the
+// attempt is good, since they went on without it (they said so) and ended
+// cleanly.
+TEST(SupervisorContinue, ARankDroppedByItsPeersAndKilledAfterTheyFinishedIsNotTheAttemptsFailure) {
+  QuietSignalFd signals;
+  std::vector<RankProcess> ranks;
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "exit 0"}, std::map<std::string, std::string>{});
+  ranks.emplace_back(1, std::vector<std::string>{"/bin/sh", "-c", "sleep 30"}, std::map<std::string, std::string>{});
+  SupervisorOptions options;
+  options.continue_after_rank_failure = true;
+  // Rank 1 reads as dropped only half a second in, long after rank 0 ended
+  // (the launcher's late read).
+  const auto start = std::chrono::steady_clock::now();
+  options.dropped = [start](int rank, int) { return rank == 1 && std::chrono::steady_clock::now() - start > 500ms; };
+  options.rank_lost = [](int, int) {};
+  const AttemptResult result = supervise(ranks, signals.fd(), options);
+  EXPECT_TRUE(result.ok);
+  EXPECT_FALSE(result.first_failure);
+  EXPECT_EQ(result.survived_loss_of, std::vector<int>{1});
+}
+
 // --max-replacements: rank 1 dies twice and is started again each time
 // (its starts 1 and 2, told by their incarnation), up to the budget; the
 // launcher hears each death with the start that died.

@@ -277,7 +277,10 @@ class Attempt {
                  r.rank(), r.status().describe().c_str(), seconds_between(r.started(), r.ended()));
     if (options_.rank_lost) options_.rank_lost(r.rank(), incarnation(i));
     result_.survived_loss_of.push_back(r.rank());
-    last_loss_ = r.ended();
+    // A rank killed because its peers re-formed without it was lost when
+    // they did, not when the launcher got to it: they may have finished
+    // (cleanly) before that.
+    if (!killed_dropped_.count({r.rank(), incarnation(i)})) last_loss_ = r.ended();
     if (!first_loss_) {
       first_loss_ = ended_rank(i);
       first_loss_at_ = r.ended();
@@ -336,13 +339,14 @@ class Attempt {
   }
 
   // With continue: ok if some rank outlived the last death and every such
-  // rank exited 0; otherwise the first death is the job's failure.
+  // rank exited 0; otherwise the first death is the job's failure. A rank
+  // killed because its peers re-formed without it died when they did.
   void judge_losses() {
     if (!first_loss_ || result_.first_failure) return;
     bool outlived = false, all_clean = true;
     for (std::size_t i = 0; i < ranks_.size(); ++i) {
       const RankProcess& r = ranks_[i];
-      if (r.ended() <= last_loss_ || !went_on(i)) continue;
+      if (r.ended() <= last_loss_ || !went_on(i) || killed_dropped_.count({r.rank(), incarnation(i)})) continue;
       outlived = true;
       all_clean = all_clean && r.status().ok();
     }
