@@ -23,10 +23,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <set>
 #include <sstream>
-#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -39,7 +37,7 @@
 #include "lockstep/torch/fully_shard.h"
 #include "lockstep/torch/sync_batchnorm.h"
 #include "lockstep/torch/zero.h"
-#include "optimizer_bytes.h"
+#include "optimizer_state.h"
 
 namespace lockstep::torch {
 namespace {
@@ -441,55 +439,31 @@ std::uint64_t digest_of(const std::vector<::torch::Tensor>& tensors, std::uint64
   return h;
 }
 
-// A parameter's entry in the optimizer's state map, keyed by its tensor's
-// address: a pointer in libtorch 2, the pointer printed in 1.x.
-template <typename StateMap>
-auto state_of(StateMap& state, c10::TensorImpl* impl) {
-  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
-    std::ostringstream key;
-    key << static_cast<const void*>(impl);
-    return state.find(key.str());
-  } else {
-    return state.find(impl);
-  }
-}
-
-// One parameter's optimizer state as tensors and a step count, for the
-// optimizers libtorch ships; nullopt for others.
-std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
-    ::torch::optim::OptimizerParamState& state) {
-  namespace optim = ::torch::optim;
-  if (auto* s = dynamic_cast<optim::SGDParamState*>(&state)) return {{{s->momentum_buffer()}, 0}};
-  if (auto* s = dynamic_cast<optim::AdamParamState*>(&state))
-    return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::AdamWParamState*>(&state))
-    return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::AdagradParamState*>(&state)) return {{{s->sum()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::RMSpropParamState*>(&state))
-    return {{{s->square_avg(), s->momentum_buffer(), s->grad_avg()}, s->step()}};
-  return std::nullopt;
-}
-
 // The optimizer's state, parameter by parameter in its groups' order. Not
 // its serialized form as a whole: that names each parameter's state by the
 // address of the parameter's tensor, which differs from process to process.
 // libtorch's optimizers' state by its tensors; another's by each
-// parameter's state serialized alone (slower: an archive each).
+// parameter's state serialized alone (slower: an archive each); and each
+// group's learning rate.
 std::uint64_t digest_of(::torch::optim::Optimizer& optimizer, std::uint64_t h) {
+  for (const auto& group : optimizer.param_groups()) {
+    const double lr = group.options().get_lr();  // a scheduler's: the option that changes
+    h = digest_of(&lr, sizeof lr, h);
+  }
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) {
-      const auto it = state_of(optimizer.state(), p.unsafeGetTensorImpl());
-      if (it == optimizer.state().end()) {
+      auto* state = state_of(optimizer, p);
+      if (state == nullptr) {
         h = digest_of("-", 1, h);
         continue;
       }
-      if (auto known = state_tensors(*it->second)) {
+      if (auto known = state_tensors(*state)) {
         for (const auto& t : known->first) h = t.defined() ? digest_of({t}, h) : digest_of("u", 1, h);
         h = digest_of(&known->second, sizeof known->second, h);
         continue;
       }
       ::torch::serialize::OutputArchive archive;
-      it->second->serialize(archive);
+      state->serialize(archive);
       std::ostringstream out;
       archive.save_to(out);
       const std::string bytes = out.str();
@@ -602,27 +576,21 @@ void ResilientTrainer::State::settle() {
 
 // The training state from rank `source` to every member: the step count,
 // the shards and the world's size at start, the parameters and buffers,
-// the optimizer's state (serialized as a checkpoint holds it). Then every
+// the optimizer's state and options (broadcast_optimizer_state). Then every
 // member compares a digest of what it holds: a replacement holds exactly
 // its peers' bytes, or the job stops here, naming who differs.
 void ResilientTrainer::State::feed(int source) {
   observe("feed");
-  const bool sending = group->rank() == source;
   std::int64_t header[3] = {static_cast<std::int64_t>(committed), shards, world_size};
   group->broadcast(Buffer{header, 3, DType::i64}, source)->wait();
   std::vector<::torch::Tensor> tensors = params;
   tensors.insert(tensors.end(), buffers.begin(), buffers.end());
   broadcast_coalesced(*group, tensors, source);
-  std::string optimizer_bytes = sending ? serialized(*optimizer) : std::string();
-  std::int64_t length = static_cast<std::int64_t>(optimizer_bytes.size());
-  group->broadcast(Buffer{&length, 1, DType::i64}, source)->wait();
-  optimizer_bytes.resize(static_cast<std::size_t>(length));
-  group->broadcast(Buffer{optimizer_bytes.data(), optimizer_bytes.size(), DType::u8}, source)->wait();
+  broadcast_optimizer_state(*group, *optimizer, source);
   if (!has_state) {
     committed = static_cast<std::uint64_t>(header[0]);
     shards = static_cast<int>(header[1]);
     world_size = static_cast<int>(header[2]);
-    load_serialized(*optimizer, optimizer_bytes);
     has_state = true;
   }
   // What this rank holds now: its optimizer's state, parameters, buffers.

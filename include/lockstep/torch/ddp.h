@@ -312,7 +312,8 @@ DType dtype_of(::torch::ScalarType type);
 // InvalidArgument naming `what`.
 Buffer buffer_of(const ::torch::Tensor& t, std::string_view what);
 
-// Broadcasts `tensors` from `root`, one collective per dtype (flattened).
+// Broadcasts `tensors` from `root`: each contiguous tensor of 1 MiB or more
+// in its own memory, the others packed, one collective per dtype.
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root);
 
 // Checks that every rank has the same named tensors (names, shapes,

@@ -1,0 +1,238 @@
+// The optimizer's state as tensors; see optimizer_state.h. The broadcast:
+//   1. a header from the root: how the state goes (as tensors, or
+//      serialized for an optimizer libtorch does not ship), the optimizer's
+//      type, the sizes of what follows; every rank checks that its own
+//      optimizer matches, and all refuse together where one does not;
+//   2. the groups' options, serialized (a few numbers each; libtorch
+//      1.13's optimizers leave them out of what they load from a checkpoint);
+//   then, for an optimizer libtorch does not ship, its serialized state;
+//   else 3. a table: for each parameter in the groups' order, which of its
+//      state tensors exist (-1: no state yet) and its step count;
+//   4. the state tensors themselves, each rank's own (created for the
+//      table's entries where it had none), by broadcast_coalesced.
+#include "optimizer_state.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+#include <string>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+#include "libtorch_version.h"
+#include "optimizer_bytes.h"
+
+namespace lockstep::torch {
+namespace {
+
+namespace optim = ::torch::optim;
+
+enum class Kind : std::int64_t { other = 0, sgd, adam, adamw, adagrad, rmsprop };
+enum class Mode : std::int64_t { tensors = 0, serialized = 1 };
+
+Kind kind_of(optim::Optimizer& o) {
+  if (dynamic_cast<optim::SGD*>(&o) != nullptr) return Kind::sgd;
+  if (dynamic_cast<optim::Adam*>(&o) != nullptr) return Kind::adam;
+  if (dynamic_cast<optim::AdamW*>(&o) != nullptr) return Kind::adamw;
+  if (dynamic_cast<optim::Adagrad*>(&o) != nullptr) return Kind::adagrad;
+  if (dynamic_cast<optim::RMSprop*>(&o) != nullptr) return Kind::rmsprop;
+  return Kind::other;
+}
+
+// Adam's and AdamW's states, alike but of two types.
+template <typename State>
+std::unique_ptr<optim::OptimizerParamState> adam_state(const std::vector<::torch::Tensor>& t, std::int64_t step) {
+  auto s = std::make_unique<State>();
+  s->exp_avg(t[0]);
+  s->exp_avg_sq(t[1]);
+  s->max_exp_avg_sq(t[2]);
+  s->step(step);
+  return s;
+}
+
+// A new state of `kind` holding `t` (in state_tensors' order) and `step`.
+std::unique_ptr<optim::OptimizerParamState> make_state(Kind kind, const std::vector<::torch::Tensor>& t,
+                                                       std::int64_t step) {
+  switch (kind) {
+    case Kind::sgd: {
+      auto s = std::make_unique<optim::SGDParamState>();
+      s->momentum_buffer(t[0]);
+      return s;
+    }
+    case Kind::adam: return adam_state<optim::AdamParamState>(t, step);
+    case Kind::adamw: return adam_state<optim::AdamWParamState>(t, step);
+    case Kind::adagrad: {
+      auto s = std::make_unique<optim::AdagradParamState>();
+      s->sum(t[0]);
+      s->step(step);
+      return s;
+    }
+    case Kind::rmsprop: {
+      auto s = std::make_unique<optim::RMSpropParamState>();
+      s->square_avg(t[0]);
+      s->momentum_buffer(t[1]);
+      s->grad_avg(t[2]);
+      s->step(step);
+      return s;
+    }
+    case Kind::other: break;
+  }
+  throw Error("broadcast_optimizer_state: no state tensors for an optimizer libtorch does not ship");
+}
+
+std::vector<::torch::Tensor> params_of(optim::Optimizer& optimizer) {
+  std::vector<::torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) params.push_back(p);
+  return params;
+}
+
+bool shaped_like(const ::torch::Tensor& t, const ::torch::Tensor& param) {
+  return t.is_contiguous() && t.sizes() == param.sizes() && t.scalar_type() == param.scalar_type() &&
+         t.device() == param.device();
+}
+
+// Whether every state tensor has its parameter's shape, type, device and a
+// contiguous layout, as a receiver creates it: else the state goes serialized.
+bool shaped_like_params(optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params) {
+  for (const auto& p : params) {
+    auto* state = state_of(optimizer, p);
+    if (state == nullptr) continue;
+    const auto known = state_tensors(*state);
+    if (!known) return false;
+    for (const auto& t : known->first)
+      if (t.defined() && !shaped_like(t, p)) return false;
+  }
+  return true;
+}
+
+std::string options_bytes(optim::Optimizer& optimizer) {
+  ::torch::serialize::OutputArchive archive;
+  for (std::size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+    ::torch::serialize::OutputArchive group;
+    optimizer.param_groups()[i].options().serialize(group);
+    archive.write(std::to_string(i), group);
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_options(optim::Optimizer& optimizer, const std::string& bytes) {
+  ::torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size());
+  for (std::size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+    ::torch::serialize::InputArchive group;
+    archive.read(std::to_string(i), group);
+    optimizer.param_groups()[i].options().serialize(group);
+  }
+}
+
+void broadcast_bytes(ProcessGroup& group, std::string& bytes, std::int64_t length, int root) {
+  bytes.resize(static_cast<std::size_t>(length));
+  if (length > 0) group.broadcast(Buffer{bytes.data(), bytes.size(), DType::u8}, root)->wait();
+}
+
+}  // namespace
+
+std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
+    optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<optim::SGDParamState*>(&state)) return {{{s->momentum_buffer()}, 0}};
+  if (auto* s = dynamic_cast<optim::AdamParamState*>(&state))
+    return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
+  if (auto* s = dynamic_cast<optim::AdamWParamState*>(&state))
+    return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
+  if (auto* s = dynamic_cast<optim::AdagradParamState*>(&state)) return {{{s->sum()}, s->step()}};
+  if (auto* s = dynamic_cast<optim::RMSpropParamState*>(&state))
+    return {{{s->square_avg(), s->momentum_buffer(), s->grad_avg()}, s->step()}};
+  return std::nullopt;
+}
+
+optim::OptimizerParamState* state_of(optim::Optimizer& optimizer, const ::torch::Tensor& param) {
+  auto& state = optimizer.state();
+  const auto it = state.find(libtorch::optimizer_state_key(param));
+  return it == state.end() ? nullptr : it->second.get();
+}
+
+void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer, int root) {
+  const bool sending = group.rank() == root;
+  const std::vector<::torch::Tensor> params = params_of(optimizer);
+  const Kind kind = kind_of(optimizer);
+  const Mode mode = kind != Kind::other && shaped_like_params(optimizer, params) ? Mode::tensors : Mode::serialized;
+  std::string options = sending ? options_bytes(optimizer) : std::string();
+  std::string serialized_state = sending && mode == Mode::serialized ? serialized(optimizer) : std::string();
+
+  // 1. The header, and every rank's agreement with it.
+  std::int64_t header[5] = {static_cast<std::int64_t>(mode), static_cast<std::int64_t>(kind),
+                            static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(options.size()),
+                            static_cast<std::int64_t>(serialized_state.size())};
+  group.broadcast(Buffer{header, 5, DType::i64}, root)->wait();
+  std::int64_t agrees = header[1] == static_cast<std::int64_t>(kind) &&
+                                header[2] == static_cast<std::int64_t>(params.size())
+                            ? 1
+                            : 0;
+  group.allreduce(Buffer{&agrees, 1, DType::i64}, ReduceOp::min)->wait();
+  if (agrees == 0)
+    throw ConfigError(fmt::format("broadcast_optimizer_state: the ranks' optimizers differ in type or in their number "
+                                  "of parameters (this rank: {} parameters); every rank must build the same optimizer "
+                                  "over the same model",
+                                  params.size()));
+  // 2. The options: libtorch 1.13's optimizers do not load them with
+  // their serialized state.
+  broadcast_bytes(group, options, header[3], root);
+  if (!sending) load_options(optimizer, options);
+  if (static_cast<Mode>(header[0]) == Mode::serialized) {
+    broadcast_bytes(group, serialized_state, header[4], root);
+    if (!sending) load_serialized(optimizer, serialized_state);
+    return;
+  }
+
+  // 3. The table of which tensors each parameter has.
+  constexpr std::int64_t kNoState = -1;
+  std::vector<std::int64_t> table(2 * params.size(), kNoState);
+  std::vector<::torch::Tensor> tensors;
+  if (sending)
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto* state = state_of(optimizer, params[i]);
+      if (state == nullptr) continue;
+      const auto known = state_tensors(*state);
+      std::int64_t mask = 0;
+      for (std::size_t k = 0; k < known->first.size(); ++k)
+        if (known->first[k].defined()) {
+          mask |= std::int64_t{1} << k;
+          tensors.push_back(known->first[k]);
+        }
+      table[2 * i] = mask;
+      table[2 * i + 1] = known->second;
+    }
+  group.broadcast(Buffer{table.data(), table.size(), DType::i64}, root)->wait();
+
+  // 4. The tensors, into states made for them on the receivers.
+  if (!sending) {
+    ::torch::NoGradGuard no_grad;
+    auto& state = optimizer.state();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto key = libtorch::optimizer_state_key(params[i]);
+      if (table[2 * i] == kNoState) {
+        state.erase(key);
+        continue;
+      }
+      // The tensors this rank holds where they fit (a survivor's: memory
+      // already touched), new ones where not (a replacement's).
+      auto* held = state_of(optimizer, params[i]);
+      const auto current = held != nullptr ? state_tensors(*held) : std::nullopt;
+      std::vector<::torch::Tensor> made(3);
+      for (std::size_t k = 0; k < made.size(); ++k)
+        if (table[2 * i] & (std::int64_t{1} << k)) {
+          const bool fits = current && k < current->first.size() && current->first[k].defined() &&
+                            shaped_like(current->first[k], params[i]);
+          made[k] = fits ? current->first[k] : ::torch::empty(params[i].sizes(), params[i].options());
+          tensors.push_back(made[k]);
+        }
+      state[key] = make_state(kind, made, table[2 * i + 1]);
+    }
+  }
+  broadcast_coalesced(group, tensors, root);
+}
+
+}  // namespace lockstep::torch

@@ -1,0 +1,151 @@
+// broadcast_optimizer_state: what a replacement receives of its peers'
+// optimizer. Rank 0 trains a few steps and changes its learning rate (as a
+// scheduler would); ranks 1 and 2 have fresh optimizers, rank 2 with a
+// stale state of its own. After the broadcast every rank holds rank 0's
+// state tensors, step counts and options, bit for bit, and one more step
+// with the same gradients leaves every rank with rank 0's parameters: for
+// each optimizer libtorch ships (state tensors sent as tensors) and for a
+// state that is not laid out like its parameters (sent serialized).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "thread_ranks.h"
+#include "torch/optimizer_state.h"
+
+namespace lockstep::torch {
+namespace {
+
+namespace optim = ::torch::optim;
+namespace nn = ::torch::nn;
+using testing::TorchThreadWorld;
+
+constexpr int kRanks = 3;
+
+// Gradients that differ from step to step and parameter to parameter.
+void set_gradients(nn::Module& model, int step) {
+  int index = 0;
+  for (auto& p : model.parameters()) {
+    const double scale = 0.01 * (step + 1) * (++index);
+    p.mutable_grad() = ::torch::linspace(-1.0, 1.0, p.numel(), p.options()).reshape(p.sizes()) * scale;
+  }
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<::torch::Tensor>)>;
+
+struct Rank {
+  nn::Sequential model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+};
+
+std::vector<Rank> ranks_with(const MakeOptimizer& make) {
+  return testing::per_rank(kRanks, [&](int) {
+    ::torch::manual_seed(7);  // the same weights on every rank
+    nn::Sequential model(nn::Linear(6, 6), nn::Tanh(), nn::Linear(6, 3));
+    auto optimizer = make(model->parameters());
+    return Rank{model, std::move(optimizer)};
+  });
+}
+
+// Every state tensor and step of `a` equal to `b`'s, parameter by parameter.
+void expect_same_state(optim::Optimizer& a, optim::Optimizer& b, const std::string& what) {
+  const auto pa = a.param_groups()[0].params();
+  const auto pb = b.param_groups()[0].params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    auto* sa = state_of(a, pa[i]);
+    auto* sb = state_of(b, pb[i]);
+    ASSERT_EQ(sa == nullptr, sb == nullptr) << what << ": parameter " << i;
+    if (sa == nullptr) continue;
+    const auto ta = state_tensors(*sa);
+    const auto tb = state_tensors(*sb);
+    ASSERT_TRUE(ta && tb) << what;
+    EXPECT_EQ(ta->second, tb->second) << what << ": step of parameter " << i;
+    for (std::size_t k = 0; k < ta->first.size(); ++k) {
+      ASSERT_EQ(ta->first[k].defined(), tb->first[k].defined()) << what << ": parameter " << i << " tensor " << k;
+      if (ta->first[k].defined()) EXPECT_TRUE(::torch::equal(ta->first[k], tb->first[k])) << what << ": " << i;
+    }
+  }
+}
+
+void check_broadcast(const MakeOptimizer& make, const std::function<void(optim::Optimizer&)>& after_training = {}) {
+  std::vector<Rank> ranks = ranks_with(make);
+  for (int step = 0; step < 3; ++step) {
+    set_gradients(*ranks[0].model, step);
+    ranks[0].optimizer->step();
+  }
+  ranks[0].optimizer->param_groups()[0].options().set_lr(0.0125);  // a scheduler's change
+  if (after_training) after_training(*ranks[0].optimizer);
+  // Rank 2 holds a stale state of its own, which the broadcast replaces.
+  set_gradients(*ranks[2].model, 9);
+  ranks[2].optimizer->step();
+
+  TorchThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) { broadcast_optimizer_state(pg, *ranks[rank].optimizer, 0); });
+
+  for (int r = 1; r < kRanks; ++r) {
+    const std::string what = "rank " + std::to_string(r);
+    expect_same_state(*ranks[0].optimizer, *ranks[r].optimizer, what);
+    EXPECT_EQ(ranks[r].optimizer->param_groups()[0].options().get_lr(), 0.0125) << what;
+  }
+  // Rank 2's parameters moved in its own step: start every rank from rank 0's.
+  for (int r = 1; r < kRanks; ++r) {
+    ::torch::NoGradGuard no_grad;
+    const auto from = ranks[0].model->parameters();
+    auto to = ranks[r].model->parameters();
+    for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+  }
+  for (auto& rank : ranks) {
+    set_gradients(*rank.model, 3);
+    rank.optimizer->step();
+  }
+  for (int r = 1; r < kRanks; ++r) {
+    const auto want = ranks[0].model->parameters();
+    const auto got = ranks[r].model->parameters();
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(::torch::equal(want[i], got[i])) << "rank " << r << ", parameter " << i << " after one more step";
+  }
+}
+
+template <typename Optimizer, typename Options>
+MakeOptimizer make(Options options) {
+  return [options](std::vector<::torch::Tensor> params) {
+    return std::make_unique<Optimizer>(std::move(params), options);
+  };
+}
+
+TEST(BroadcastOptimizerState, SGDWithMomentum) {
+  check_broadcast(make<optim::SGD>(optim::SGDOptions(0.1).momentum(0.9).nesterov(true)));
+}
+TEST(BroadcastOptimizerState, SGDWithoutMomentumHasNoState) {
+  check_broadcast(make<optim::SGD>(optim::SGDOptions(0.1)));
+}
+TEST(BroadcastOptimizerState, AdamWithAmsgrad) {
+  check_broadcast(make<optim::Adam>(optim::AdamOptions(0.01).amsgrad(true).weight_decay(0.01)));
+}
+TEST(BroadcastOptimizerState, AdamW) { check_broadcast(make<optim::AdamW>(optim::AdamWOptions(0.01))); }
+TEST(BroadcastOptimizerState, Adagrad) { check_broadcast(make<optim::Adagrad>(optim::AdagradOptions(0.1))); }
+TEST(BroadcastOptimizerState, RMSpropCenteredWithMomentum) {
+  check_broadcast(make<optim::RMSprop>(optim::RMSpropOptions(0.01).centered(true).momentum(0.5)));
+}
+
+// A state tensor laid out otherwise than its parameter (here a transposed
+// view) cannot be received into a tensor made like the parameter: the whole
+// state goes serialized instead, with the same result.
+TEST(BroadcastOptimizerState, StateNotShapedLikeItsParameterGoesSerialized) {
+  check_broadcast(make<optim::Adam>(optim::AdamOptions(0.01)), [](optim::Optimizer& adam) {
+    const auto& square = adam.param_groups()[0].params()[0];  // Linear(6, 6)'s weight
+    auto* state = dynamic_cast<optim::AdamParamState*>(state_of(adam, square));
+    ASSERT_NE(state, nullptr);
+    state->exp_avg(state->exp_avg().t().contiguous().t());
+    ASSERT_FALSE(state->exp_avg().is_contiguous());
+  });
+}
+
+}  // namespace
+}  // namespace lockstep::torch
