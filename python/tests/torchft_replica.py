@@ -7,7 +7,8 @@ as a scheduler would).
 Made so that a schedule of deaths gives one quorum sequence whatever the
 process group: the replica groups meet at a file gate before their first
 quorum; a replacement writes its own gate file and the survivors, at step
---admit-at, wait for it before they ask for that step's quorum; a death is
+--admit-at, wait for its quorum request to be at the lighthouse before they
+ask for that step's quorum; a death is
 at a named point of a named step (--die GROUP:STEP:POINT; only the first
 incarnation dies). Each step's sample is a function of the step and the
 replica group, so every run trains on the same data.
@@ -18,9 +19,11 @@ committed) and its final parameters as raw bytes."""
 import argparse
 import faulthandler
 import os
+import re
 import signal
 import sys
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +37,24 @@ def wait_for(path: Path, deadline_s: float, what: str) -> None:
     while not path.exists():
         if time.monotonic() > end:
             sys.exit(f"{what}: {path} did not appear within {deadline_s:.0f} s")
+        time.sleep(0.02)
+
+
+def wait_for_the_replacements_request(deadline_s: float) -> None:
+    """Until the lighthouse holds a quorum request. The survivors ask only
+    after this, so the first request it holds is the replacement's; from
+    then on a quorum needs every survivor (a quorum without one waits for
+    it: the last quorum's members are all heartbeating), and forms with
+    the replacement."""
+    url = os.environ["TORCHFT_LIGHTHOUSE"] + "/status"
+    end = time.monotonic() + deadline_s
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as page:
+            pending = re.search(r"\[\d+/(\d+) participants healthy\]", page.read().decode())
+        if pending and int(pending.group(1)) >= 1:
+            return
+        if time.monotonic() > end:
+            sys.exit(f"the replacement's quorum request did not reach the lighthouse within {deadline_s:.0f} s")
         time.sleep(0.02)
 
 
@@ -116,7 +137,7 @@ def main() -> int:
             (out / "admit").touch()
             wait_for(out / "replacement", 60, f"replica group {group}")
             wait_for(out / f"ready.{(out / 'replacement').read_text().strip()}.1", 60, f"replica group {group}")
-            time.sleep(2.0)  # the replacement's quorum request reaches the lighthouse first
+            wait_for_the_replacements_request(60)
             admitted = True
         if deaths.get(step) == "before_quorum":
             die(group, step, "before its quorum")
