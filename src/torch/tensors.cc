@@ -72,6 +72,12 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
     }
   }
   for (const auto& work : in_place) work->wait();
+  // The packed tensors' copy_ told autograd they changed; a tensor written
+  // in its own memory must say so too, or a backward through a graph that
+  // saved it would silently use the new values.
+  for (const auto& t : tensors)
+    if (t.numel() != 0 && t.is_contiguous() && t.nbytes() >= kInPlaceBroadcastBytes)
+      t.unsafeGetTensorImpl()->bump_version();
 }
 
 namespace {
