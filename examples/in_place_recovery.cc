@@ -26,6 +26,10 @@
 // every K steps, and every rank resumes from it at start; that is what the
 // restart (--on-rank-failure restart --max-restarts N) needs and what the
 // in-place mode does not (bench/in_place_recovery.py compares the two).
+// --zero shards the optimizer's state (ZeRO-1) with each partition kept by
+// its owner and by the next rank (ResilientOptions::shard_optimizer_state;
+// --no-backup keeps it on the owner only: a death then ends in the
+// restart); the checkpoint's optimizer state is consolidated first.
 // --plain trains with lockstep's DistributedDataParallel instead, one
 // shard per rank and no recovery: the step time the mode is measured
 // against.
@@ -83,6 +87,8 @@ struct Options {
   std::string checkpoint;
   int checkpoint_every = 0;
   bool plain = false;
+  bool zero = false;       // ZeRO-1 in the trainer
+  bool no_backup = false;  // ... without the backup of each partition
   std::vector<std::string> kills;    // "rank:step:phase"
   std::vector<std::string> freezes;  // the same, SIGSTOP instead of SIGKILL
   double window = 10;                // seconds the survivors wait for a rank that does not answer
@@ -210,6 +216,13 @@ Net make_model(int hidden) {
                         nn::Linear(hidden, 10));
 }
 
+// SGD with momentum keeps one tensor per parameter, its size.
+std::int64_t optimizer_state_bytes_unsharded(Net& model) {
+  std::int64_t bytes = 0;
+  for (const auto& p : model->parameters()) bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
+  return bytes;
+}
+
 double wall_clock_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -319,6 +332,8 @@ int run(const Options& o) {
   options.first_step = first_step;
   options.window = std::chrono::milliseconds(static_cast<std::int64_t>(o.window * 1000));
   options.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mb * (1 << 20));
+  options.shard_optimizer_state = o.zero;
+  options.optimizer_state_backup = !o.no_backup;
   double feed_started = 0;
   options.observer = [&](std::string_view phase, std::uint64_t step) {
     if (phase == "re-formed")
@@ -379,13 +394,18 @@ int run(const Options& o) {
       std::printf("step %llu: loss %.4f (shard %d)\n", static_cast<unsigned long long>(outcome.step),
                   outcome.losses.empty() ? 0.0 : outcome.losses.front(), trainer.shards().front());
     const std::uint64_t done = trainer.steps_committed();
-    if (!o.checkpoint.empty() && o.checkpoint_every > 0 && done % static_cast<std::uint64_t>(o.checkpoint_every) == 0 &&
-        trainer.group().rank() == 0)
-      write_checkpoint(o, model, optimizer, done, [&] { kill_here("checkpoint", done - 1); });
+    if (!o.checkpoint.empty() && o.checkpoint_every > 0 && done % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
+      trainer.consolidate_optimizer_state();  // sharded: the whole state to the first rank
+      if (trainer.group().rank() == 0)
+        write_checkpoint(o, model, optimizer, done, [&] { kill_here("checkpoint", done - 1); });
+    }
     std::fflush(stdout);
   }
   report(world_rank, o.steps - static_cast<int>(replacement ? joined_at : first_step), start, trainer.group().size(),
          trainer.generation());
+  if (o.zero)
+    std::printf("world rank %d: optimizer state %zu bytes of %zu\n", world_rank, trainer.optimizer_state_bytes(),
+                static_cast<std::size_t>(optimizer_state_bytes_unsharded(model)));
   if (!o.save_params.empty() && trainer.group().rank() == 0) write_params(o.save_params, *model);
   if (!o.save_params_of_each.empty())
     write_params(fmt::format("{}.{}", o.save_params_of_each, world_rank), *model);
@@ -407,6 +427,10 @@ int main(int argc, char** argv) {
                  "Every rank writes its final parameters to PATH.<world rank> (a replacement's must be its peers')");
   app.add_option("--checkpoint", o.checkpoint, "Resume from this checkpoint if it exists; write it every --checkpoint-every steps");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0: none)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--zero", o.zero, "Shard the optimizer's state (ZeRO-1), each partition kept by its owner and the "
+               "next rank, so that a death loses none of it");
+  app.add_flag("--no-backup", o.no_backup, "With --zero: each partition on its owner only (a death ends in the "
+               "restart from the checkpoint)");
   app.add_flag("--plain", o.plain, "Train with lockstep's DistributedDataParallel, without recovery (the step time to compare)");
   app.add_option("--kill", o.kills, "RANK:STEP:PHASE: world rank RANK kills itself at step STEP, at PHASE (forward, "
                  "backward, reduce, buffers, barrier, commit, committed, re-form, checkpoint); repeatable (tests)");

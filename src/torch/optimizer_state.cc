@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/enforce.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
@@ -80,13 +81,6 @@ std::unique_ptr<optim::OptimizerParamState> make_state(Kind kind, const std::vec
   throw Error("broadcast_optimizer_state: no state tensors for an optimizer libtorch does not ship");
 }
 
-std::vector<::torch::Tensor> params_of(optim::Optimizer& optimizer) {
-  std::vector<::torch::Tensor> params;
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) params.push_back(p);
-  return params;
-}
-
 bool shaped_like(const ::torch::Tensor& t, const ::torch::Tensor& param) {
   return t.is_contiguous() && t.sizes() == param.sizes() && t.scalar_type() == param.scalar_type() &&
          t.device() == param.device();
@@ -94,8 +88,10 @@ bool shaped_like(const ::torch::Tensor& t, const ::torch::Tensor& param) {
 
 // Whether every state tensor has its parameter's shape, type, device and a
 // contiguous layout, as a receiver creates it: else the state goes serialized.
-bool shaped_like_params(optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params) {
-  for (const auto& p : params) {
+bool shaped_like_params(optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params,
+                        const std::vector<std::size_t>& indices) {
+  for (std::size_t i : indices) {
+    const auto& p = params[i];
     auto* state = state_of(optimizer, p);
     if (state == nullptr) continue;
     const auto known = state_tensors(*state);
@@ -133,7 +129,31 @@ void broadcast_bytes(ProcessGroup& group, std::string& bytes, std::int64_t lengt
   if (length > 0) group.broadcast(Buffer{bytes.data(), bytes.size(), DType::u8}, root)->wait();
 }
 
+std::vector<std::size_t> all_indices(std::size_t n) {
+  std::vector<std::size_t> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = i;
+  return out;
+}
+
 }  // namespace
+
+std::vector<::torch::Tensor> params_of(optim::Optimizer& optimizer) {
+  std::vector<::torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) params.push_back(p);
+  return params;
+}
+
+bool is_libtorch_optimizer(optim::Optimizer& optimizer) { return kind_of(optimizer) != Kind::other; }
+
+std::size_t state_bytes(optim::Optimizer& optimizer) {
+  std::size_t bytes = 0;
+  for (const auto& entry : optimizer.state())
+    if (auto known = state_tensors(*entry.second))
+      for (const auto& t : known->first)
+        if (t.defined()) bytes += t.nbytes();
+  return bytes;
+}
 
 std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
     optim::OptimizerParamState& state) {
@@ -154,11 +174,19 @@ optim::OptimizerParamState* state_of(optim::Optimizer& optimizer, const ::torch:
   return it == state.end() ? nullptr : it->second.get();
 }
 
-void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer, int root) {
+void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer, int root,
+                               const std::vector<std::size_t>* only) {
   const bool sending = group.rank() == root;
   const std::vector<::torch::Tensor> params = params_of(optimizer);
   const Kind kind = kind_of(optimizer);
-  const Mode mode = kind != Kind::other && shaped_like_params(optimizer, params) ? Mode::tensors : Mode::serialized;
+  const std::vector<std::size_t> indices = only != nullptr ? *only : all_indices(params.size());
+  for (std::size_t i : indices) LOCKSTEP_CHECK_ARG(i < params.size(), "broadcast_optimizer_state: no parameter {}", i);
+  const Mode mode =
+      kind != Kind::other && shaped_like_params(optimizer, params, indices) ? Mode::tensors : Mode::serialized;
+  if (only != nullptr && mode == Mode::serialized)
+    throw ConfigError("broadcast_optimizer_state: the state of some parameters alone goes as tensors, which needs "
+                      "one of libtorch's optimizers (SGD, Adam, AdamW, Adagrad, RMSprop) with state shaped like "
+                      "its parameters");
   std::string options = sending ? options_bytes(optimizer) : std::string();
   std::string serialized_state = sending && mode == Mode::serialized ? serialized(optimizer) : std::string();
 
@@ -189,11 +217,11 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
 
   // 3. The table of which tensors each parameter has.
   constexpr std::int64_t kNoState = -1;
-  std::vector<std::int64_t> table(2 * params.size(), kNoState);
+  std::vector<std::int64_t> table(2 * indices.size(), kNoState);
   std::vector<::torch::Tensor> tensors;
   if (sending)
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      auto* state = state_of(optimizer, params[i]);
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      auto* state = state_of(optimizer, params[indices[j]]);
       if (state == nullptr) continue;
       const auto known = state_tensors(*state);
       std::int64_t mask = 0;
@@ -202,18 +230,19 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
           mask |= std::int64_t{1} << k;
           tensors.push_back(known->first[k]);
         }
-      table[2 * i] = mask;
-      table[2 * i + 1] = known->second;
+      table[2 * j] = mask;
+      table[2 * j + 1] = known->second;
     }
-  group.broadcast(Buffer{table.data(), table.size(), DType::i64}, root)->wait();
+  if (!table.empty()) group.broadcast(Buffer{table.data(), table.size(), DType::i64}, root)->wait();
 
   // 4. The tensors, into states made for them on the receivers.
   if (!sending) {
     ::torch::NoGradGuard no_grad;
     auto& state = optimizer.state();
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      const std::size_t i = indices[j];
       const auto key = libtorch::optimizer_state_key(params[i]);
-      if (table[2 * i] == kNoState) {
+      if (table[2 * j] == kNoState) {
         state.erase(key);
         continue;
       }
@@ -223,13 +252,13 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
       const auto current = held != nullptr ? state_tensors(*held) : std::nullopt;
       std::vector<::torch::Tensor> made(3);
       for (std::size_t k = 0; k < made.size(); ++k)
-        if (table[2 * i] & (std::int64_t{1} << k)) {
+        if (table[2 * j] & (std::int64_t{1} << k)) {
           const bool fits = current && k < current->first.size() && current->first[k].defined() &&
                             shaped_like(current->first[k], params[i]);
           made[k] = fits ? current->first[k] : ::torch::empty(params[i].sizes(), params[i].options());
           tensors.push_back(made[k]);
         }
-      state[key] = make_state(kind, made, table[2 * i + 1]);
+      state[key] = make_state(kind, made, table[2 * j + 1]);
     }
   }
   broadcast_coalesced(group, tensors, root);

@@ -32,7 +32,19 @@ std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tenso
 // serialized, as a checkpoint holds it, with the options beside it (what
 // libtorch 1.13's load leaves as it was). Collective; every rank's optimizer
 // must be of the same type over parameters of the same shapes (the same
-// program), or it throws.
-void broadcast_optimizer_state(ProcessGroup& group, ::torch::optim::Optimizer& optimizer, int root);
+// program), or it throws. With `only`, the state of those parameters alone
+// (indices in the groups' order) goes, and the others' is left as it is;
+// libtorch's optimizers only (ConfigError otherwise).
+void broadcast_optimizer_state(ProcessGroup& group, ::torch::optim::Optimizer& optimizer, int root,
+                               const std::vector<std::size_t>* only = nullptr);
+
+// Whether the optimizer is one libtorch ships, whose state state_tensors reads.
+bool is_libtorch_optimizer(::torch::optim::Optimizer& optimizer);
+
+// The bytes of state tensors the optimizer holds (libtorch's optimizers'; 0 for another's).
+std::size_t state_bytes(::torch::optim::Optimizer& optimizer);
+
+// The optimizer's parameters, in its groups' order.
+std::vector<::torch::Tensor> params_of(::torch::optim::Optimizer& optimizer);
 
 }  // namespace lockstep::torch

@@ -37,7 +37,9 @@
 #include "lockstep/torch/fully_shard.h"
 #include "lockstep/torch/sync_batchnorm.h"
 #include "lockstep/torch/zero.h"
+#include "optimizer_partitions.h"
 #include "optimizer_state.h"
+#include "state_digest.h"
 
 namespace lockstep::torch {
 namespace {
@@ -60,7 +62,8 @@ void refuse_what_cannot_survive(::torch::nn::Module& model, ::torch::optim::Opti
       "--max-restarts N, docs/faults.md)";
   if (dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr)
     throw ConfigError(fmt::format("ResilientTrainer: ZeroRedundancyOptimizer keeps each rank's optimizer state on "
-                                  "that rank only, and a death would lose it; use a plain optimizer here{}",
+                                  "that rank only, and a death would lose it; use a plain optimizer here, with "
+                                  "ResilientOptions::shard_optimizer_state for ZeRO-1 whose state survives a death{}",
                                   kFallback));
   const auto refuse_module = [&](::torch::nn::Module& m) {
     if (dynamic_cast<FullyShardModule*>(&m) != nullptr)
@@ -145,6 +148,8 @@ struct ResilientTrainer::State {
   // Each held shard's gradients, flat, kept from step to step.
   std::map<int, ::torch::Tensor> shard_gradients;
   std::vector<::torch::Tensor> pending_buffers;
+  // ZeRO-1 (options.shard_optimizer_state); null otherwise.
+  std::unique_ptr<OptimizerPartitions> partitions;
 
   // False on a replacement until its peers fed it the training state.
   bool has_state = true;
@@ -167,6 +172,9 @@ struct ResilientTrainer::State {
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
   void feed(int source);
+  void share_parameters();
+  template <typename Body>
+  void surviving(Body body);
 };
 
 ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, ::torch::optim::Optimizer& optimizer,
@@ -210,7 +218,6 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
     } catch (const TimeoutError&) {
       s.recover(std::current_exception());
     }
-    s.reassign();
     s.observe("joined");
     return;
   }
@@ -219,6 +226,11 @@ ResilientTrainer::ResilientTrainer(std::shared_ptr<::torch::nn::Module> model, :
   std::vector<::torch::Tensor> start = s.params;
   start.insert(start.end(), s.buffers.begin(), s.buffers.end());
   broadcast_coalesced(*s.group, start, 0);
+  if (options.shard_optimizer_state) {
+    s.partitions = std::make_unique<OptimizerPartitions>(optimizer, s.shards, options.optimizer_state_backup,
+                                                         /*keeps_state=*/true);
+    s.partitions->place(*s.group, s.holder);
+  }
 }
 
 ResilientTrainer::~ResilientTrainer() {
@@ -237,17 +249,48 @@ ProcessGroup& ResilientTrainer::group() const { return *state_->group; }
 int ResilientTrainer::generation() const { return state_->generation; }
 std::size_t ResilientTrainer::bucket_count() const { return state_->buckets.size(); }
 int ResilientTrainer::shard_count() const { return state_->shards; }
+std::size_t ResilientTrainer::optimizer_state_bytes() const {
+  return state_->partitions ? state_->partitions->kept_state_bytes() : state_bytes(*state_->optimizer);
+}
+
+// Runs `body` (collective) until it completes on a group that stands: a
+// loss meanwhile re-forms the group first (nothing is pending: no step is
+// redone).
+template <typename Body>
+void ResilientTrainer::State::surviving(Body body) {
+  for (;;) {
+    std::exception_ptr failure;
+    try {
+      body();
+      return;
+    } catch (const PeerError&) {
+      failure = std::current_exception();
+    } catch (const TimeoutError&) {
+      failure = std::current_exception();
+    }
+    recover(failure);
+  }
+}
+
+void ResilientTrainer::consolidate_optimizer_state() {
+  State& s = *state_;
+  if (s.partitions) s.surviving([&] { s.partitions->consolidate(*s.group, 0); });
+}
 
 StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Shard&)>& loss_of) {
   State& s = *state_;
   StepOutcome outcome;
   outcome.step = s.committed;
   const std::vector<::torch::Tensor> start_buffers = clones(s.buffers);
+  const std::uint64_t target = s.committed + 1;
   for (;;) {
     std::exception_ptr failure;
     try {
-      outcome.losses = s.run(loss_of, start_buffers);
-      s.commit();
+      if (s.committed < target) {
+        outcome.losses = s.run(loss_of, start_buffers);
+        s.commit();
+      }
+      s.share_parameters();
       if (s.admit_pending) outcome.joined = s.admit(outcome);
       return outcome;
     } catch (const PeerError&) {
@@ -255,12 +298,13 @@ StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Sha
     } catch (const TimeoutError&) {
       failure = std::current_exception();  // a rank that stopped answering
     }
-    const std::uint64_t before = s.committed;
     const auto seen = std::chrono::steady_clock::now();
     std::vector<int> lost = s.recover(failure);
     outcome.recovery_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - seen).count();
     outcome.lost.insert(outcome.lost.end(), lost.begin(), lost.end());
-    if (s.committed > before) return outcome;  // another rank had committed it; so has this one now
+    // Committed here, or by another rank and so by this one now; the
+    // re-formed group placed the parameters.
+    if (s.committed == target) return outcome;
     copy_into(s.buffers, start_buffers);
     ++outcome.redone;
   }
@@ -352,7 +396,10 @@ void ResilientTrainer::State::commit() {
     p.mutable_grad() = reduced.slice(0, at, at + p.numel()).view_as(p);
     at += p.numel();
   }
-  optimizer->step();
+  if (partitions)
+    partitions->step();  // the partitions this rank keeps; share_parameters() sends the owners'
+  else
+    optimizer->step();
   copy_into(buffers, pending_buffers);
   pending = false;
   ++committed;
@@ -389,7 +436,6 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
       group = std::move(next);
       ++generation;
       settle();
-      reassign();
       observe("re-formed");
       break;
     } catch (const PeerError&) {
@@ -408,71 +454,6 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
     if (std::find(after.begin(), after.end(), w) == after.end()) lost.push_back(w);
   return lost;
 }
-
-namespace {
-
-// A digest of bytes, continued from `h`: FNV-1a's step on 8-byte words in
-// four independent lanes (the multiplications overlap: several GB/s, where
-// a byte at a time is under one), the tail a byte at a time. For telling
-// copies apart, not adversaries.
-std::uint64_t digest_of(const void* data, std::size_t size, std::uint64_t h) {
-  constexpr std::uint64_t kPrime = 0x100000001b3ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint64_t lane[4] = {h, h ^ 1, h ^ 2, h ^ 3};
-  std::size_t i = 0;
-  for (; i + 32 <= size; i += 32)
-    for (int k = 0; k < 4; ++k) {
-      std::uint64_t word;
-      std::memcpy(&word, p + i + 8 * k, 8);
-      lane[k] = (lane[k] ^ word) * kPrime;
-    }
-  h = ((lane[0] * kPrime ^ lane[1]) * kPrime ^ lane[2]) * kPrime ^ lane[3];
-  for (; i < size; ++i) h = (h ^ p[i]) * kPrime;
-  return h;
-}
-
-std::uint64_t digest_of(const std::vector<::torch::Tensor>& tensors, std::uint64_t h) {
-  for (const auto& t : tensors) {
-    const ::torch::Tensor c = t.detach().contiguous();
-    h = digest_of(c.data_ptr(), c.nbytes(), h);
-  }
-  return h;
-}
-
-// The optimizer's state, parameter by parameter in its groups' order. Not
-// its serialized form as a whole: that names each parameter's state by the
-// address of the parameter's tensor, which differs from process to process.
-// libtorch's optimizers' state by its tensors; another's by each
-// parameter's state serialized alone (slower: an archive each); and each
-// group's learning rate.
-std::uint64_t digest_of(::torch::optim::Optimizer& optimizer, std::uint64_t h) {
-  for (const auto& group : optimizer.param_groups()) {
-    const double lr = group.options().get_lr();  // a scheduler's: the option that changes
-    h = digest_of(&lr, sizeof lr, h);
-  }
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) {
-      auto* state = state_of(optimizer, p);
-      if (state == nullptr) {
-        h = digest_of("-", 1, h);
-        continue;
-      }
-      if (auto known = state_tensors(*state)) {
-        for (const auto& t : known->first) h = t.defined() ? digest_of({t}, h) : digest_of("u", 1, h);
-        h = digest_of(&known->second, sizeof known->second, h);
-        continue;
-      }
-      ::torch::serialize::OutputArchive archive;
-      state->serialize(archive);
-      std::ostringstream out;
-      archive.save_to(out);
-      const std::string bytes = out.str();
-      h = digest_of(bytes.data(), bytes.size(), h);
-    }
-  return h;
-}
-
-}  // namespace
 
 // Rank 0 looks in the store for replacements at most every 50 ms: a
 // counter's read, off the step's critical path for any step this short.
@@ -528,7 +509,6 @@ std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
   ++generation;
   try {
     settle();
-    reassign();
   } catch (const PeerError&) {
     recover_during_admission(std::current_exception(), outcome);
   } catch (const TimeoutError&) {
@@ -572,6 +552,20 @@ void ResilientTrainer::State::settle() {
   const auto source = std::find_if(committed_of.begin(), committed_of.end(), [](std::int64_t c) { return c >= 0; });
   if (std::find(committed_of.begin(), committed_of.end(), -1) != committed_of.end())
     feed(static_cast<int>(source - committed_of.begin()));
+  reassign();
+  if (options.shard_optimizer_state) {
+    // Only a replacement has none yet: it keeps no state until placed.
+    if (!partitions)
+      partitions = std::make_unique<OptimizerPartitions>(*optimizer, shards, options.optimizer_state_backup,
+                                                         /*keeps_state=*/false);
+    partitions->place(*group, holder);
+  }
+}
+
+// With the optimizer state sharded: each partition's parameters from its
+// owner, once a step committed.
+void ResilientTrainer::State::share_parameters() {
+  if (partitions) partitions->share_parameters(*group);
 }
 
 // The training state from rank `source` to every member: the step count,
@@ -586,7 +580,10 @@ void ResilientTrainer::State::feed(int source) {
   std::vector<::torch::Tensor> tensors = params;
   tensors.insert(tensors.end(), buffers.begin(), buffers.end());
   broadcast_coalesced(*group, tensors, source);
-  broadcast_optimizer_state(*group, *optimizer, source);
+  // Sharded, the optimizer's options only: its state is placed by partition.
+  const std::vector<std::size_t> no_parameters;
+  const std::vector<std::size_t>* state_of_parameters = options.shard_optimizer_state ? &no_parameters : nullptr;
+  broadcast_optimizer_state(*group, *optimizer, source, state_of_parameters);
   if (!has_state) {
     committed = static_cast<std::uint64_t>(header[0]);
     shards = static_cast<int>(header[1]);
@@ -594,7 +591,7 @@ void ResilientTrainer::State::feed(int source) {
     has_state = true;
   }
   // What this rank holds now: its optimizer's state, parameters, buffers.
-  std::uint64_t digest = digest_of(*optimizer, 0xcbf29ce484222325ull);
+  std::uint64_t digest = digest_of(*optimizer, kDigestStart, state_of_parameters);
   digest = digest_of(tensors, digest);
   std::vector<std::uint64_t> digests(static_cast<std::size_t>(group->size()));
   static_assert(sizeof(std::uint64_t) == sizeof(std::int64_t));

@@ -11,9 +11,14 @@
 // parameters of the clean run of the same world, byte for byte, every
 // survivor must have committed every step, and the launcher must exit 0.
 // The victims vary (rank 0 among them): the store lives in the launcher.
+// With the optimizer state sharded (ZeRO-1 with a backup), deaths at each
+// phase end the same way, and where an owner and its backup die together
+// the job restarts from its checkpoint with the clean run's result.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -44,6 +49,8 @@ struct Case {
   int survivors = 0;
   std::string bucket_cap_mb = "25";  // the reduction's buckets (25: one)
   std::string shards_per_rank = "1";
+  std::vector<std::string> extra;    // more of the example's flags (--zero, --no-backup)
+  std::string max_restarts;          // --max-restarts, where the job may fall back to its checkpoint
 };
 
 Training train(const std::string& backend, int world, const Case& c, const std::string& dir) {
@@ -56,6 +63,8 @@ Training train(const std::string& backend, int world, const Case& c, const std::
                                 c.bucket_cap_mb, "--shards-per-rank", c.shards_per_rank};
   for (const auto& k : c.kills) args.insert(args.end(), {"--kill", k});
   for (const auto& k : c.freezes) args.insert(args.end(), {"--freeze", k});
+  args.insert(args.end(), c.extra.begin(), c.extra.end());
+  if (!c.max_restarts.empty()) args.insert(args.begin(), {"--max-restarts", c.max_restarts});
   // A frozen rank is noticed when a collective times out: a short timeout
   // and window there, a long one elsewhere (a loaded machine).
   const bool frozen = !c.freezes.empty();
@@ -166,6 +175,92 @@ TEST(InPlaceRecovery, TwoShardsPerRankSurviveTwoDeaths) {
   EXPECT_TRUE(contains(b.result.output, "this rank now holds shards 0,1,4,5 of 8") &&
               contains(b.result.output, "this rank now holds shards 2,3,6,7 of 8"))
       << b.result.output;
+}
+
+// The sum of the optimizer state's bytes over the ranks that reported it
+// ("optimizer state N bytes of M"), and M.
+std::pair<std::size_t, std::size_t> state_bytes_kept(const std::string& output) {
+  const std::string marker = "optimizer state ";
+  std::size_t sum = 0, whole = 0;
+  for (std::size_t at = 0; (at = output.find(marker, at)) != std::string::npos; at += marker.size()) {
+    std::size_t kept = 0;
+    if (std::sscanf(output.c_str() + at, "optimizer state %zu bytes of %zu", &kept, &whole) == 2) sum += kept;
+  }
+  return {sum, whole};
+}
+
+// ZeRO-1 in the trainer (--zero): each partition of the optimizer's state
+// on its owner and the next rank, exactly two copies in all. A rank killed
+// at each phase (the first rank, owner of the largest partition, among
+// them), and a second while the group re-forms: the survivors end with the
+// parameters of the unsharded clean run, bit for bit, over shm and tcp.
+TEST(InPlaceRecovery, ShardedOptimizerStateSurvivesADeathAtEachPhase) {
+  TempDir clean_dir;
+  const Training clean = train("shm", 4, Case{}, clean_dir.path());
+  ASSERT_EQ(clean.result.exit_code, 0) << describe(clean.result);
+  TempDir sharded_dir;
+  const Training sharded = train("shm", 4, Case{.name = "sharded", .extra = {"--zero"}}, sharded_dir.path());
+  ASSERT_EQ(sharded.result.exit_code, 0) << describe(sharded.result);
+  EXPECT_TRUE(!clean.params.empty() && sharded.params == clean.params) << "ZeRO-1 ended with other parameters";
+  const auto [kept, whole] = state_bytes_kept(sharded.result.output);
+  EXPECT_TRUE(whole > 0 && kept == 2 * whole) << "every partition must be kept twice: " << kept << " bytes kept of "
+                                              << whole << "\n" << sharded.result.output;
+  const std::vector<std::pair<std::string, Case>> kills = {
+      {"shm", {"forward", {fmt::format("3:{}:forward", kKillStep)}, {}, 3}},
+      {"shm", {"reduce", {fmt::format("1:{}:reduce", kKillStep)}, {}, 3}},
+      {"shm", {"commit", {fmt::format("0:{}:commit", kKillStep)}, {}, 3}},
+      {"shm", {"committed", {fmt::format("2:{}:committed", kKillStep)}, {}, 3}},
+      {"shm", {"second_while_reforming", {fmt::format("3:{}:forward", kKillStep), fmt::format("1:{}:re-form", kKillStep)},
+               {}, 2}},
+      {"tcp", {"commit", {fmt::format("0:{}:commit", kKillStep)}, {}, 3}},
+      {"tcp", {"barrier", {fmt::format("2:{}:barrier", kKillStep)}, {}, 3}},
+  };
+  for (auto [backend, c] : kills) {
+    SCOPED_TRACE(backend + " " + c.name);
+    c.extra = {"--zero"};
+    TempDir dir;
+    const Training killed = train(backend, 4, c, dir.path());
+    EXPECT_EQ(killed.result.exit_code, 0) << describe(killed.result);
+    EXPECT_TRUE(killed.params == clean.params) << c.name << ": the parameters differ from the clean run's";
+    EXPECT_TRUE(contains(killed.result.output, fmt::format("{} ranks at the end", c.survivors)))
+        << killed.result.output;
+  }
+}
+
+// Where every keeper of a partition dies (two neighbours in the ring at
+// once, or one rank with the backup off), the survivors name the lost
+// partition and the job falls back to its checkpoint, whose optimizer
+// state was consolidated: the restarted job ends with the clean run's
+// parameters.
+TEST(InPlaceRecovery, ShardedStateLostWithAllItsKeepersRestartsFromTheCheckpoint) {
+  TempDir clean_dir;
+  const Training clean = train("shm", 4, Case{}, clean_dir.path());
+  ASSERT_EQ(clean.result.exit_code, 0) << describe(clean.result);
+  const std::vector<Case> cases = {
+      {.name = "two_neighbours",
+       .kills = {fmt::format("0:{}:reduce", kKillStep), fmt::format("1:{}:reduce", kKillStep)},
+       .extra = {"--zero"},
+       .max_restarts = "1"},
+      {.name = "no_backup", .kills = {fmt::format("2:{}:commit", kKillStep)}, .extra = {"--zero", "--no-backup"},
+       .max_restarts = "1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempDir dir;
+    const Training run = train("shm", 4, c, dir.path());
+    EXPECT_EQ(run.result.exit_code, 0) << describe(run.result);
+    EXPECT_TRUE(run.params == clean.params) << c.name << ": the parameters differ from the clean run's";
+    EXPECT_TRUE(contains(run.result.output, "the state is gone, so the job restarts from its last checkpoint"))
+        << run.result.output;
+    EXPECT_TRUE(contains(run.result.output, "restarting all ranks (restart 1 of 1)")) << run.result.output;
+    if (c.name == "two_neighbours")
+      EXPECT_TRUE(contains(run.result.output, "partition 0 (parameters 0) was kept by world ranks 0 and 1 only, and "
+                                              "all are lost"))
+          << run.result.output;
+    else
+      EXPECT_TRUE(contains(run.result.output, "was kept by world rank 2 alone (the backup is off"))
+          << run.result.output;
+  }
 }
 
 // A program that does not re-form its group (here lockstep's DDP, as a

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/error.h"
 #include "thread_ranks.h"
 #include "torch/optimizer_state.h"
 
@@ -145,6 +146,64 @@ TEST(BroadcastOptimizerState, StateNotShapedLikeItsParameterGoesSerialized) {
     state->exp_avg(state->exp_avg().t().contiguous().t());
     ASSERT_FALSE(state->exp_avg().is_contiguous());
   });
+}
+
+// The state of some parameters alone (a ResilientTrainer's partition):
+// theirs becomes rank 0's on every rank, and the others' stays each
+// rank's own, rank 2's stale state included.
+TEST(BroadcastOptimizerState, SomeParametersAlone) {
+  std::vector<Rank> ranks = ranks_with(make<optim::Adam>(optim::AdamOptions(0.01)));
+  set_gradients(*ranks[0].model, 0);
+  ranks[0].optimizer->step();
+  set_gradients(*ranks[2].model, 9);
+  ranks[2].optimizer->step();
+  const std::vector<std::size_t> only = {1, 3};  // the biases
+  std::vector<::torch::Tensor> rank2_weight_state;
+  {
+    auto* state = dynamic_cast<optim::AdamParamState*>(state_of(*ranks[2].optimizer, ranks[2].model->parameters()[0]));
+    ASSERT_NE(state, nullptr);
+    rank2_weight_state = {state->exp_avg().clone(), state->exp_avg_sq().clone()};
+  }
+  TorchThreadWorld world(kRanks, "shm");
+  world.run(
+      [&](int rank, ProcessGroup& pg) { broadcast_optimizer_state(pg, *ranks[rank].optimizer, 0, &only); });
+  for (int r = 1; r < kRanks; ++r) {
+    const auto want = ranks[0].model->parameters();
+    const auto got = ranks[r].model->parameters();
+    for (std::size_t i : only) {
+      auto* a = dynamic_cast<optim::AdamParamState*>(state_of(*ranks[0].optimizer, want[i]));
+      auto* b = dynamic_cast<optim::AdamParamState*>(state_of(*ranks[r].optimizer, got[i]));
+      ASSERT_TRUE(a != nullptr && b != nullptr) << "rank " << r << ", parameter " << i;
+      EXPECT_TRUE(::torch::equal(a->exp_avg(), b->exp_avg()) && a->step() == b->step()) << "rank " << r << ", " << i;
+    }
+    // Parameters 0 and 2: rank 1 had no state and has none; rank 2 keeps its own.
+    auto* weight = dynamic_cast<optim::AdamParamState*>(state_of(*ranks[r].optimizer, got[0]));
+    if (r == 1) {
+      EXPECT_EQ(weight, nullptr);
+    } else {
+      ASSERT_NE(weight, nullptr);
+      EXPECT_TRUE(::torch::equal(weight->exp_avg(), rank2_weight_state[0]) &&
+                  ::torch::equal(weight->exp_avg_sq(), rank2_weight_state[1]));
+    }
+  }
+}
+
+// Some parameters alone go as tensors, so an optimizer libtorch does not
+// ship is refused, on every rank, before anything is sent.
+TEST(BroadcastOptimizerState, SomeParametersAloneNeedLibtorchsOptimizers) {
+  std::vector<Rank> ranks = ranks_with(make<optim::LBFGS>(optim::LBFGSOptions(0.1)));
+  const std::vector<std::size_t> only = {0};
+  TorchThreadWorld world(kRanks, "shm");
+  const auto errors = world.run_collecting(
+      [&](int rank, ProcessGroup& pg) { broadcast_optimizer_state(pg, *ranks[rank].optimizer, 0, &only); });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)] != nullptr) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("needs one of libtorch's optimizers"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 // Every run must end at its full size with the parameters of the clean
 // run, byte for byte, on every rank, replacements included (the trainer
 // itself compares every rank's state by digest once a replacement is fed,
-// and stops the job if one differs), and the launcher must exit 0.
+// and stops the job if one differs), and the launcher must exit 0; the
+// same with the optimizer's state sharded (ZeRO-1, each partition backed
+// up on the next rank), against the unsharded clean run.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,6 +46,7 @@ struct Case {
   std::vector<std::string> replacement_kills;  // --kill-replacement RANK:INCARNATION:STEPS:PHASE
   int replacements = 0;                        // --max-replacements
   int joins = 0;                               // replacements that must join
+  bool zero = false;                           // --zero: the optimizer's state sharded, with backups
 };
 
 struct Training {
@@ -61,6 +64,7 @@ Training train(const std::string& backend, const Case& c, const std::string& dir
   if (c.replacements > 0) args.insert(args.end(), {"--step-ms", "15"});
   for (const auto& k : c.kills) args.insert(args.end(), {"--kill", k});
   for (const auto& k : c.replacement_kills) args.insert(args.end(), {"--kill-replacement", k});
+  if (c.zero) args.push_back("--zero");
   testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_BACKEND", backend}, {"LOCKSTEP_TIMEOUT", "20"}});
   Training run;
   run.result = launcher.wait(240s);
@@ -77,6 +81,10 @@ std::vector<Case> cases() {
       // Rank 2 dies at the first feeding at or after step 12: the one of
       // rank 1's replacement.
       {"joins_while_another_dies", {"1:10:reduce", "2:12:feed"}, {}, 2, 2},
+      // ZeRO-1: the replacement takes its partition back from the backup
+      // that stepped it meanwhile (rank 0's is the largest).
+      {"sharded_kill_replace_kill_again", {"1:10:reduce"}, {"1:1:20:barrier", "1:2:20:forward"}, 3, 3, true},
+      {"sharded_first_rank_replaced", {"0:10:commit"}, {"0:1:20:committed", "0:2:20:backward"}, 3, 3, true},
   };
 }
 

@@ -43,10 +43,21 @@
 // seeds libtorch's default generator from (seed, step, shard), so dropout
 // draws the same numbers for a shard wherever it runs. Models whose
 // forward needs collectives (SyncBatchNorm), sharded models (fully_shard)
-// and optimizers whose state is sharded (ZeroRedundancyOptimizer) are
-// refused (ConfigError, naming the restart they fall back to); on the mpi
-// and nccl backends a rank's death ends the job as before (the launcher
-// restarts it).
+// and ZeroRedundancyOptimizer are refused (ConfigError, naming the restart
+// they fall back to); on the mpi and nccl backends a rank's death ends the
+// job as before (the launcher restarts it).
+//
+// ZeRO-1 that survives a death (ResilientOptions::shard_optimizer_state):
+// the trainer keeps each partition of the optimizer's state (one per
+// logical shard) on its owner and on the next rank of the ring, which
+// steps it too (the same bits, no message); the owners then broadcast
+// their parameters. A dead owner's partitions are taken over from their
+// backups, and new backups fed, before the step is redone; the result is
+// the unsharded optimizer's, bit for bit. Each rank holds at most twice
+// its share of the state (one extra partition) and steps twice its share.
+// Where an owner and its backup die together (or the backup is off), the
+// trainer names the lost partition and throws: the job restarts from its
+// checkpoint, which consolidate_optimizer_state() makes whole first.
 //
 // Gradients are views of the trainer's flat buffers, as DDP's
 // gradient_as_bucket_view makes them: after step() they hold the averaged
@@ -89,6 +100,13 @@ struct ResilientOptions {
   // at most this much each), all in flight at once. The bits do not depend
   // on the layout: each element is averaged over the shards in shard order.
   std::size_t bucket_cap_bytes = 25u << 20;
+  // ZeRO-1: each rank keeps the optimizer state of its shards' partitions
+  // of the parameters only (libtorch's SGD, Adam, AdamW, Adagrad, RMSprop;
+  // ConfigError for another), and, with the backup, its ring
+  // predecessor's as well, so that one death, or several apart in the
+  // ring, loses nothing.
+  bool shard_optimizer_state = false;
+  bool optimizer_state_backup = true;
   // Called at each phase of a step, for logs and for tests that kill a
   // rank at an exact point: "shard" (before the user's function, per
   // shard), "reduce" (before the reduction's first bucket), "bucket<k>"
@@ -143,6 +161,15 @@ class ResilientTrainer {
   // Logical shards per step (ResilientOptions::shards, or what a
   // replacement's peers said).
   int shard_count() const;
+  // The bytes of optimizer state this rank keeps (sharded: its partitions'
+  // and its backups', not what consolidate_optimizer_state lent it).
+  std::size_t optimizer_state_bytes() const;
+
+  // With shard_optimizer_state: gives the optimizer of the group's first
+  // rank (group().rank() == 0 once it returns) the whole state, for a
+  // checkpoint, until the next step. Collective; survives a death as
+  // step() does. Without it: nothing to do.
+  void consolidate_optimizer_state();
 
  private:
   struct State;
