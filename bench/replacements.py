@@ -19,11 +19,17 @@ this machine, and prints markdown for docs/performance.md:
   2. A job whose rank 1 is killed every --interval seconds (each
      replacement killed --interval after it joined, by steps: the clean
      run's step time says how many): its steps per second over the whole
-     run against the clean run's, with replacements and without (the
-     survivors finish alone), medians of --runs.
+     run against the clean run's, with replacements, without (the
+     survivors finish alone), and under the restart from a checkpoint
+     (--on-rank-failure restart: rank 1 killed the same number of steps
+     into each round, every rank resuming from the last checkpoint); and
+     beside it torchft 0.2.0's DDP on Gloo (bench/torchft_peer.py) under
+     the same schedule in wall time, replica group 1 killed and restarted
+     at once, against its own clean run. Medians of --runs.
 
 Usage: bench/replacements.py [--build build] [--ranks 4] [--hidden 128 4096 32768]
            [--interval 30] [--duration 150] [--runs 1] [--skip-rate | --skip-time]
+           [--checkpoint-seconds 3] [--skip-torchft]
 """
 import argparse
 import os
@@ -50,7 +56,7 @@ def job(o, example_args, launcher_args, timeout=900):
         args += launcher_args + ["--", os.path.join(o.build, "examples", "in_place_recovery"), "--subset", "1200",
                                  "--batch", str(16 * o.ranks), "--save-params", os.path.join(tmp, "params.bin")]
         start = time.monotonic()
-        out = run(args + example_args, timeout)
+        out = run(args + [a.replace("{tmp}", tmp) for a in example_args], timeout)
         return time.monotonic() - start, out
 
 
@@ -96,6 +102,13 @@ def time_to_train(o):
     print()
 
 
+def deaths(out, pattern=r"killing itself at step \d+, \w+, at ([\d.]+)"):
+    """How many deaths a run printed, and the mean seconds between them (one clock: one host; nan for
+    fewer than two)."""
+    times = sorted({float(t) for t in re.findall(pattern, out)})
+    return len(times), (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
+
+
 def rate_under_kills(o):
     # The clean run's step time sets the steps between kills.
     probe_steps = 1000
@@ -110,20 +123,67 @@ def rate_under_kills(o):
         kills += ["--kill-replacement", f"1:{i}:{every}:reduce"]
     print(f"### Rank 1 killed every {o.interval:g} s ({o.ranks} ranks, {steps} steps, a kill every {every} steps, "
           f"{n_kills} kills)\n")
-    print("| run | wall (s) | steps/s | against clean |")
-    print("| --- | ---: | ---: | ---: |")
-    results = {"clean": [], "replaced": [], "not replaced": []}
+    # The restart: every rank stops at each death and all resume from the
+    # last checkpoint, written every --checkpoint-seconds of steps.
+    checkpoint_every = max(int(o.checkpoint_seconds / step_s), 1)
+    restart = ["--steps", str(steps), "--kill-each-round", f"1:{every}:{n_kills}", "--checkpoint",
+               "{tmp}/job.ckpt", "--checkpoint-every", str(checkpoint_every)]
+    print(f"The restart writes a checkpoint every {checkpoint_every} steps ({o.checkpoint_seconds:g} s).\n")
+    print("| run | deaths | seconds between deaths | wall (s) | steps/s | against its clean run |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    runs = {
+        "clean": (["--steps", str(steps)], ["--on-rank-failure", "continue"]),
+        "replaced": (["--steps", str(steps)] + kills, ["--on-rank-failure", "continue", "--max-replacements", str(n_kills)]),
+        "not replaced": (["--steps", str(steps), "--kill", f"1:{first}:reduce"], ["--on-rank-failure", "continue"]),
+        "restart from checkpoint": (restart, ["--max-restarts", str(n_kills)]),
+    }
+    results = {name: [] for name in runs}
     for _ in range(o.runs):
-        results["clean"].append(job(o, ["--steps", str(steps)], ["--on-rank-failure", "continue"])[0])
-        results["replaced"].append(job(o, ["--steps", str(steps)] + kills,
-                                       ["--on-rank-failure", "continue", "--max-replacements", str(n_kills)])[0])
-        results["not replaced"].append(job(o, ["--steps", str(steps), "--kill", f"1:{first}:reduce"],
-                                           ["--on-rank-failure", "continue"])[0])
-    clean = statistics.median(results["clean"])
-    for name, walls in results.items():
-        wall = statistics.median(walls)
-        print(f"| {name} | {wall:.1f} | {steps / wall:.1f} | {clean / wall:.3f} |", flush=True)
+        for name, (example_args, launcher_args) in runs.items():
+            results[name].append(job(o, example_args, launcher_args))
+    clean = statistics.median(wall for wall, _ in results["clean"])
+    for name, done in results.items():
+        wall = statistics.median(w for w, _ in done)
+        count = statistics.median(deaths(out)[0] for _, out in done)
+        spacing = statistics.median(deaths(out)[1] for _, out in done)
+        print(f"| lockstep, {name} | {count:g} | {spacing:.1f} | {wall:.1f} | {steps / wall:.1f} "
+              f"| {clean / wall:.3f} |", flush=True)
+    if not o.skip_torchft:
+        torchft_under_kills(o, n_kills)
     print()
+
+
+def torchft(o, args):
+    """One bench/torchft_peer.py run on Gloo: (wall seconds, steps, output)."""
+    out = run([o.torch2_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchft_peer.py"),
+               "--replicas", str(o.ranks), "--batch", str(16 * o.ranks), "--subset", "1200",
+               "--timeout", str(o.duration * 4 + 120)] + args, o.duration * 4 + 180)
+    m = re.search(r"torchft \(gloo\): (\d+) of \d+ replica groups finished (\d+) steps in ([\d.]+) s", out)
+    if m is None or int(m.group(1)) != o.ranks:
+        sys.exit(f"replacements.py: torchft did not finish on every replica group:\n{out[-3000:]}")
+    return float(m.group(3)), int(m.group(2)), out
+
+
+def torchft_under_kills(o, n_kills):
+    """The same schedule under torchft 0.2.0 on Gloo: replica group 1 killed every --interval s and
+    restarted at once, healing from a peer; its steps sized to last --duration clean."""
+    _, _, probe = torchft(o, ["--steps", "400"])
+    step_s = float(re.search(r"replica group 0: ([\d.]+) ms per step", probe).group(1)) / 1e3
+    steps = int(o.duration / step_s)
+    runs = {"clean": [], "replaced": ["--kill-every", str(o.interval), "--kills", str(n_kills)]}
+    results = {name: [] for name in runs}
+    for _ in range(o.runs):
+        for name, args in runs.items():
+            wall, _, out = torchft(o, ["--steps", str(steps)] + args)
+            results[name].append((wall, out))
+    clean = statistics.median(wall for wall, _ in results["clean"])
+    for name, done in results.items():
+        wall = statistics.median(w for w, _ in done)
+        killed = [deaths(out, r"killing replica group 1 at ([\d.]+)") for _, out in done]
+        count = statistics.median(k[0] for k in killed)
+        spacing = statistics.median(k[1] for k in killed)
+        print(f"| torchft 0.2.0 on Gloo, {name} ({steps} steps) | {count:g} | {spacing:.1f} | {wall:.1f} "
+              f"| {steps / wall:.1f} | {clean / wall:.3f} |", flush=True)
 
 
 def main():
@@ -136,6 +196,11 @@ def main():
     parser.add_argument("--interval", type=float, default=30)
     parser.add_argument("--duration", type=float, default=150)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--checkpoint-seconds", type=float, default=3,
+                        help="the restart's checkpoint interval, in seconds of clean steps")
+    parser.add_argument("--torch2-python", default=".venv/torch2/bin/python",
+                        help="the PyTorch environment with torchft (make deps-torch2)")
+    parser.add_argument("--skip-torchft", action="store_true", help="no torchft peer")
     parser.add_argument("--skip-rate", action="store_true", help="only the time to train")
     parser.add_argument("--skip-time", action="store_true", help="only the rate under kills")
     o = parser.parse_args()

@@ -8,6 +8,12 @@ batch cut evenly between them, and, with --kill R:S, replica group R killed
 does, with the replica groups left: the failed step is discarded and every
 later step averages fewer samples.
 
+With --kill-every T --kills N instead, replica group 1 is killed every T
+seconds of wall time (SIGKILL at its next step boundary, where torchft
+0.2.0 survives a death), N times, and started again at once, as torchrun would restart its replica group: the new process joins
+the next quorum and heals from a peer's state over torchft's transport
+(the steady schedule of bench/replacements.py).
+
 Prints the wall time of the whole run (processes, lighthouse, quorum
 included), replica group 0's time per step over the second half of the
 steps (the steady state), and writes replica group 0's final parameters (raw bytes) to
@@ -17,7 +23,7 @@ torchft is a benchmark peer only (pip install torchft==0.2.0 into the
 project's PyTorch environment: `make deps-torch2`), never a dependency.
 
 Usage: .venv/torch2/bin/python bench/torchft_peer.py [--replicas 4]
-           [--steps 400] [--batch 256] [--hidden 128] [--kill 1:200]
+           [--steps 400] [--batch 256] [--hidden 128] [--kill 1:200 | --kill-every 30 --kills 4]
            [--save-params F] [--pg gloo|lockstep [--python-dir build-torch2/python]]
 """
 import argparse
@@ -83,13 +89,19 @@ def replica(o):
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     kill = tuple(int(x) for x in o.kill.split(":")) if o.kill else None
+    # --kill-every: SIGUSR1 from the parent asks for a death at the next
+    # step boundary. torchft 0.2.0's DDP wrapper fails an assertion on the
+    # survivors when a peer dies inside the all-reduce (docs/faults.md), so
+    # its deaths come between steps, where it survives them.
+    asked_to_die = []
+    signal.signal(signal.SIGUSR1, lambda *_: asked_to_die.append(True))
     per_epoch = len(images) // o.batch
     half_time = None
     while manager.current_step() < o.steps:
         step = manager.current_step()
         if step == o.steps // 2 and half_time is None:
             half_time = time.perf_counter()
-        if kill and kill == (group, step):
+        if asked_to_die or (kill and kill == (group, step)):
             print(f"replica group {group}: killing itself at step {step}, at {time.time():.6f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         first = (step % per_epoch) * o.batch + group * per_replica
@@ -124,6 +136,9 @@ def main():
                                                               "build-torch2", "python"),
                         help="where lockstep_torch is installed (make build-python)")
     parser.add_argument("--kill", default="", help="R:S: replica group R dies before step S")
+    parser.add_argument("--kill-every", type=float, default=0,
+                        help="seconds between kills of replica group 1, each restarted at once")
+    parser.add_argument("--kills", type=int, default=0, help="how many, with --kill-every")
     parser.add_argument("--save-params", default="")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
@@ -136,17 +151,33 @@ def main():
                                    "--bind", f"127.0.0.1:{lighthouse_port}", "--join_timeout_ms", "10000"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     start = time.monotonic()
+
+    def start_replica(group):
+        env = dict(os.environ, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(o.replicas),
+                   TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{lighthouse_port}", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1")
+        return subprocess.Popen([sys.executable, __file__, "--replica"] + sys.argv[1:], env=env,
+                                start_new_session=True)
+
     procs = []
+    killed = []  # replica group 1's processes killed by --kill-every
     try:
-        for group in range(o.replicas):
-            env = dict(os.environ, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(o.replicas),
-                       TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{lighthouse_port}", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--replica"] + sys.argv[1:], env=env,
-                                          start_new_session=True))
-        codes = [p.wait(timeout=o.timeout) for p in procs]
+        procs = [start_replica(group) for group in range(o.replicas)]
+        for k in range(o.kills if o.kill_every > 0 else 0):
+            next_kill = start + (k + 1) * o.kill_every
+            while time.monotonic() < next_kill and procs[1].poll() is None:
+                time.sleep(0.05)
+            if procs[1].poll() is not None:
+                break  # the run ended first
+            print(f"torchft_peer: killing replica group 1 at {time.time():.6f} (kill {k + 1} of {o.kills})",
+                  flush=True)
+            procs[1].send_signal(signal.SIGUSR1)  # it kills itself (SIGKILL) at its next step boundary
+            procs[1].wait()
+            killed.append(procs[1])
+            procs[1] = start_replica(1)
+        codes = [p.wait(timeout=max(o.timeout - (time.monotonic() - start), 1)) for p in procs]
     finally:
-        for p in procs + [lighthouse]:
+        for p in procs + killed + [lighthouse]:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -44,7 +44,9 @@
 // bench/in_place_recovery.py. --freeze R:S:PHASE stops the rank instead
 // (SIGSTOP): its peers notice it once a collective times out
 // (LOCKSTEP_TIMEOUT), wait --window seconds, and go on without it; the
-// launcher then kills it.
+// launcher then kills it. --kill-each-round R:K:N kills rank R K steps
+// into each of the launcher's first N rounds: the steady schedule of
+// bench/replacements.py under --on-rank-failure restart.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/sampler.h>
@@ -64,6 +66,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -95,6 +98,7 @@ struct Options {
   double bucket_cap_mb = 25;         // the reduction's buckets, as DDP's bucket_cap_mb
   int shards_per_rank = 1;           // logical shards per rank at start
   std::vector<std::string> replacement_kills;  // "rank:incarnation:steps:phase"
+  std::string kill_each_round;       // "rank:steps:rounds": a steady schedule under the restart
   double step_ms = 0;                // a pause after each step (a slower model, for demonstrations)
   int hidden = 128;                  // the MLP's hidden width (a bigger model: more state to feed a replacement)
 };
@@ -227,10 +231,31 @@ double wall_clock_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The launcher's round: kills happen in the first only.
-bool first_round() {
+// The launcher's round (0: the first; a restart counts up): --kill and
+// --freeze happen in the first only.
+int launcher_round() {
   const char* round = std::getenv("LOCKSTEP_RESTART_COUNT");
-  return round == nullptr || std::string(round) == "0";
+  return round == nullptr ? 0 : std::atoi(round);
+}
+bool first_round() { return launcher_round() == 0; }
+
+// --kill-each-round R:K:N: in each of the launcher's first N rounds, world
+// rank R kills itself K steps after the round's first step, before the
+// reduction: a death every K steps under the restart, as a steady kill
+// schedule under the in-place mode (bench/replacements.py).
+std::optional<Kill> round_kill(const std::string& spec, std::uint64_t first_step) {
+  if (spec.empty()) return std::nullopt;
+  Kill k;
+  std::uint64_t steps = 0;
+  int rounds = 0;
+  char c1 = 0, c2 = 0;
+  std::istringstream in(spec);
+  if (!(in >> k.rank >> c1 >> steps >> c2 >> rounds) || c1 != ':' || c2 != ':' || steps == 0)
+    throw lockstep::InvalidArgument("--kill-each-round " + spec + ": use RANK:STEPS:ROUNDS (STEPS >= 1)");
+  if (launcher_round() >= rounds) return std::nullopt;
+  k.step = first_step + steps;
+  k.phase = "reduce";
+  return k;
 }
 
 // The model, the optimizer and the steps committed, from the checkpoint
@@ -307,6 +332,7 @@ int run(const Options& o) {
     kills = parse_kills(o.kills, SIGKILL);
     for (const Kill& k : parse_kills(o.freezes, SIGSTOP)) kills.push_back(k);
   }
+  if (auto k = round_kill(o.kill_each_round, first_step); k && !world->joined()) kills.push_back(*k);
   const std::vector<ReplacementKill> replacement_kills =
       world->joined() ? parse_replacement_kills(o.replacement_kills) : std::vector<ReplacementKill>{};
   const auto kill_at = [&](std::string_view phase, std::uint64_t step) -> const Kill* {
@@ -447,6 +473,9 @@ int main(int argc, char** argv) {
   app.add_option("--kill-replacement", o.replacement_kills,
                  "RANK:INCARNATION:STEPS:PHASE: replacement INCARNATION (1, 2, ...) of world rank RANK kills itself "
                  "STEPS steps after it joined, at PHASE (lockstep run --max-replacements; repeatable; tests)");
+  app.add_option("--kill-each-round", o.kill_each_round,
+                 "RANK:STEPS:ROUNDS: in each of the launcher's first ROUNDS rounds, world rank RANK kills itself "
+                 "STEPS steps after the round's first step (a steady kill schedule under --on-rank-failure restart)");
   app.add_option("--hidden", o.hidden, "The MLP's hidden width (a bigger model)")->check(CLI::PositiveNumber);
   app.add_option("--step-ms", o.step_ms, "Pause this long after each step (a slower model, for demonstrations)")
       ->check(CLI::NonNegativeNumber);
