@@ -93,9 +93,7 @@ void OptimizerPartitions::place(ProcessGroup& group, const std::vector<int>& hol
     const bool lacking = !keeps(owner[p], p) || (backup[p] >= 0 && !keeps(backup[p], p));
     if (lacking && !members_[p].empty()) broadcast_optimizer_state(group, optimizer_, source, &members_[p]);
     kept_[p] = group.rank() == owner[p] || group.rank() == backup[p];
-    std::vector<::torch::Tensor> tensors;
-    for (std::size_t i : members_[p]) tensors.push_back(params_[i]);
-    broadcast_coalesced(group, tensors, source);
+    broadcast_coalesced(group, tensors_of(p), source);
   }
   owner_ = owner;
   backup_of_ = backup;
@@ -140,9 +138,7 @@ void OptimizerPartitions::step() {
 void OptimizerPartitions::share_parameters(ProcessGroup& group) {
   if (!parameters_stale_) return;
   for (std::size_t p = 0; p < members_.size(); ++p) {
-    std::vector<::torch::Tensor> tensors;
-    for (std::size_t i : members_[p]) tensors.push_back(params_[i]);
-    broadcast_coalesced(group, tensors, owner_[p]);
+    broadcast_coalesced(group, tensors_of(p), owner_[p]);
   }
   parameters_stale_ = false;
 }
@@ -156,16 +152,17 @@ void OptimizerPartitions::consolidate(ProcessGroup& group, int root) {
   holds_foreign_state_ = group.rank() == root;
 }
 
-std::size_t OptimizerPartitions::kept_state_bytes() {
-  std::size_t bytes = 0;
+std::size_t OptimizerPartitions::kept_state_bytes() const {
+  std::vector<std::size_t> kept;
   for (std::size_t p = 0; p < members_.size(); ++p)
-    if (kept_[p])
-      for (std::size_t i : members_[p])
-        if (auto* state = state_of(optimizer_, params_[i]))
-          if (auto known = state_tensors(*state))
-            for (const auto& t : known->first)
-              if (t.defined()) bytes += t.nbytes();
-  return bytes;
+    if (kept_[p]) kept.insert(kept.end(), members_[p].begin(), members_[p].end());
+  return state_bytes(optimizer_, &kept);
+}
+
+std::vector<::torch::Tensor> OptimizerPartitions::tensors_of(std::size_t partition) const {
+  std::vector<::torch::Tensor> tensors;
+  for (std::size_t i : members_[partition]) tensors.push_back(params_[i]);
+  return tensors;
 }
 
 void OptimizerPartitions::drop_state_not_kept() {

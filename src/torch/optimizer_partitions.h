@@ -54,11 +54,13 @@ class OptimizerPartitions {
 
   // The bytes of the state of the partitions this rank keeps (not what
   // consolidate() lent it).
-  std::size_t kept_state_bytes();
+  std::size_t kept_state_bytes() const;
 
  private:
   void drop_state_not_kept();
   std::vector<int> keeper_world_ranks(std::size_t partition) const;
+  // The parameters of one partition, as broadcast from its keeper.
+  std::vector<::torch::Tensor> tensors_of(std::size_t partition) const;
 
   ::torch::optim::Optimizer& optimizer_;
   std::vector<::torch::Tensor> params_;

@@ -129,15 +129,15 @@ void broadcast_bytes(ProcessGroup& group, std::string& bytes, std::int64_t lengt
   if (length > 0) group.broadcast(Buffer{bytes.data(), bytes.size(), DType::u8}, root)->wait();
 }
 
+}  // namespace
+
 std::vector<std::size_t> all_indices(std::size_t n) {
   std::vector<std::size_t> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = i;
   return out;
 }
 
-}  // namespace
-
-std::vector<::torch::Tensor> params_of(optim::Optimizer& optimizer) {
+std::vector<::torch::Tensor> params_of(const optim::Optimizer& optimizer) {
   std::vector<::torch::Tensor> params;
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) params.push_back(p);
@@ -146,24 +146,29 @@ std::vector<::torch::Tensor> params_of(optim::Optimizer& optimizer) {
 
 bool is_libtorch_optimizer(optim::Optimizer& optimizer) { return kind_of(optimizer) != Kind::other; }
 
-std::size_t state_bytes(optim::Optimizer& optimizer) {
+std::size_t state_bytes(const optim::Optimizer& optimizer, const std::vector<std::size_t>* only) {
+  const std::vector<::torch::Tensor> params = params_of(optimizer);
+  const auto& state = optimizer.state();
   std::size_t bytes = 0;
-  for (const auto& entry : optimizer.state())
-    if (auto known = state_tensors(*entry.second))
+  for (std::size_t i : only != nullptr ? *only : all_indices(params.size())) {
+    const auto it = state.find(libtorch::optimizer_state_key(params.at(i)));
+    if (it == state.end()) continue;
+    if (auto known = state_tensors(*it->second))
       for (const auto& t : known->first)
         if (t.defined()) bytes += t.nbytes();
+  }
   return bytes;
 }
 
 std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
-    optim::OptimizerParamState& state) {
-  if (auto* s = dynamic_cast<optim::SGDParamState*>(&state)) return {{{s->momentum_buffer()}, 0}};
-  if (auto* s = dynamic_cast<optim::AdamParamState*>(&state))
+    const optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<const optim::SGDParamState*>(&state)) return {{{s->momentum_buffer()}, 0}};
+  if (auto* s = dynamic_cast<const optim::AdamParamState*>(&state))
     return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::AdamWParamState*>(&state))
+  if (auto* s = dynamic_cast<const optim::AdamWParamState*>(&state))
     return {{{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::AdagradParamState*>(&state)) return {{{s->sum()}, s->step()}};
-  if (auto* s = dynamic_cast<optim::RMSpropParamState*>(&state))
+  if (auto* s = dynamic_cast<const optim::AdagradParamState*>(&state)) return {{{s->sum()}, s->step()}};
+  if (auto* s = dynamic_cast<const optim::RMSpropParamState*>(&state))
     return {{{s->square_avg(), s->momentum_buffer(), s->grad_avg()}, s->step()}};
   return std::nullopt;
 }

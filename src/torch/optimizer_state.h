@@ -19,7 +19,7 @@ namespace lockstep::torch {
 // optimizer keeps none: SGD without momentum, Adam without amsgrad) and
 // its step count (0 for SGD). nullopt for an optimizer libtorch does not ship.
 std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
-    ::torch::optim::OptimizerParamState& state);
+    const ::torch::optim::OptimizerParamState& state);
 
 // The state of `param` in `optimizer`, or nullptr where it has none yet.
 ::torch::optim::OptimizerParamState* state_of(::torch::optim::Optimizer& optimizer, const ::torch::Tensor& param);
@@ -41,10 +41,14 @@ void broadcast_optimizer_state(ProcessGroup& group, ::torch::optim::Optimizer& o
 // Whether the optimizer is one libtorch ships, whose state state_tensors reads.
 bool is_libtorch_optimizer(::torch::optim::Optimizer& optimizer);
 
-// The bytes of state tensors the optimizer holds (libtorch's optimizers'; 0 for another's).
-std::size_t state_bytes(::torch::optim::Optimizer& optimizer);
+// The bytes of state tensors the optimizer holds for its parameters, or
+// for those `only` lists (libtorch's optimizers'; 0 for another's).
+std::size_t state_bytes(const ::torch::optim::Optimizer& optimizer, const std::vector<std::size_t>* only = nullptr);
 
 // The optimizer's parameters, in its groups' order.
-std::vector<::torch::Tensor> params_of(::torch::optim::Optimizer& optimizer);
+std::vector<::torch::Tensor> params_of(const ::torch::optim::Optimizer& optimizer);
+
+// 0, 1, ..., n - 1: every parameter's index, where `only` is not given.
+std::vector<std::size_t> all_indices(std::size_t n);
 
 }  // namespace lockstep::torch

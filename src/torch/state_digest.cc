@@ -47,13 +47,7 @@ std::uint64_t digest_of(::torch::optim::Optimizer& optimizer, std::uint64_t h, c
     h = digest_of(&lr, sizeof lr, h);
   }
   const std::vector<::torch::Tensor> params = params_of(optimizer);
-  std::vector<std::size_t> indices;
-  if (only != nullptr) {
-    indices = *only;
-  } else {
-    for (std::size_t i = 0; i < params.size(); ++i) indices.push_back(i);
-  }
-  for (std::size_t i : indices) {
+  for (std::size_t i : only != nullptr ? *only : all_indices(params.size())) {
     auto* state = state_of(optimizer, params.at(i));
     if (state == nullptr) {
       h = digest_of("-", 1, h);

@@ -15,6 +15,7 @@
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
 #include "optimizer_bytes.h"
+#include "optimizer_state.h"
 #include "zero_overlap_state.h"
 #include "zero_pieces.h"
 
@@ -553,25 +554,6 @@ void ZeroRedundancyOptimizer::take_piece_states(::torch::optim::Optimizer& full)
   }
 }
 
-std::size_t optimizer_state_bytes(const ::torch::optim::Optimizer& optimizer) {
-  std::size_t bytes = 0;
-  const auto add = [&](const Tensor& t) {
-    if (t.defined()) bytes += static_cast<std::size_t>(t.numel()) * t.element_size();
-  };
-  for (const auto& [key, state] : optimizer.state()) {
-    if (auto* s = dynamic_cast<const ::torch::optim::SGDParamState*>(state.get())) {
-      add(s->momentum_buffer());
-    } else if (auto* s = dynamic_cast<const ::torch::optim::AdamParamState*>(state.get())) {
-      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
-    } else if (auto* s = dynamic_cast<const ::torch::optim::AdamWParamState*>(state.get())) {
-      add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
-    } else if (auto* s = dynamic_cast<const ::torch::optim::AdagradParamState*>(state.get())) {
-      add(s->sum());
-    } else if (auto* s = dynamic_cast<const ::torch::optim::RMSpropParamState*>(state.get())) {
-      add(s->square_avg()), add(s->momentum_buffer()), add(s->grad_avg());
-    }
-  }
-  return bytes;
-}
+std::size_t optimizer_state_bytes(const ::torch::optim::Optimizer& optimizer) { return state_bytes(optimizer); }
 
 }  // namespace lockstep::torch
