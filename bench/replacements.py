@@ -26,10 +26,16 @@ this machine, and prints markdown for docs/performance.md:
      beside it torchft 0.2.0's DDP on Gloo (bench/torchft_peer.py) under
      the same schedule in wall time, replica group 1 killed and restarted
      at once, against its own clean run. Medians of --runs.
+  3. Where each death's time went in the runs with replacements (world
+     rank 0's committed steps, written by the example's --step-times):
+     the death to the group re-formed, to the replacement training, and
+     --settle seconds after; each phase's
+     loss against the pace of the steps before the death. --trace-only
+     runs the replaced run alone.
 
 Usage: bench/replacements.py [--build build] [--ranks 4] [--hidden 128 4096 32768]
            [--interval 30] [--duration 150] [--runs 1] [--skip-rate | --skip-time]
-           [--checkpoint-seconds 3] [--skip-torchft]
+           [--checkpoint-seconds 3] [--skip-torchft] [--trace-only] [--settle 3]
 """
 import argparse
 import os
@@ -49,15 +55,22 @@ def run(args, timeout):
     return proc.stdout
 
 
-def job(o, example_args, launcher_args, timeout=900):
-    """One `lockstep run` of the example: (wall seconds, output)."""
+def job(o, example_args, launcher_args, timeout=900, step_times=None):
+    """One `lockstep run` of the example: (wall seconds, output). With a list as step_times, world rank
+    0's committed steps are appended to it: (step, wall-clock time, ranks in the group)."""
     with tempfile.TemporaryDirectory() as tmp:
         args = [os.path.join(o.build, "lockstep"), "run", "--nproc-per-node", str(o.ranks), "--grace-period", "2"]
         args += launcher_args + ["--", os.path.join(o.build, "examples", "in_place_recovery"), "--subset", "1200",
                                  "--batch", str(16 * o.ranks), "--save-params", os.path.join(tmp, "params.bin")]
+        if step_times is not None:
+            args += ["--step-times", os.path.join(tmp, "steps.txt")]
         start = time.monotonic()
         out = run(args + [a.replace("{tmp}", tmp) for a in example_args], timeout)
-        return time.monotonic() - start, out
+        wall = time.monotonic() - start
+        if step_times is not None:
+            with open(os.path.join(tmp, "steps.txt")) as f:
+                step_times += [(int(a), float(b), int(c)) for a, b, c in (line.split() for line in f)]
+        return wall, out
 
 
 def state_bytes(hidden):
@@ -137,20 +150,84 @@ def rate_under_kills(o):
         "not replaced": (["--steps", str(steps), "--kill", f"1:{first}:reduce"], ["--on-rank-failure", "continue"]),
         "restart from checkpoint": (restart, ["--max-restarts", str(n_kills)]),
     }
+    if o.trace_only:
+        runs = {"replaced": runs["replaced"]}
     results = {name: [] for name in runs}
+    traced = []  # (output, world rank 0's steps) of each run with replacements
     for _ in range(o.runs):
         for name, (example_args, launcher_args) in runs.items():
-            results[name].append(job(o, example_args, launcher_args))
-    clean = statistics.median(wall for wall, _ in results["clean"])
+            steps_seen = [] if name == "replaced" else None
+            results[name].append(job(o, example_args, launcher_args, step_times=steps_seen))
+            if steps_seen is not None:
+                traced.append((results[name][-1][1], steps_seen))
+    clean = statistics.median(wall for wall, _ in results.get("clean", results["replaced"]))
     for name, done in results.items():
         wall = statistics.median(w for w, _ in done)
         count = statistics.median(deaths(out)[0] for _, out in done)
         spacing = statistics.median(deaths(out)[1] for _, out in done)
         print(f"| lockstep, {name} | {count:g} | {spacing:.1f} | {wall:.1f} | {steps / wall:.1f} "
               f"| {clean / wall:.3f} |", flush=True)
-    if not o.skip_torchft:
+    if not o.skip_torchft and not o.trace_only:
         torchft_under_kills(o, n_kills)
     print()
+    print_trace(o, "\n".join(out for out, _ in traced), [s for _, steps in traced for s in steps])
+
+
+def lost_between(steps, begin, end, step_s):
+    """Seconds of [begin, end) not spent on committed steps at the clean pace: the window's length less
+    its steps' worth of clean steps."""
+    done = sum(1 for _, at, _ in steps if begin <= at < end)
+    return (end - begin) - done * step_s
+
+
+def trace_deaths(out, steps, settle):
+    """Where each death's time went, from world rank 0's committed steps and the times the run printed
+    (one host, one clock): the death to the group re-formed (the interrupted step redone), to the
+    replacement training (the launcher starting it, libtorch and the data loaded, its ask, the admission
+    at a step boundary, the feeding), and `settle` seconds of steps after. Each phase's loss is its
+    length less the steps it committed at the pace of the seconds before the death. Returns one row of
+    floats per death: (phase lengths..., losses..., the replacement's start after the death, its start
+    to training, the pace)."""
+    killed = sorted(float(t) for t in re.findall(r"killing itself at step \d+, \w+, at ([\d.]+)", out))
+    reformed = sorted(float(t) for t in re.findall(r"re-formed at ([\d.]+)", out))
+    joined = sorted((float(t), float(p)) for t, p in
+                    re.findall(r"training at ([\d.]+) \(process started at ([\d.]+)\)", out))
+    rows = []
+    for death in killed:
+        before = [at for _, at, _ in steps if death - 2 <= at < death]
+        after_reform = [t for t in reformed if t >= death]
+        after_join = [j for j in joined if j[0] >= death]
+        if len(before) < 10 or not after_reform or not after_join:
+            continue
+        step_s = (before[-1] - before[0]) / (len(before) - 1)
+        training, started = after_join[0]
+        edges = [death, after_reform[0], training, training + settle]
+        lengths = [b - a for a, b in zip(edges, edges[1:])]
+        lost = [lost_between(steps, a, b, step_s) for a, b in zip(edges, edges[1:])]
+        rows.append(lengths + lost + [started - death, training - started, step_s])
+    return rows
+
+
+def print_trace(o, out, steps):
+    rows = trace_deaths(out, steps, o.settle)
+    if not rows:
+        print("No death traced (no replacement trained after a death).\n")
+        return
+    phases = ["death to re-formed (the step redone)", "re-formed to the replacement training (3 ranks, 4 shards)",
+              f"training to {o.settle:g} s after"]
+    print(f"### Where each death's time went ({len(rows)} deaths; means; world rank 0's steps against its pace "
+          f"in the 2 s before each death)\n")
+    print("| phase | length (s) | time lost (s) |")
+    print("| --- | ---: | ---: |")
+    for i, name in enumerate(phases):
+        print(f"| {name} | {statistics.mean(r[i] for r in rows):.2f} "
+              f"| {statistics.mean(r[len(phases) + i] for r in rows):.2f} |")
+    total = statistics.mean(sum(r[len(phases):2 * len(phases)]) for r in rows)
+    pace = statistics.mean(r[-1] for r in rows) * 1e3
+    print(f"| all | {statistics.mean(sum(r[:len(phases)]) for r in rows):.2f} | {total:.2f} |\n")
+    print(f"Pace before the deaths: {pace:.2f} ms a step. The replacement's process started "
+          f"{statistics.mean(r[-3] for r in rows):.2f} s after the death and trained "
+          f"{statistics.mean(r[-2] for r in rows):.2f} s after it started.\n", flush=True)
 
 
 def torchft(o, args):
@@ -176,7 +253,7 @@ def torchft_under_kills(o, n_kills):
         for name, args in runs.items():
             wall, _, out = torchft(o, ["--steps", str(steps)] + args)
             results[name].append((wall, out))
-    clean = statistics.median(wall for wall, _ in results["clean"])
+    clean = statistics.median(wall for wall, _ in results.get("clean", results["replaced"]))
     for name, done in results.items():
         wall = statistics.median(w for w, _ in done)
         killed = [deaths(out, r"killing replica group 1 at ([\d.]+)") for _, out in done]
@@ -201,6 +278,10 @@ def main():
     parser.add_argument("--torch2-python", default=".venv/torch2/bin/python",
                         help="the PyTorch environment with torchft (make deps-torch2)")
     parser.add_argument("--skip-torchft", action="store_true", help="no torchft peer")
+    parser.add_argument("--trace-only", action="store_true",
+                        help="only the run with replacements, and where each death's time went")
+    parser.add_argument("--settle", type=float, default=3,
+                        help="seconds after a replacement trains that still count as its death's (the trace)")
     parser.add_argument("--skip-rate", action="store_true", help="only the time to train")
     parser.add_argument("--skip-time", action="store_true", help="only the rate under kills")
     o = parser.parse_args()

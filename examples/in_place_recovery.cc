@@ -60,11 +60,13 @@
 #include <fmt/ranges.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -101,6 +103,7 @@ struct Options {
   std::string kill_each_round;       // "rank:steps:rounds": a steady schedule under the restart
   double step_ms = 0;                // a pause after each step (a slower model, for demonstrations)
   int hidden = 128;                  // the MLP's hidden width (a bigger model: more state to feed a replacement)
+  std::string step_times;            // world rank 0 writes each committed step's time and group size here
 };
 
 struct Kill {
@@ -229,6 +232,23 @@ std::int64_t optimizer_state_bytes_unsharded(Net& model) {
 
 double wall_clock_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// When this process started, by the wall clock: the kernel's start time
+// (before libtorch is loaded, which a replacement's start spends most of
+// its time on), at the clock tick's resolution.
+double process_started_at() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after the command's name
+  std::string field;
+  unsigned long long ticks = 0;
+  for (int i = 3; i <= 22 && fields >> field; ++i)
+    if (i == 22) ticks = std::stoull(field);  // starttime: clock ticks after boot
+  std::ifstream uptime("/proc/uptime");
+  double up = 0;
+  uptime >> up;
+  return wall_clock_now() - up + static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // The launcher's round (0: the first; a restart counts up): --kill and
@@ -381,9 +401,10 @@ int run(const Options& o) {
   const std::uint64_t joined_at = trainer.steps_committed();
   if (replacement) {
     std::printf("world rank %d (replacement %d): joined at step %llu, fed by its peers; holds shards %s of %d; "
-                "training at %.6f\n",
+                "training at %.6f (process started at %.2f)\n",
                 world_rank, incarnation(), static_cast<unsigned long long>(joined_at),
-                fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str(), trainer.shard_count(), wall_clock_now());
+                fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str(), trainer.shard_count(), wall_clock_now(),
+                process_started_at());
     // Kills K steps after it joined: --kill-replacement.
     for (const ReplacementKill& k : replacement_kills)
       if (k.rank == world_rank && k.incarnation == incarnation() && k.phase != "feed" && k.phase != "fed")
@@ -391,6 +412,16 @@ int run(const Options& o) {
   }
   if (world_rank == 0 && !replacement) std::printf("the reduction runs in %zu bucket(s)\n", trainer.bucket_count());
 
+  // --step-times: kept in memory, written at the end, so that recording
+  // costs no step a write.
+  struct StepTime {
+    std::uint64_t step;
+    double at;
+    int ranks;
+  };
+  std::vector<StepTime> step_times;
+  const bool record_steps = !o.step_times.empty() && world_rank == 0 && !replacement;
+  if (record_steps) step_times.reserve(static_cast<std::size_t>(o.steps));
   const auto start = std::chrono::steady_clock::now();
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
     const auto outcome = trainer.step([&](const lockstep::torch::Shard& shard) {
@@ -415,6 +446,7 @@ int run(const Options& o) {
                   static_cast<unsigned long long>(outcome.step),
                   fmt::format("{}", fmt::join(outcome.joined, ",")).c_str(), trainer.group().size(),
                   fmt::format("{}", fmt::join(trainer.shards(), ",")).c_str());
+    if (record_steps) step_times.push_back({outcome.step, wall_clock_now(), trainer.group().size()});
     if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.step_ms));
     if (trainer.group().rank() == 0 && (outcome.step % 50 == 0 || outcome.step + 1 == static_cast<std::uint64_t>(o.steps)))
       std::printf("step %llu: loss %.4f (shard %d)\n", static_cast<unsigned long long>(outcome.step),
@@ -435,6 +467,11 @@ int run(const Options& o) {
   if (!o.save_params.empty() && trainer.group().rank() == 0) write_params(o.save_params, *model);
   if (!o.save_params_of_each.empty())
     write_params(fmt::format("{}.{}", o.save_params_of_each, world_rank), *model);
+  if (record_steps) {
+    std::ofstream out(o.step_times);
+    for (const StepTime& t : step_times) out << fmt::format("{} {:.6f} {}\n", t.step, t.at, t.ranks);
+    if (!out) throw lockstep::Error("--step-times: cannot write " + o.step_times);
+  }
   return 0;
 }
 
@@ -479,6 +516,9 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "The MLP's hidden width (a bigger model)")->check(CLI::PositiveNumber);
   app.add_option("--step-ms", o.step_ms, "Pause this long after each step (a slower model, for demonstrations)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--step-times", o.step_times,
+                 "World rank 0 writes each committed step's wall-clock time and its group's size here, one line a "
+                 "step (where a run with deaths lost its time: bench/replacements.py --trace)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);
