@@ -29,9 +29,8 @@ this machine, and prints markdown for docs/performance.md:
   3. Where each death's time went in the runs with replacements (world
      rank 0's committed steps, written by the example's --step-times):
      the death to the group re-formed, to the replacement training, and
-     --settle seconds after; each phase's
-     loss against the pace of the steps before the death. --trace-only
-     runs the replaced run alone.
+     --settle seconds after; each phase's loss against the pace of the
+     steps before the death. --trace-only runs the replaced run alone.
 
 Usage: bench/replacements.py [--build build] [--ranks 4] [--hidden 128 4096 32768]
            [--interval 30] [--duration 150] [--runs 1] [--skip-rate | --skip-time]
@@ -213,7 +212,7 @@ def print_trace(o, out, steps):
     if not rows:
         print("No death traced (no replacement trained after a death).\n")
         return
-    phases = ["death to re-formed (the step redone)", "re-formed to the replacement training (3 ranks, 4 shards)",
+    phases = ["death to re-formed (the step redone)", f"re-formed to the replacement training ({o.ranks - 1} ranks, {o.ranks} shards)",
               f"training to {o.settle:g} s after"]
     print(f"### Where each death's time went ({len(rows)} deaths; means; world rank 0's steps against its pace "
           f"in the 2 s before each death)\n")
@@ -253,7 +252,7 @@ def torchft_under_kills(o, n_kills):
         for name, args in runs.items():
             wall, _, out = torchft(o, ["--steps", str(steps)] + args)
             results[name].append((wall, out))
-    clean = statistics.median(wall for wall, _ in results.get("clean", results["replaced"]))
+    clean = statistics.median(wall for wall, _ in results["clean"])
     for name, done in results.items():
         wall = statistics.median(w for w, _ in done)
         killed = [deaths(out, r"killing replica group 1 at ([\d.]+)") for _, out in done]

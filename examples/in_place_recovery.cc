@@ -518,7 +518,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--step-times", o.step_times,
                  "World rank 0 writes each committed step's wall-clock time and its group's size here, one line a "
-                 "step (where a run with deaths lost its time: bench/replacements.py --trace)");
+                 "step (where a run with deaths lost its time: bench/replacements.py --trace-only)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);
