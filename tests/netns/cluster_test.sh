@@ -122,17 +122,7 @@ grep -q "timed out after 4.0 s" "$work/drop0.log" || fail "node 0's ranks did no
 grep -q "rank(s) 2, 3 did not answer the watchdog" "$work/drop0.log" || fail "the watchdog did not name ranks 2 and 3"
 echo "node 0 stopped ${elapsed_ms} ms after node 1's link went down"
 [ $elapsed_ms -lt 20000 ] || fail "took ${elapsed_ms} ms (more than 20 s)"
-# A killed process is gone only once the kernel has torn down its memory,
-# which for a large process (an AddressSanitizer build maps terabytes)
-# takes a moment: wait up to 10 s before calling what is there left over.
-for i in 0 1; do
-  for _ in $(seq 100); do
-    left=$(in_host_pids "$(cluster_host $i)")
-    [ -z "$left" ] && break
-    sleep 0.1
-  done
-  [ -z "$left" ] || fail "processes left on host $i: $left"
-done
+for i in 0 1; do no_processes_left "$(cluster_host $i)" "host $i"; done
 unset LOCKSTEP_TIMEOUT LOCKSTEP_WATCHDOG_SETTLE
 
 echo "== 3. lossy and slow links"

@@ -105,6 +105,6 @@ accuracy=$(grep -h "epoch 1/1: train loss" "$work"/fm?.log | sed -E 's/.*test ac
 echo "final test accuracy ${accuracy}% after $(elapsed) s"
 awk -v a="$accuracy" 'BEGIN { exit !(a >= 80) }' || fail "accuracy ${accuracy}% is below 80%"
 for i in 0 1 2; do
-  [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+  no_processes_left ${hosts[$i]} host$i
 done
 echo PASS

@@ -51,7 +51,7 @@ cat "$work/alone.log"
 grep -q "only 1 node(s) (host0) joined rendezvous 'fm'.*fewer than the minimum of 2" "$work/alone.log" ||
   fail "the error does not name the minimum"
 grep -q started "$work/alone.log" && fail "a rank started although the minimum was not reached"
-[ -z "$(in_host_pids ${hosts[0]})" ] || fail "processes left on host0: $(in_host_pids ${hosts[0]})"
+no_processes_left ${hosts[0]} host0
 echo "a lone node gave up after ${elapsed_ms} ms (--rdzv-timeout 4)"
 [ $elapsed_ms -lt 10000 ] || fail "took ${elapsed_ms} ms"
 
@@ -110,6 +110,6 @@ accuracy=$(grep -h "epoch 2/2: train loss" "$work"/fm?.log | sed -E 's/.*test ac
 echo "final test accuracy ${accuracy}% after ${elapsed} s"
 awk -v a="$accuracy" 'BEGIN { exit !(a >= 88) }' || fail "accuracy ${accuracy}% is below 88%"
 for i in 0 1 3; do
-  [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+  no_processes_left ${hosts[$i]} host$i
 done
 echo PASS

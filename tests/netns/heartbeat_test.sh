@@ -117,7 +117,7 @@ survivors_finish() {
   for i in 0 1; do
     grep -q "world size 2" "$work/$tag$i.log" || fail "host$i did not re-form a world of 2"
     grep -q "rank [01] of 2 sum 3" "$work/$tag$i.log" || fail "host$i's rank did not finish in a world of 2"
-    [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+    no_processes_left ${hosts[$i]} host$i
   done
 }
 
@@ -142,7 +142,7 @@ grep "lockstep run" "$work/stop2.log" | cut -c1-400
 grep -q "this launcher itself was stopped for" "$work/stop2.log" ||
   fail "host2 does not say that it was stopped and the others went on without it"
 grep -q "of 2 sum" "$work/stop2.log" && fail "host2's rank took part in the world of 2"
-[ -z "$(in_host_pids ${hosts[2]})" ] || fail "processes left on host2: $(in_host_pids ${hosts[2]})"
+no_processes_left ${hosts[2]} host2
 
 echo "== 2. host2 killed (SIGKILL)"
 start_job 29552 kill
@@ -190,7 +190,7 @@ echo "host0 stopped waiting for the frozen host2 and left ${ms} ms after the fre
 kill -9 $frozen
 wait ${pids[2]} 2> /dev/null
 for i in 0 1 2; do
-  [ -z "$(in_host_pids ${hosts[$i]})" ] || fail "processes left on host$i: $(in_host_pids ${hosts[$i]})"
+  no_processes_left ${hosts[$i]} host$i
 done
 
 echo "== 5. host2 frozen, then continued while the job runs: it joins again"
@@ -222,8 +222,5 @@ for i in 0 1 2; do
   for p in $(in_host_pids ${hosts[$i]}); do [ "$(cat /proc/$p/comm 2> /dev/null)" = timeout ] && kill -TERM $p; done
 done
 for i in 0 1 2; do wait_exit $i 15; done
-for i in 0 1 2; do
-  left=$(in_host_pids ${hosts[$i]})
-  [ -z "$left" ] || fail "processes left on host$i: $(ps -o pid,ppid,stat,args -p $(echo $left | tr ' ' ,))"
-done
+for i in 0 1 2; do no_processes_left ${hosts[$i]} host$i; done
 echo PASS

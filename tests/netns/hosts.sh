@@ -55,6 +55,21 @@ until_true() {
   fail "$what: not within $seconds s"
 }
 
+# no_processes_left HOLDER NAME: fails (the sourcing script's fail()),
+# naming them, if processes still run on that host 10 s on. A killed
+# process is gone only once the kernel has torn it down, which for a large
+# process (an AddressSanitizer build maps terabytes), or on a loaded
+# machine, takes a moment after its parent saw it end.
+no_processes_left() {
+  local left
+  for _ in $(seq 100); do
+    left=$(in_host_pids "$1")
+    [ -z "$left" ] && return 0
+    sleep 0.1
+  done
+  fail "processes left on $2: $(ps -o pid,ppid,stat,args -p $(echo $left | tr ' ' ,))"
+}
+
 # on_host HOLDER COMMAND...: runs COMMAND on that host.
 on_host() {
   local holder=$1
