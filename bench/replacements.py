@@ -35,6 +35,7 @@ this machine, and prints markdown for docs/performance.md:
 Usage: bench/replacements.py [--build build] [--ranks 4] [--hidden 128 4096 32768]
            [--interval 30] [--duration 150] [--runs 1] [--skip-rate | --skip-time]
            [--checkpoint-seconds 3] [--skip-torchft] [--trace-only] [--settle 3]
+           [--only clean replaced ...]
 """
 import argparse
 import os
@@ -151,6 +152,8 @@ def rate_under_kills(o):
     }
     if o.trace_only:
         runs = {"replaced": runs["replaced"]}
+    elif o.only:
+        runs = {name: runs[name] for name in runs if name in o.only}
     results = {name: [] for name in runs}
     traced = []  # (output, world rank 0's steps) of each run with replacements
     for _ in range(o.runs):
@@ -159,7 +162,7 @@ def rate_under_kills(o):
             results[name].append(job(o, example_args, launcher_args, step_times=steps_seen))
             if steps_seen is not None:
                 traced.append((results[name][-1][1], steps_seen))
-    clean = statistics.median(wall for wall, _ in results.get("clean", results["replaced"]))
+    clean = statistics.median(wall for wall, _ in results.get("clean") or next(iter(results.values())))
     for name, done in results.items():
         wall = statistics.median(w for w, _ in done)
         count = statistics.median(deaths(out)[0] for _, out in done)
@@ -169,7 +172,8 @@ def rate_under_kills(o):
     if not o.skip_torchft and not o.trace_only:
         torchft_under_kills(o, n_kills)
     print()
-    print_trace(o, "\n".join(out for out, _ in traced), [s for _, steps in traced for s in steps])
+    if traced:
+        print_trace(o, "\n".join(out for out, _ in traced), [s for _, steps in traced for s in steps])
 
 
 def lost_between(steps, begin, end, step_s):
@@ -279,6 +283,8 @@ def main():
     parser.add_argument("--skip-torchft", action="store_true", help="no torchft peer")
     parser.add_argument("--trace-only", action="store_true",
                         help="only the run with replacements, and where each death's time went")
+    parser.add_argument("--only", nargs="+", choices=["clean", "replaced", "not replaced", "restart from checkpoint"],
+                        help="only these of lockstep's runs under kills (each a run of its own in every round)")
     parser.add_argument("--settle", type=float, default=3,
                         help="seconds after a replacement trains that still count as its death's (the trace)")
     parser.add_argument("--skip-rate", action="store_true", help="only the time to train")

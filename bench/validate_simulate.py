@@ -38,7 +38,10 @@ and tc.) It follows docs/scaling.md's quick start: one calibration from
 (--out-of-place: the default reducer's all-reduce), and in half and bfloat16
 on ordinary buffers (the hooks' own memory); for every (model, batch) drawn,
 a one-rank trace (the buckets) and an N-rank no_sync trace (the compute),
-given with --trace-batch. Every configuration is predicted before any is
+given with --trace-batch; every one of the --profile-repeats no_sync runs
+is a --compute-trace, so each prediction carries the range of the steps
+predicted from each run's compute (the table's interval, and how many
+measured steps fell inside it). Every configuration is predicted before any is
 measured (predictions-<time>.json), then each is measured --repeats times,
 interleaved; it prints the table, the mean and largest error, and the
 signed error per value of each option, so that a term charged in the wrong
@@ -294,8 +297,10 @@ def validate_random(a):
     for i, c in enumerate(configs):
         one, many = profile[(c["model"], c["batch"], 1)], profile[(c["model"], c["batch"], n)]
         out = os.path.join(out_dir, f"predict-{i}.json")
+        # Every profiled run's compute: the prediction's run-to-run interval.
+        computes = ",".join(prefix + ".rank0.json" for _, prefix in runs[(c["model"], c["batch"], n)])
         run([lockstep, "simulate", "--trace", one + ".rank0.json", "--model", c["model"], "--trace-batch",
-             str(c["batch"]), "--compute-trace", many + ".rank0.json",
+             str(c["batch"]), "--compute-trace", computes,
              "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
              "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
              "--out", os.path.join(out_dir, "simulate"), "--json", out] + (["--bucket-view"] if c["view"] else []))
@@ -324,9 +329,10 @@ def validate_random(a):
     print(f"seed {a.seed}, {len(configs)} configurations, {n} ranks over shm, {a.steps} steps x {a.repeats} runs; "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
     print()
-    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | measured (ms) | runs (ms) | "
-          "control: profiled, measured (ms) | drift | error | error at the control's speed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | interval (ms) | measured (ms) | "
+          "runs (ms) | control: profiled, measured (ms) | drift | error | error at the control's speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    inside = 0
     for i, c in enumerate(configs):
         step = statistics.median(measured[i])
         p = predicted[i]
@@ -336,11 +342,14 @@ def validate_random(a):
         drift = statistics.median(ctl / profiled for ctl in control[i])
         errors[i] = (p["step_ms"] - step) / step
         corrected[i] = statistics.median((p["step_ms"] * ctl / profiled - m) / m for ctl, m in zip(control[i], measured[i]))
+        inside += p["step_ms_low"] <= step <= p["step_ms_high"]
         print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | "
-              f"{p['buckets']} | {p['step_ms']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
+              f"{p['buckets']} | {p['step_ms']:.1f} | {p['step_ms_low']:.1f}-{p['step_ms_high']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
               f"{profiled:.0f}, {', '.join(f'{m:.0f}' for m in control[i])} | {drift:.2f} | {100 * errors[i]:+.1f}% | "
               f"{100 * corrected[i]:+.1f}% |")
     print()
+    print(f"Measured inside the interval predicted from the {a.profile_repeats} profiled runs' compute: {inside} of "
+          f"{len(configs)}.")
     for label, table in (("as predicted", errors), ("at the control's speed", corrected)):
         e = [abs(x) for x in table.values()]
         print(f"{label}: mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% over {len(e)} "

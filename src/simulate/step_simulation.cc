@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -191,6 +192,14 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   for (const auto& b : buckets) latency_ms += bucket_allreduce_ms(latency_scenario, ranks, b.bytes);
   out.latency_share = out.step.comm_ms > 0 ? latency_ms / out.step.comm_ms : 0;
   return out;
+}
+
+StepInterval step_interval(const std::vector<Workload>& profiles, const Scenario& s, int ranks) {
+  if (profiles.empty()) throw InvalidArgument("simulate: an interval needs at least one profile");
+  std::vector<std::pair<double, std::size_t>> steps;
+  for (std::size_t i = 0; i < profiles.size(); ++i) steps.emplace_back(predict(profiles[i], s, ranks).step_ms, i);
+  std::sort(steps.begin(), steps.end());
+  return {steps.front().first, steps.back().first, steps[(steps.size() - 1) / 2].second};
 }
 
 Recommendation recommend(const Workload& w, const Scenario& s, int ranks) {

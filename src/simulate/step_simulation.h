@@ -8,6 +8,7 @@
 // where a rank has no spare one. Pure functions; thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -98,6 +99,18 @@ struct ScalePrediction {
 };
 
 ScalePrediction predict(const Workload& w, const Scenario& s, int ranks);
+
+// The step predicted from each of several profiles of one job (the compute
+// of separate runs: a machine's speed moves between runs, and a short step
+// moves with it): the prediction's run-to-run interval, and which profile
+// stands for the job (the one whose step is the median; of an even count,
+// the lower middle one). Throws InvalidArgument for no profiles.
+struct StepInterval {
+  double low_ms = 0;
+  double high_ms = 0;
+  std::size_t typical = 0;  // index into the profiles
+};
+StepInterval step_interval(const std::vector<Workload>& profiles, const Scenario& s, int ranks);
 
 // The slowest of n ranks whose compute varies with relative spread
 // `jitter`: the expected maximum of n normal draws,

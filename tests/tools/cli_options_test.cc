@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
@@ -159,6 +160,58 @@ TEST(CliOptions, SimulateRefusesABatchAProfileWasNotRecordedAt) {
   EXPECT_EQ(unknown.exit_code, 0) << testing::describe(unknown);
   EXPECT_FALSE(contains(unknown.output, "batch 1 per rank")) << unknown.output;
   EXPECT_TRUE(contains(unknown.output, "batch not known")) << unknown.output;
+}
+
+// Three runs' compute of one job (--compute-trace, comma-separated): each
+// predicted step carries the range over them, the table is the median run,
+// and a compute trace the workload would ignore is refused.
+TEST(CliOptions, SimulateGivesEachStepTheRangeOverProfiledRuns) {
+  testing::TempDir dir;
+  const std::string stats = dir.path() + "/s.rank0.json";
+  std::ofstream(stats) << R"({"compute_ms": 30, "data_ms": 0, "buckets": [{"parameters": 1, "bytes": 1048576}]})";
+  // As DDP traces N ranks under no_sync: forwards 10 ms long, `every` ms
+  // apart; backward untimed.
+  const auto compute_trace = [&](const std::string& name, int every) {
+    std::string events;
+    for (int step = 0; step < 8; ++step)
+      events += R"({"name":"forward","cat":"step","ph":"X","ts":)" + std::to_string(1000000 + step * every * 1000) +
+                R"(,"dur":10000,"pid":0},{"name":"backward","cat":"step","ph":"X","ts":0,"dur":0,"pid":0},)";
+    events.pop_back();
+    std::ofstream(dir.path() + "/" + name) << R"({"traceEvents":[)" << events << "]}";
+    return dir.path() + "/" + name;
+  };
+  const std::string runs =
+      compute_trace("a.json", 50) + "," + compute_trace("b.json", 30) + "," + compute_trace("c.json", 40);
+  const std::string json = dir.path() + "/p.json";
+  const auto r = testing::run_program(LOCKSTEP_CLI,
+                                      {"simulate", "--stats", stats, "--compute-trace", runs, "--preset", "cpu-eth10",
+                                       "--world-sizes", "2,4", "--out", dir.path(), "--json", json},
+                                      {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_TRUE(contains(r.output, "The compute of 3 profiled runs")) << r.output;
+  EXPECT_TRUE(contains(r.output, "range over the runs (ms)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "forward 10.0 ms")) << r.output;
+  const auto predicted = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(predicted["profiled_runs"], 3);
+  for (const auto& p : predicted["predictions"]) {
+    // Compute 30, 40 and 50 ms: the median run's step strictly inside.
+    EXPECT_LT(p["step_ms_low"].get<double>(), p["step_ms"].get<double>()) << p.dump();
+    EXPECT_LT(p["step_ms"].get<double>(), p["step_ms_high"].get<double>()) << p.dump();
+    EXPECT_GT(p["step_ms_high"].get<double>() - p["step_ms_low"].get<double>(), 10) << p.dump();
+  }
+  const auto one = testing::run_program(LOCKSTEP_CLI,
+                                        {"simulate", "--stats", stats, "--preset", "cpu-eth10", "--world-sizes", "2",
+                                         "--out", dir.path(), "--json", json},
+                                        {}, 30s);
+  ASSERT_EQ(one.exit_code, 0) << testing::describe(one);
+  EXPECT_FALSE(contains(one.output, "range over the runs")) << one.output;
+  const auto alone = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(alone["predictions"][0]["step_ms_low"], alone["predictions"][0]["step_ms_high"]);
+  expect_refused({{{"simulate", "--model", "mlp", "--compute-trace", runs, "--out", dir.path()},
+                   "a description has none: give --trace or --stats too"},
+                  {{"simulate", "--stats", stats, "--compute-trace", runs, "--strategy", "fsdp", "--out", dir.path()},
+                   "the fully sharded step takes one"}},
+                 "# lockstep simulate");
 }
 
 TEST(CliOptions, DoctorRefusesWorldSizesBelowOneAndNumbersThatAreNotFinite) {

@@ -325,6 +325,26 @@ TEST(StepSimulation, AccumulationAddsComputeOnlyMicroBatches) {
   EXPECT_DOUBLE_EQ(p.efficiency, 120 / p.step_ms);
 }
 
+// Four runs' compute of one job (a machine whose speed moved between
+// runs): the interval is the fastest and the slowest run's step, and the
+// run standing for the job is the median one (the lower middle of four).
+TEST(StepSimulation, ProfiledRunsGiveTheStepItsIntervalAndTheMedianRun) {
+  Scenario s;
+  s.cluster = flat(Algorithm::ring, 0, 1e-3);  // 1 MB at 1 GB/s on 2 ranks: 1 ms
+  std::vector<Workload> runs;
+  for (double backward : {24.0, 20.0, 30.0, 22.0}) {
+    runs.push_back(timeline(10, backward, 0));
+    runs.back().gradients = {{1e6, backward}};  // ready as backward ends: 1 ms exposed
+  }
+  const auto interval = step_interval(runs, s, 2);
+  EXPECT_DOUBLE_EQ(interval.low_ms, 10 + 20 + 1);
+  EXPECT_DOUBLE_EQ(interval.high_ms, 10 + 30 + 1);
+  EXPECT_EQ(interval.typical, 3u);  // 20 < 22 < 24 < 30: the second
+  EXPECT_EQ(step_interval({runs[2]}, s, 2).typical, 0u);
+  EXPECT_DOUBLE_EQ(step_interval({runs[2]}, s, 2).low_ms, step_interval({runs[2]}, s, 2).high_ms);
+  EXPECT_THROW(step_interval({}, s, 2), InvalidArgument);
+}
+
 TEST(StepSimulation, RecommendsSmallerBucketsWhenOneBucketIsAllExposed) {
   // Ten 10 MB gradients ready evenly through a 100 ms backward; one huge
   // bucket sends everything after backward, 25 MB buckets overlap.

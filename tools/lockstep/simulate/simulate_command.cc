@@ -5,6 +5,7 @@
 // with --json, the numbers.
 #include "simulate/simulate_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -123,7 +124,8 @@ sim::Description description_for(const SimulateOptions& o) {
   return d;
 }
 
-sim::Workload workload_for(const SimulateOptions& o) {
+// The profile's workload, its compute from `compute_trace` if not empty.
+sim::Workload workload_for(const SimulateOptions& o, const std::string& compute_trace) {
   const bool described = !o.model.empty() || !o.layers.empty();
   sim::Workload w;
   if (!o.trace.empty()) {
@@ -131,9 +133,13 @@ sim::Workload workload_for(const SimulateOptions& o) {
   } else if (!o.stats.empty()) {
     w = sim::from_stats(o.stats);
   } else {
+    if (!compute_trace.empty())
+      throw InvalidArgument("simulate: --compute-trace replaces the compute of a profile (--trace or --stats), and a "
+                            "description has none: give --trace or --stats too, or --ms-per-sample for the "
+                            "description's compute");
     return sim::from_description(description_for(o));
   }
-  if (!o.compute_trace.empty()) w = sim::with_compute_of(w, sim::from_trace(o.compute_trace, o.trace_rank));
+  if (!compute_trace.empty()) w = sim::with_compute_of(w, sim::from_trace(compute_trace, o.trace_rank));
   if (described) w = sim::refine_gradients(w, description_for(o));
   // A profile is of one batch size, which the files do not record.
   w.batch = o.trace_batch;
@@ -146,12 +152,22 @@ sim::Workload workload_for(const SimulateOptions& o) {
           "rescale its forward and backward linearly to {} (approximate)",
           o.batch, o.trace.empty() ? "--stats" : "--trace", o.batch, o.batch));
     w = sim::rescale_batch(w, o.batch);
-    std::fprintf(stderr, "note: the batch-%d profile rescaled linearly to batch %d (forward, backward and the "
-                 "buckets' ready times x %.3g; the rest of the step kept): approximate, a profile at batch %d is "
-                 "not\n", o.trace_batch, o.batch, static_cast<double>(o.batch) / o.trace_batch, o.batch);
   }
   if (o.data_ms >= 0) w.data_ms = o.data_ms;
   return w;
+}
+
+// One workload per --compute-trace (separate runs' compute), or the one.
+std::vector<sim::Workload> workloads_for(const SimulateOptions& o) {
+  std::vector<sim::Workload> out;
+  if (o.compute_traces.empty()) out.push_back(workload_for(o, ""));
+  for (const auto& path : o.compute_traces) out.push_back(workload_for(o, path));
+  const bool profiled = !o.trace.empty() || !o.stats.empty();
+  if (profiled && o.batch > 0 && o.trace_batch > 0 && o.batch != o.trace_batch)
+    std::fprintf(stderr, "note: the batch-%d profile rescaled linearly to batch %d (forward, backward and the "
+                 "buckets' ready times x %.3g; the rest of the step kept): approximate, a profile at batch %d is "
+                 "not\n", o.trace_batch, o.batch, static_cast<double>(o.batch) / o.trace_batch, o.batch);
+  return out;
 }
 
 // The cluster's CPU terms, where it has them.
@@ -161,7 +177,9 @@ std::string cpu_text(const sim::Cluster& c) {
                      c.copy_gb_per_s, c.cores_per_rank, 100 * c.comm_cpu_share);
 }
 
+// `intervals`: each world size's range over the profiled runs (empty: one).
 std::string render(const sim::Workload& w, const sim::Scenario& s, const std::vector<sim::ScalePrediction>& p,
+                   const std::vector<sim::StepInterval>& intervals, std::size_t profiled_runs,
                    const sim::Recommendation& r) {
   std::string out = fmt::format(
       "# lockstep simulate\n\nWorkload: {} (forward {:.1f} ms, backward {:.1f} ms, rest {:.1f} ms, data {:.1f} ms; "
@@ -175,14 +193,24 @@ std::string render(const sim::Workload& w, const sim::Scenario& s, const std::ve
       s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, cpu_text(s.cluster),
       s.bucket_cap_mb, s.bucket_view ? " (gradients as bucket views)" : "", s.hook,
       s.accumulation, 100 * s.jitter);
-  out += "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | comm (ms) | hook narrowing (ms) | core "
-         "shared with comm (ms) | stragglers (ms) | efficiency | samples/s |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& q : p)
-    out += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} |\n",
-                       q.ranks, q.hosts, q.step_ms, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms,
+  if (!intervals.empty())
+    out += fmt::format("The compute of {} profiled runs (--compute-trace): the table is the run whose step is the "
+                       "median, the range beside it the step predicted from each run's. A measured step inside "
+                       "it is within the machine's run-to-run spread; outside it, the model missed.\n\n",
+                       profiled_runs);
+  out += fmt::format("| ranks | hosts | step (ms) |{} compute (ms) | exposed comm (ms) | comm (ms) | hook narrowing "
+                     "(ms) | core shared with comm (ms) | stragglers (ms) | efficiency | samples/s |\n",
+                     intervals.empty() ? "" : " range over the runs (ms) |");
+  out += intervals.empty() ? "|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto& q = p[i];
+    const std::string range =
+        intervals.empty() ? "" : fmt::format(" {:.1f} to {:.1f} |", intervals[i].low_ms, intervals[i].high_ms);
+    out += fmt::format("| {} | {} | {:.1f} |{} {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} |\n",
+                       q.ranks, q.hosts, q.step_ms, range, q.step.compute_ms, q.step.exposed_ms, q.step.comm_ms,
                        q.step.copy_ms, q.step.sharing_ms, q.step.straggler_ms, q.efficiency,
                        w.batch > 0 ? fmt::format("{:.0f}", q.samples_per_s) : std::string("-"));
+  }
   const auto& last = p.back();
   out += fmt::format("\n## Bottleneck at {} ranks\n\n{}\n\n## What to choose at {} ranks\n\n", last.ranks,
                      sim::bottleneck(w, s, last), last.ranks);
@@ -201,16 +229,23 @@ std::string render(const sim::Workload& w, const sim::Scenario& s, const std::ve
   return out;
 }
 
-nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const sim::Recommendation& r) {
+nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const std::vector<sim::StepInterval>& intervals,
+                       std::size_t profiled_runs, const sim::Recommendation& r) {
   nlohmann::json points = nlohmann::json::array();
-  for (const auto& q : p)
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto& q = p[i];
     points.push_back({{"ranks", q.ranks}, {"hosts", q.hosts}, {"step_ms", q.step_ms},
                       {"compute_ms", q.step.compute_ms}, {"exposed_ms", q.step.exposed_ms}, {"comm_ms", q.step.comm_ms},
                       {"straggler_ms", q.step.straggler_ms}, {"data_ms", q.step.data_ms},
                       {"copy_ms", q.step.copy_ms}, {"sharing_ms", q.step.sharing_ms},
                       {"efficiency", q.efficiency}, {"samples_per_s", q.samples_per_s},
                       {"buckets", q.step.buckets.size()}});
+    // One profile: its step is the whole interval.
+    points.back()["step_ms_low"] = intervals.empty() ? q.step_ms : intervals[i].low_ms;
+    points.back()["step_ms_high"] = intervals.empty() ? q.step_ms : intervals[i].high_ms;
+  }
   return {{"predictions", points},
+          {"profiled_runs", profiled_runs},
           {"recommendation",
            {{"bucket_cap_mb", r.bucket_cap_mb}, {"hook", r.hook}, {"step_ms", r.step_ms},
             {"accumulation_for_90", r.accumulation_for_90}}}};
@@ -223,6 +258,9 @@ bool sharded(const SimulateOptions& o) { return o.strategy == "fsdp" || !o.shard
 // Options of the fully sharded step given without it would change nothing.
 void check_strategy(const SimulateOptions& o) {
   if (sharded(o)) {
+    if (o.compute_traces.size() > 1)
+      throw InvalidArgument("simulate: several --compute-trace files give DDP's prediction its run-to-run interval; "
+                            "the fully sharded step takes one: leave the others out with --strategy fsdp");
     if (o.accumulation > 1)
       throw InvalidArgument("simulate: --accumulate is DDP's no_sync; the fully sharded step is simulated one "
                             "synchronised micro-batch at a time: leave --accumulate out with --strategy fsdp");
@@ -240,7 +278,7 @@ void check_strategy(const SimulateOptions& o) {
 // workload's gradients; and the data-parallel workload DDP is compared on.
 std::pair<sim::ShardedWorkload, sim::Workload> sharded_workload_for(const SimulateOptions& o) {
   if (o.sharded_trace.empty()) {
-    sim::Workload w = workload_for(o);
+    sim::Workload w = workloads_for(o).front();
     return {sim::units_from(w, o.units), w};
   }
   if (o.units > 0)
@@ -323,8 +361,10 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--trace-rank", o.trace_rank, "The rank to read from a merged trace")
       ->capture_default_str()
       ->check(checks::non_negative_count());
-  s->add_option("--compute-trace", o.compute_trace,
-                "Take forward/backward/rest from this trace (e.g. of N ranks under no_sync), the buckets from --trace");
+  s->add_option("--compute-trace", o.compute_traces,
+                "Take forward/backward/rest from this trace (e.g. of N ranks under no_sync), the buckets from --trace; "
+                "several (comma-separated; separate runs) give each predicted step the range over them")
+      ->delimiter(',');
   s->add_option("--stats", o.stats, "Profile: a LOCKSTEP_STATS file (<prefix>.rank<r>.json)");
   s->add_option("--data-ms", o.data_ms, "Data loading per step (default: the profile's)")
       ->check(checks::non_negative_number());
@@ -466,17 +506,25 @@ int run_simulate(const SimulateOptions& o) {
                             "--strategy fsdp");
     return run_sharded(o, s, dir);
   }
-  const sim::Workload w = workload_for(o);
+  const auto profiles = workloads_for(o);
+  const auto world_sizes = parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize);
+  // The run whose step is the median at the largest world stands for the
+  // job (the table, the recommendation, the failures); every run's step
+  // gives each world size its interval.
+  const auto largest = static_cast<int>(*std::max_element(world_sizes.begin(), world_sizes.end()));
+  const sim::Workload& w = profiles[sim::step_interval(profiles, s, largest).typical];
   std::vector<sim::ScalePrediction> predictions;
+  std::vector<sim::StepInterval> intervals;
   std::vector<PlotRow> rows;
-  for (const auto n : parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize)) {
+  for (const auto n : world_sizes) {
     predictions.push_back(sim::predict(w, s, static_cast<int>(n)));
+    if (profiles.size() > 1) intervals.push_back(sim::step_interval(profiles, s, static_cast<int>(n)));
     const auto& q = predictions.back();
     const double micro = q.step_ms - q.step.step_ms;  // the no_sync micro-batches: compute
     rows.push_back({q.ranks, q.step.compute_ms + q.step.copy_ms + q.step.sharing_ms + micro, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
   }
   const auto rec = sim::recommend(w, s, predictions.back().ranks);
-  std::string report = render(w, s, predictions, rec);
+  std::string report = render(w, s, predictions, intervals, profiles.size(), rec);
   std::vector<FailureRow> failures;
   if (o.failures.given()) {
     // Parameters and Adam's two moments, fp32: a checkpoint, and what a
@@ -493,7 +541,7 @@ int run_simulate(const SimulateOptions& o) {
                         : fmt::format("\n![scaling]({})\n", fs::path(png).filename().string());
   std::ofstream(dir / "report.md") << report;
   if (!o.json.empty()) {
-    nlohmann::json out = to_json(predictions, rec);
+    nlohmann::json out = to_json(predictions, intervals, profiles.size(), rec);
     if (!failures.empty()) out["failures"] = failures_json(failures);
     std::ofstream(o.json) << out.dump(1) << "\n";
   }

@@ -26,7 +26,9 @@ struct SimulateOptions {
   std::string trace;        // a LOCKSTEP_TRACE file
   int trace_batch = 0;      // the batch per rank the trace (or stats file) was recorded at; 0: not given
   int trace_rank = 0;
-  std::string compute_trace;  // forward/backward/rest from this trace (e.g. N ranks under no_sync)
+  // Forward/backward/rest from this trace (e.g. N ranks under no_sync);
+  // several (separate runs) give the prediction a run-to-run interval.
+  std::vector<std::string> compute_traces;
   std::string stats;        // a LOCKSTEP_STATS file
   double data_ms = -1;      // -1: the profile's
   // Cluster.
