@@ -124,23 +124,10 @@ sim::Description description_for(const SimulateOptions& o) {
   return d;
 }
 
-// The profile's workload, its compute from `compute_trace` if not empty.
-sim::Workload workload_for(const SimulateOptions& o, const std::string& compute_trace) {
-  const bool described = !o.model.empty() || !o.layers.empty();
-  sim::Workload w;
-  if (!o.trace.empty()) {
-    w = sim::from_trace(o.trace, o.trace_rank);
-  } else if (!o.stats.empty()) {
-    w = sim::from_stats(o.stats);
-  } else {
-    if (!compute_trace.empty())
-      throw InvalidArgument("simulate: --compute-trace replaces the compute of a profile (--trace or --stats), and a "
-                            "description has none: give --trace or --stats too, or --ms-per-sample for the "
-                            "description's compute");
-    return sim::from_description(description_for(o));
-  }
-  if (!compute_trace.empty()) w = sim::with_compute_of(w, sim::from_trace(compute_trace, o.trace_rank));
-  if (described) w = sim::refine_gradients(w, description_for(o));
+// A profile (its compute from one run) made ready to simulate: the
+// described model's gradients, the batch, the data loading.
+sim::Workload finish_profile(const SimulateOptions& o, sim::Workload w) {
+  if (!o.model.empty() || !o.layers.empty()) w = sim::refine_gradients(w, description_for(o));
   // A profile is of one batch size, which the files do not record.
   w.batch = o.trace_batch;
   if (o.batch > 0 && o.batch != o.trace_batch) {
@@ -157,13 +144,23 @@ sim::Workload workload_for(const SimulateOptions& o, const std::string& compute_
   return w;
 }
 
-// One workload per --compute-trace (separate runs' compute), or the one.
+// The workload: a description's, or a profile's, one per --compute-trace
+// (separate runs' compute) where several are given; the profile's file is
+// read once.
 std::vector<sim::Workload> workloads_for(const SimulateOptions& o) {
+  if (o.trace.empty() && o.stats.empty()) {
+    if (!o.compute_traces.empty())
+      throw InvalidArgument("simulate: --compute-trace replaces the compute of a profile (--trace or --stats), and a "
+                            "description has none: give --trace or --stats too, or --ms-per-sample for the "
+                            "description's compute");
+    return {sim::from_description(description_for(o))};
+  }
+  const sim::Workload measured = o.trace.empty() ? sim::from_stats(o.stats) : sim::from_trace(o.trace, o.trace_rank);
   std::vector<sim::Workload> out;
-  if (o.compute_traces.empty()) out.push_back(workload_for(o, ""));
-  for (const auto& path : o.compute_traces) out.push_back(workload_for(o, path));
-  const bool profiled = !o.trace.empty() || !o.stats.empty();
-  if (profiled && o.batch > 0 && o.trace_batch > 0 && o.batch != o.trace_batch)
+  if (o.compute_traces.empty()) out.push_back(finish_profile(o, measured));
+  for (const auto& path : o.compute_traces)
+    out.push_back(finish_profile(o, sim::with_compute_of(measured, sim::from_trace(path, o.trace_rank))));
+  if (o.batch > 0 && o.batch != o.trace_batch)
     std::fprintf(stderr, "note: the batch-%d profile rescaled linearly to batch %d (forward, backward and the "
                  "buckets' ready times x %.3g; the rest of the step kept): approximate, a profile at batch %d is "
                  "not\n", o.trace_batch, o.batch, static_cast<double>(o.batch) / o.trace_batch, o.batch);
