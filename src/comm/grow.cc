@@ -18,6 +18,7 @@
 #include "comm/group_impl.h"
 #include "comm/join_board.h"
 #include "common/enforce.h"
+#include "common/env.h"
 #include "common/launcher_keys.h"
 #include "lockstep/error.h"
 
@@ -74,8 +75,12 @@ GroupSpec spec_of(GroupSpec spec, const std::string& key, const std::vector<Memb
 bool launcher_saw_end(const GroupSpec& spec, int world_rank, int incarnation) {
   if (!spec.diagnostics.launcher_store) return false;
   Store& launcher = *spec.diagnostics.launcher_store;
-  return launcher.check({launcher_lost_key(spec.launcher_round, world_rank, incarnation)}) ||
-         launcher.check({launcher_node_lost_key(spec.launcher_round, world_rank)});
+  if (launcher.check({launcher_lost_key(spec.launcher_round, world_rank, incarnation)})) return true;
+  // A lost node's starts ended; a node that took its place starts later ones.
+  const std::string node_lost = launcher_node_lost_key(spec.launcher_round, world_rank);
+  if (!launcher.check({node_lost})) return false;
+  const std::optional<std::int64_t> last_lost = parse_int(launcher.get(node_lost));
+  return !last_lost || incarnation <= *last_lost;
 }
 
 bool ProcessGroup::joined() const { return impl_->spec.joined; }

@@ -26,9 +26,20 @@ inline std::string launcher_lost_key(int round, int rank, int incarnation = 0) {
 }
 
 // Set by a launcher whose peers saw its node lost (it stopped beating):
-// every start of global rank `rank` of round `round` on it has ended.
+// every start of global rank `rank` of round `round` up to the one the
+// value names (launcher_starts_key's count when the node was lost) has
+// ended. A node that takes the lost one's place starts later ones.
 inline std::string launcher_node_lost_key(int round, int rank) {
   return fmt::format("launcher/{}/node_lost/{}", round, rank);
+}
+
+// A counter: the latest start of global rank `rank` in round `round` (0,
+// absent: only the first). Every launcher that starts the rank again (a
+// replacement, a node taking a lost one's place) takes the next number
+// here, so that no two processes of a rank share one, whichever node
+// started them.
+inline std::string launcher_starts_key(int round, int rank) {
+  return fmt::format("launcher/{}/starts/{}", round, rank);
 }
 
 // Set by a replacement (start `incarnation` > 0 of global rank `rank`) once

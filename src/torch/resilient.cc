@@ -130,6 +130,14 @@ struct ResilientTrainer::State {
   ::torch::optim::Optimizer* optimizer = nullptr;
   std::shared_ptr<ProcessGroup> world;  // the group given: kept, so the user's copy stays valid
   std::shared_ptr<ProcessGroup> group;  // the one in use
+  // Groups a grow replaced, oldest first, kept until the trainer ends: a
+  // group that ends cleanly waits for every member's goodbye, and a member
+  // that joined by it still holds it (init_process_group gave it), so
+  // releasing it at the grow would stall this rank until that member left.
+  // Released, with the one in use, newest first on every rank, so that no
+  // two ranks wait for each other's goodbyes on two groups. A shrink's old
+  // group ended with a loss: it leaves without waiting, and is dropped.
+  std::vector<std::shared_ptr<ProcessGroup>> superseded;
   ResilientOptions options;
   int shards = 0;
   int world_size = 0;
@@ -241,6 +249,9 @@ ResilientTrainer::~ResilientTrainer() {
   } catch (const std::exception&) {
     // The store is gone: a replacement waiting times out instead.
   }
+  // Newest first (State::superseded says why); the group given last.
+  state_->group.reset();
+  while (!state_->superseded.empty()) state_->superseded.pop_back();
 }
 
 std::uint64_t ResilientTrainer::steps_committed() const { return state_->committed; }
@@ -505,6 +516,7 @@ std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
   }
   if (formed == 0) return {};  // its launcher starts another once the process ends
   const std::vector<int> before = group->world_ranks();
+  superseded.push_back(std::move(group));
   group = std::move(grown);
   ++generation;
   try {

@@ -2,7 +2,8 @@
 # holding its own network and UTS namespaces. No named namespaces, so
 # nothing is mounted (this also works in a chroot). The sourcing script
 # defines skip() and sets $work (a temporary directory) first; cleanup()
-# kills every host's processes and removes $work, on exit.
+# kills every host's processes and removes $work, on exit (kept with
+# KEEP_WORK=1, to read the logs of a failure).
 holders=()
 # The store listens beyond loopback: every node needs the job's secret.
 export LOCKSTEP_STORE_TOKEN=${LOCKSTEP_STORE_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
@@ -15,7 +16,7 @@ cleanup() {
     kill -9 "$holder" 2> /dev/null
   done
   wait 2> /dev/null
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 

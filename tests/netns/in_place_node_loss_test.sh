@@ -11,7 +11,12 @@
 #   3. when node 1 is cut off (its link goes down: no FIN, no RST), node 0,
 #      which hosts the store, goes on alone with the same result, and
 #      node 1, which cannot reach the store, stops: the two sides never
-#      both go on.
+#      both go on;
+#   4. when node 1 is killed and the same `lockstep run` is started again
+#      on its host, the new launcher takes the lost node's place and its
+#      ranks join the running group, fed by their peers; killed again and
+#      started again, the same; every rank of the end ends with the clean
+#      run's parameters byte for byte.
 # Needs root (network namespaces); skips (exit 77) elsewhere. Every step has
 # a deadline, and the hosts' processes are killed on exit.
 # Usage: in_place_node_loss_test.sh path/to/lockstep path/to/in_place_recovery
@@ -30,18 +35,24 @@ export LOCKSTEP_FLIGHT_DIR=$work
 source "$(dirname "$0")/hosts.sh"
 two_linked_hosts 10.214.0 600
 
-# start_job NAME: both nodes train in the background; node0 and node1 hold
-# their launchers. Logs: $work/NAME<node>.log; parameters: $work/NAME.params.
+# start_node NODE NAME [PROGRAM OPTIONS...]: node NODE's launcher trains in
+# the background; node0 or node1 holds it. Log: $work/NAME<node>.log;
+# parameters: $work/NAME.params.
+start_node() {
+  local node=$1 name=$2 holder
+  shift 2
+  holder=$([ $node = 0 ] && echo $host0 || echo $host1)
+  on_host $holder timeout 240 "$cli" run --nnodes 2 --node-rank $node --master-addr 10.214.0.1 \
+    --master-port 29541 --nproc-per-node 2 --grace-period 1 --on-rank-failure continue -- \
+    "$program" --steps 200 --batch 64 --subset 2400 --window 10 --save-params "$work/$name.params" "$@" \
+    > "$work/$name$node.log" 2>&1 &
+  [ $node = 0 ] && node0=$! || node1=$!
+}
+
+# start_job NAME [PROGRAM OPTIONS...]: both nodes.
 start_job() {
-  local name=$1 node holder
-  for node in 0 1; do
-    holder=$([ $node = 0 ] && echo $host0 || echo $host1)
-    on_host $holder timeout 240 "$cli" run --nnodes 2 --node-rank $node --master-addr 10.214.0.1 \
-      --master-port 29541 --nproc-per-node 2 --grace-period 1 --on-rank-failure continue -- \
-      "$program" --steps 200 --batch 64 --subset 2400 --window 10 --save-params "$work/$name.params" \
-      > "$work/$name$node.log" 2>&1 &
-    [ $node = 0 ] && node0=$! || node1=$!
-  done
+  start_node 0 "$@"
+  start_node 1 "$@"
 }
 
 # Returns once node 0's first rank has committed step 50.
@@ -89,4 +100,37 @@ grep -q "node 1 (ranks 2-3) has not been heard from" "$work/cut0.log" || fail "n
 if grep -q "200 steps in" "$work/cut1.log"; then fail "node 1's ranks finished too: split brain"; fi
 cmp "$work/clean.params" "$work/cut.params" || fail "the parameters differ from the clean run's"
 [ -z "$(in_host_pids $host1)" ] || fail "processes left on node 1: $(in_host_pids $host1)"
+unset LOCKSTEP_TIMEOUT
+on_host $host1 ip link set v1-$$ up
+
+echo "== 4. node 1 killed twice, and each time started again: it takes its own place"
+# 100 ms a step (a pause: the same bytes) leaves the replacements time to join.
+# both_trained LOG: each of the node's ranks said it trains (the two may
+# join at two steps).
+both_trained() { [ "$(grep -c "(replacement [0-9]*): joined at step" "$1")" = 2 ]; }
+each=(--step-ms 100 --save-params-of-each-rank "$work/replaced.params")
+start_job replaced "${each[@]}"
+wait_for_step_50 replaced
+for again in 1 2; do
+  kill -9 $(in_host_pids $host1)
+  wait $node1 2> /dev/null
+  start=$(date +%s%N)
+  start_node 1 "replaced-again$again" "${each[@]}"
+  until_true 60 "the new node 1's ranks joined ($again)" both_trained "$work/replaced-again${again}1.log"
+  echo "node 1 started again ($again) and its ranks training $((($(date +%s%N) - start) / 1000000)) ms later"
+  grep -q "this launcher takes its place (generation $again)" "$work/replaced-again${again}1.log" ||
+    { cat "$work/replaced-again${again}1.log"; fail "the new node 1 did not say it took the lost node's place"; }
+done
+wait $node0; rc0=$?
+wait $node1; rc1=$?
+cat "$work/replaced0.log" "$work/replaced-again21.log" | grep -v "step [0-9]*: loss"
+[ $rc0 = 0 ] && [ $rc1 = 0 ] || fail "the launchers of node 0 and of the last node 1 exited $rc0 and $rc1"
+[ "$(grep -c '200 steps in .* 4 ranks at the end' "$work/replaced0.log")" = 2 ] || fail "node 0's ranks did not end with 4"
+[ "$(grep -c 'steps in .* 4 ranks at the end' "$work/replaced-again21.log")" = 2 ] ||
+  fail "the last node 1's ranks did not end in the group"
+for rank in 0 1 2 3; do
+  cmp "$work/clean.params" "$work/replaced.params.$rank" || fail "rank $rank's parameters differ from the clean run's"
+done
+no_processes_left $host0 "node 0"
+no_processes_left $host1 "node 1"
 echo PASS

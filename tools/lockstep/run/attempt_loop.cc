@@ -44,6 +44,7 @@
 #include "run/interruption.h"
 #include "run/launcher_store.h"
 #include "run/node_loss_watch.h"
+#include "run/node_takeover.h"
 #include "run/rank_environment.h"
 #include "run/round_store.h"
 #include "run/round_watch.h"
@@ -170,16 +171,31 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   std::unique_ptr<ElasticRendezvous> elastic;
   if (plan.elastic) elastic = start_elastic_rendezvous(store, o, plan, job, store_name, nproc, signal_fd);
 
-  int failures = 0;
+  // A node brought back to a running job joins its latest attempt (restarts
+  // and attempts go together in a fixed job), or takes the place of the node
+  // it lost (node_takeover.h).
+  const int first_attempt = single || elastic ? 0 : latest_attempt(store);
+  int failures = first_attempt;
   int last_world = -1;
   const std::vector<std::string> command =
       rank_command(o.program, EntryPoint{.module = o.module, .no_python = o.no_python, .run_path = o.run_path});
-  for (int attempt = 0;; ++attempt) {
+  for (int attempt = first_attempt;; ++attempt) {
     Round round;
     Endpoint master;
     RoundStore round_store;  // the ranks' store of this round, under etcd
+    std::optional<NodeTakeover> takeover;
     try {
-      if (elastic) {
+      if (!single && !elastic && attempt == first_attempt && o.on_rank_failure == "continue")
+        takeover = take_over_lost_node(store, plan.node_rank, plan.nodes.min, nproc, attempt,
+                                       2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
+      if (takeover) {
+        round = takeover->round;
+        std::fprintf(stderr,
+                     "lockstep run: the job lost node %d and goes on without it; this launcher takes its place "
+                     "(generation %d): its %d rank(s) join the running group at its next step boundary, fed from "
+                     "their peers' memory\n",
+                     round.node_rank, takeover->generation, nproc);
+      } else if (elastic) {
         auto next = elastic->next_round();
         if (!next) {
           std::fprintf(stderr, "lockstep run: the job finished while this node waited to join it\n");
@@ -222,8 +238,11 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       sup.rank_dirs.push_back(attempt_dir(job, round, local));
       std::filesystem::create_directories(sup.rank_dirs.back());
       std::filesystem::remove(sup.rank_dirs.back() / "error.json");  // an earlier job's, with this run id
-      ranks.emplace_back(round.first_rank + local, command, rank_env(o, round, nproc, local, job, master, failures));
+      ranks.emplace_back(round.first_rank + local, command,
+                         rank_env(o, round, nproc, local, job, master, failures,
+                                  takeover ? takeover->incarnations[static_cast<std::size_t>(local)] : 0));
     }
+    if (takeover) sup.incarnations = takeover->incarnations;
     const std::string failed_key = round_failed_key(round.number);
     StopReasons stop;
     if (!single)
@@ -233,7 +252,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     // an elastic job re-forms its rounds without them instead).
     std::unique_ptr<NodeLossWatch> node_loss;
     if (sup.continue_after_rank_failure && !single && !elastic) {
-      node_loss = std::make_unique<NodeLossWatch>(store, round, nproc, continue_keep_alive(o));
+      node_loss = std::make_unique<NodeLossWatch>(store, round, nproc, continue_keep_alive(o),
+                                                  takeover ? takeover->generation : 0);
       sup.remote_failure = [watch = std::move(sup.remote_failure), &node_loss,
                             &stop]() -> std::optional<std::string> {
         if (auto cut_off = node_loss->poll()) {
@@ -260,6 +280,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         return plan.etcd ? round_store_has(round_store, key) : store.check({key});
       };
       sup.replacements = o.max_replacements;
+      sup.next_incarnation = [&](int rank) {
+        return static_cast<int>(store.add(launcher_starts_key(round.number, rank), 1));
+      };
       sup.joined = [&](int rank, int incarnation) {
         const std::string key = launcher_joined_key(round.number, rank, incarnation);
         return plan.etcd ? round_store_has(round_store, key) : store.check({key});

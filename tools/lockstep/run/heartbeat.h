@@ -78,6 +78,9 @@ class SilenceWatch {
   std::optional<Silence> look(const std::map<int, std::int64_t>& counters, Clock::time_point now);
   // Forgets every node (a new round).
   void reset();
+  // Forgets one (lost, or finished): when it is watched again (a launcher
+  // took its place), its silence starts from that look.
+  void forget(int node) { seen_.erase(node); }
   // How long the observer was stopped before its latest look (0: it was not).
   Duration paused() const { return paused_; }
   Duration limit() const { return limit_; }

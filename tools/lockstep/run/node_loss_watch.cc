@@ -2,7 +2,6 @@
 #include "run/node_loss_watch.h"
 
 #include <cstdio>
-#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -11,42 +10,63 @@
 #include "lockstep/error.h"
 
 namespace lockstep::cli {
+
+namespace node_keys {
+std::string beat(int round, int node) { return fmt::format("launcher/{}/beat/{}", round, node); }
+std::string ranks(int round, int node) { return fmt::format("launcher/{}/ranks/{}", round, node); }
+std::string finished(int round, int node) { return fmt::format("launcher/{}/finished/{}", round, node); }
+std::string generation(int round, int node) { return fmt::format("launcher/{}/generation/{}", round, node); }
+std::string lost(int round, int node, int generation) {
+  return fmt::format("launcher/{}/lost-node/{}.{}", round, node, generation);
+}
+std::string lost_count(int round) { return fmt::format("launcher/{}/lost-nodes", round); }
+}  // namespace node_keys
+
 namespace {
 
-std::string key(const Round& round, const std::string& what, int node) {
-  return fmt::format("launcher/{}/{}/{}", round.number, what, node);
+std::string losing_key(int round, int node, int generation) {
+  return fmt::format("launcher/{}/losing/{}.{}", round, node, generation);
 }
-
-std::string lost_count_key(int round) { return fmt::format("launcher/{}/lost-nodes", round); }
 
 }  // namespace
 
-NodeLossWatch::NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive)
+NodeLossWatch::NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation)
     : store_(store.clone()),
       round_(round),
+      generation_(generation),
       heartbeat_(store.clone(), keep_alive.interval),
       silence_(keep_alive.limit()) {
   store_->set_timeout(keep_alive.limit());
-  store_->set(key(round_, "ranks", round_.node_rank), fmt::format("{} {}", round_.first_rank, nproc));
-  heartbeat_.beat_on(key(round_, "beat", round_.node_rank));
-  gone_.insert(round_.node_rank);
+  store_->set(node_keys::ranks(round_.number, round_.node_rank), fmt::format("{} {}", round_.first_rank, nproc));
+  heartbeat_.beat_on(node_keys::beat(round_.number, round_.node_rank));
+  gone_[round_.node_rank] = generation_;
 }
 
 std::optional<std::string> NodeLossWatch::poll() {
   try {
     std::map<int, std::int64_t> counters;
+    std::map<int, int> generations;
     for (int node = 0; node < round_.nnodes; ++node) {
-      if (gone_.count(node)) continue;
-      if (store_->check({key(round_, "finished", node)}) || store_->check({key(round_, "lost-node", node)})) {
-        gone_.insert(node);  // done, or another launcher marked it lost
+      if (node == round_.node_rank) continue;
+      // A node taken over since it was lost is watched again (its new
+      // launcher beats on the same counter).
+      const int generation = static_cast<int>(store_->add(node_keys::generation(round_.number, node), 0));
+      const auto gone = gone_.find(node);
+      if (gone != gone_.end() && gone->second == generation) continue;
+      if (store_->check({node_keys::finished(round_.number, node)}) ||
+          store_->check({node_keys::lost(round_.number, node, generation)})) {
+        gone_[node] = generation;  // done, or another launcher marked it lost
+        silence_.forget(node);
         continue;
       }
-      counters[node] = store_->add(key(round_, "beat", node), 0);
+      counters[node] = store_->add(node_keys::beat(round_.number, node), 0);
+      generations[node] = generation;
     }
-    if (store_->check({key(round_, "lost-node", round_.node_rank)}))
+    if (store_->check({node_keys::lost(round_.number, round_.node_rank, generation_)}))
       return "the other nodes counted this node lost (it was not heard from in the store in time); they go on "
              "without it (--on-rank-failure continue)";
-    if (auto silent = silence_.look(counters, Clock::now())) mark_lost(silent->node, silent->for_how_long);
+    if (auto silent = silence_.look(counters, Clock::now()))
+      mark_lost(silent->node, generations[silent->node], silent->for_how_long);
   } catch (const Error& e) {
     return fmt::format("this node cannot reach the store ({}); the other nodes count it lost after {:.1f} s and go "
                        "on without it (--on-rank-failure continue)",
@@ -55,20 +75,28 @@ std::optional<std::string> NodeLossWatch::poll() {
   return std::nullopt;
 }
 
-void NodeLossWatch::mark_lost(int node, Duration silent_for) {
-  gone_.insert(node);
+// One launcher marks each generation lost (the one that claims it first):
+// it writes the ranks' keys before the marker, so that a launcher taking
+// the node over, which waits for the marker, starts its ranks with starts
+// numbered after every one the marker covers.
+void NodeLossWatch::mark_lost(int node, int generation, Duration silent_for) {
+  gone_[node] = generation;
+  silence_.forget(node);
   int first = -1, count = 0;
   {
-    const std::string ranks_key = key(round_, "ranks", node);
+    const std::string ranks_key = node_keys::ranks(round_.number, node);
     if (store_->check({ranks_key})) std::istringstream(store_->get(ranks_key)) >> first >> count;
   }
-  for (int r = first; r >= 0 && r < first + count; ++r) {
-    store_->set(launcher_lost_key(round_.number, r), "node lost");
-    store_->set(launcher_node_lost_key(round_.number, r), "node lost");  // its replacements too
+  const std::string me = fmt::format("node {} (generation {})", round_.node_rank, generation_);
+  if (store_->compare_set(losing_key(round_.number, node, generation), "", me) == me) {
+    for (int r = first; r >= 0 && r < first + count; ++r) {
+      store_->set(launcher_lost_key(round_.number, r), "node lost");
+      const std::int64_t last_start = store_->add(launcher_starts_key(round_.number, r), 0);
+      store_->set(launcher_node_lost_key(round_.number, r), std::to_string(last_start));  // its replacements too
+    }
+    store_->set(node_keys::lost(round_.number, node, generation), fmt::format("node {} stopped beating in the store", node));
+    store_->add(node_keys::lost_count(round_.number), 1);
   }
-  const std::string why = fmt::format("node {} stopped beating in the store", node);
-  if (store_->compare_set(key(round_, "lost-node", node), "", why) == why)
-    store_->add(lost_count_key(round_.number), 1);
   std::fprintf(stderr,
                "lockstep run: node %d (ranks %d-%d) has not been heard from in the store for %.1f s (killed, its "
                "host gone, or cut off); its ranks count as ended and the others go on without them "
@@ -77,10 +105,10 @@ void NodeLossWatch::mark_lost(int node, Duration silent_for) {
 }
 
 void NodeLossWatch::mark_finished() {
-  store_->set(key(round_, "finished", round_.node_rank), "1");
+  store_->set(node_keys::finished(round_.number, round_.node_rank), "1");
   heartbeat_.stop();
 }
 
-std::int64_t lost_node_count(Store& store, int round) { return store.add(lost_count_key(round), 0); }
+std::int64_t lost_node_count(Store& store, int round) { return store.add(node_keys::lost_count(round), 0); }
 
 }  // namespace lockstep::cli

@@ -8,15 +8,23 @@
 // agreement of a re-formed group goes through the store, so its ranks
 // stop and only the side with the store goes on.
 //
+// A node that is lost can be taken over: a launcher started again with its
+// --node-rank (on a new host, or the same one restarted) takes its place
+// (take_over_lost_node, node_takeover.h) and its ranks join the running
+// group as replacements. Each taking over is a new **generation** of the
+// node; the watch looks at the node's latest one.
+//
 // Keys, under launcher/<round>/: beat/<node> (a counter, Heartbeat),
-// ranks/<node> ("<first rank> <count>"), finished/<node>, lost-node/<node>
-// (its first marker's words), lost-nodes (a counter of lost nodes).
+// ranks/<node> ("<first rank> <count>"), finished/<node>, generation/<node>
+// (a counter, absent: 0), losing/<node>.<generation> (the launcher that
+// marks that generation lost), lost-node/<node>.<generation> (its marker's
+// words), lost-nodes (a counter of nodes lost and not taken over).
 // Not thread-safe: polled from the launcher's one thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "lockstep/store.h"
@@ -28,8 +36,9 @@ namespace lockstep::cli {
 class NodeLossWatch {
  public:
   // Starts this node's heartbeat (on a clone of `store`) and publishes its
-  // ranks.
-  NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive);
+  // ranks. `generation`: 0 for the job's first launcher of the node, else
+  // the one take_over_lost_node gave this launcher.
+  NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation = 0);
 
   // Marks the other nodes that have stopped beating lost, with a message
   // each. Returns why this node must stop its ranks: the store did not
@@ -40,16 +49,29 @@ class NodeLossWatch {
   void mark_finished();
 
  private:
-  void mark_lost(int node, Duration silent_for);
+  void mark_lost(int node, int generation, Duration silent_for);
 
   std::shared_ptr<Store> store_;  // a clone that waits no longer than the silence limit
   Round round_;
+  int generation_;
   Heartbeat heartbeat_;
   SilenceWatch silence_;
-  std::set<int> gone_;  // nodes lost or finished: no longer watched
+  std::map<int, int> gone_;  // node -> its generation lost or finished: not watched until taken over
 };
 
-// How many nodes of `round` were lost (NodeLossWatch); 0 outside that mode.
+// How many nodes of `round` were lost and not taken over (NodeLossWatch);
+// 0 outside that mode.
 std::int64_t lost_node_count(Store& store, int round);
+
+// The keys of node `node` of round `round` that taking it over reads and
+// writes (node_takeover.h); described above.
+namespace node_keys {
+std::string beat(int round, int node);
+std::string ranks(int round, int node);
+std::string finished(int round, int node);
+std::string generation(int round, int node);
+std::string lost(int round, int node, int generation);
+std::string lost_count(int round);
+}  // namespace node_keys
 
 }  // namespace lockstep::cli

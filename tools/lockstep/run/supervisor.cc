@@ -290,10 +290,11 @@ class Attempt {
 
   // Starts local rank `i` again: its replacement joins the running group.
   void replace(std::size_t i) {
-    const int next = incarnation(i) + 1;
-    ++replacements_started_;
     const int rank = ranks_[i].rank();
+    ++replacements_started_;
+    int next = incarnation(i) + 1;
     try {
+      if (options_.next_incarnation) next = options_.next_incarnation(rank);
       ranks_[i] = options_.start_replacement(i, next);
     } catch (const Error& e) {
       std::fprintf(stderr, "lockstep run: could not start a replacement for rank %d: %s\n", rank, e.what());
@@ -433,7 +434,8 @@ class Attempt {
   Clock::time_point first_loss_at_{};
   Clock::time_point last_loss_{};
   std::set<std::pair<int, int>> killed_dropped_;  // (rank, incarnation) killed by kill_dropped
-  std::vector<int> incarnations_ = std::vector<int>(ranks_.size(), 0);  // per local rank: its start in the round
+  std::vector<int> incarnations_ =  // per local rank: its start in the round
+      options_.incarnations.empty() ? std::vector<int>(ranks_.size(), 0) : options_.incarnations;
   int replacements_started_ = 0;
 
 };

@@ -89,8 +89,15 @@ struct SupervisorOptions {
   // (its replacement joins the running group), up to `replacements` times
   // for this node's ranks together; `start_replacement` starts local rank
   // `local`'s start `incarnation`.
+  // `next_incarnation` (if set) numbers a replacement of global rank `rank`
+  // (the launchers' shared count, so that a node taking a lost one's place
+  // never reuses a number); else it is its predecessor's plus one.
   int replacements = 0;
   std::function<RankProcess(std::size_t local, int incarnation)> start_replacement;
+  std::function<int(int rank)> next_incarnation;
+  // Per local rank: which start of the rank `ranks` holds (empty: all 0,
+  // the first; a node that took a lost one's place starts replacements).
+  std::vector<int> incarnations;
   // Whether a replacement joined the running group (it ended without
   // joining when the job finished first: it does not count as going on).
   std::function<bool(int rank, int incarnation)> joined;

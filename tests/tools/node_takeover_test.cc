@@ -1,0 +1,161 @@
+// A node brought back to a running job of a fixed node count, over an
+// in-memory store with real heartbeats (every 100 ms, lost after 400 ms): it
+// takes a lost node's place as its next generation, with starts numbered
+// after every one the loss covered, again after its own loss; it never
+// takes a node still heard from, nor one of a job that does not go on
+// without lost nodes; and it must run as many ranks as the lost node.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "common/launcher_keys.h"
+#include "lockstep/error.h"
+#include "lockstep/store.h"
+#include "run/node_loss_watch.h"
+#include "run/node_takeover.h"
+
+namespace lockstep::cli {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr int kNodes = 2;
+constexpr int kRanksPerNode = 2;
+const KeepAlive kKeepAlive{.interval = milliseconds(100), .max_attempts = 4};
+
+Round node_round(int node) {
+  return Round{.number = 0, .node_rank = node, .nnodes = kNodes, .world_size = kNodes * kRanksPerNode,
+               .first_rank = node * kRanksPerNode};
+}
+
+// What the first launchers of a two-node job leave in the store after the
+// static rendezvous of attempt 0.
+void rendezvous_done(Store& store) {
+  for (int node = 0; node < kNodes; ++node) {
+    store.set(fmt::format("launcher/0/node/{}", node), fmt::format("first launcher of node {}", node));
+    store.set(fmt::format("launcher/0/nproc/{}", node), std::to_string(kRanksPerNode));
+  }
+}
+
+// Polls `watch` until it has marked node 1's `generation` lost (5 s at most).
+void until_lost(NodeLossWatch& watch, Store& store, int generation) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!store.check({node_keys::lost(0, 1, generation)})) {
+    ASSERT_FALSE(watch.poll());
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "node 1 was not marked lost";
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+TEST(NodeTakeover, ALostNodeIsTakenOverAgainAndAgainWithStartsAfterEveryOneItsLossCovered) {
+  HashStore store;
+  rendezvous_done(store);
+  NodeLossWatch node0(store, node_round(0), kRanksPerNode, kKeepAlive);
+  auto node1 = std::make_unique<NodeLossWatch>(store, node_round(1), kRanksPerNode, kKeepAlive);
+  // Node 1 replaced its rank 3 once by itself before it was lost.
+  EXPECT_EQ(store.add(launcher_starts_key(0, 3), 1), 1);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(node0.poll(), std::nullopt);  // both beat: nobody lost
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_FALSE(store.check({node_keys::lost(0, 1, 0)}));
+  EXPECT_EQ(latest_attempt(store), 0);
+
+  node1.reset();  // killed: it stops beating
+  until_lost(node0, store, 0);
+  EXPECT_EQ(lost_node_count(store, 0), 1);
+  EXPECT_EQ(store.get(launcher_node_lost_key(0, 2)), "0");
+  EXPECT_EQ(store.get(launcher_node_lost_key(0, 3)), "1");
+
+  auto first = take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(500), -1);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->generation, 1);
+  EXPECT_EQ(first->round.first_rank, 2);
+  EXPECT_EQ(first->round.world_size, 4);
+  EXPECT_EQ(first->incarnations, (std::vector<int>{1, 2}));  // each after every start of its rank so far
+  EXPECT_EQ(lost_node_count(store, 0), 0);
+
+  // The new generation is watched: beating, it is not lost; killed, it is.
+  node1 = std::make_unique<NodeLossWatch>(store, first->round, kRanksPerNode, kKeepAlive, first->generation);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(node0.poll(), std::nullopt);
+    EXPECT_EQ(node1->poll(), std::nullopt);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_FALSE(store.check({node_keys::lost(0, 1, 1)}));
+  node1.reset();
+  until_lost(node0, store, 1);
+  EXPECT_EQ(store.get(launcher_node_lost_key(0, 2)), "1");
+  EXPECT_EQ(store.get(launcher_node_lost_key(0, 3)), "2");
+
+  auto second = take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(500), -1);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->generation, 2);
+  EXPECT_EQ(second->incarnations, (std::vector<int>{2, 3}));
+  // Only one launcher takes a generation's place.
+  store.set(node_keys::lost(0, 1, 2), "test: generation 2 lost");
+  store.set("launcher/0/node/1.3", "host other (pid 1)");
+  try {
+    take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(500), -1);
+    FAIL() << "a second launcher took the same generation";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("host other (pid 1) took the place of lost node 1 first"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(NodeTakeover, ANodeStillHeardFromIsNotTakenAndTheTwoLaunchersAreNamed) {
+  HashStore store;
+  rendezvous_done(store);
+  NodeLossWatch node0(store, node_round(0), kRanksPerNode, kKeepAlive);
+  NodeLossWatch node1(store, node_round(1), kRanksPerNode, kKeepAlive);
+  std::this_thread::sleep_for(milliseconds(200));  // its first beats
+  try {
+    take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(300), -1);
+    FAIL() << "took the place of a node still beating";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 1 of the running job (attempt 0) is still heard from in the store"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--node-rank 1 was given to two launchers"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store.add(node_keys::generation(0, 1), 0), 0);
+}
+
+TEST(NodeTakeover, AJobThatDoesNotWatchForLostNodesOrWaitsForTheNodeIsJoinedByTheRendezvous) {
+  HashStore store;
+  store.set("launcher/0/node/0", "first launcher of node 0");
+  // Node 1 not yet held: the rendezvous of attempt 0 waits for it.
+  EXPECT_FALSE(take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(300), -1));
+  // Held, with no heartbeat (--on-rank-failure restart): a twin, which
+  // rendezvous_static names at once.
+  store.set("launcher/0/node/1", "first launcher of node 1");
+  EXPECT_FALSE(take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(300), -1));
+  // The job restarted twice and waits for node 1 in attempt 2.
+  store.set("launcher/1/node/0", "first launcher of node 0");
+  store.set("launcher/2/node/0", "first launcher of node 0");
+  EXPECT_EQ(latest_attempt(store), 2);
+}
+
+TEST(NodeTakeover, TheNodeTakingALostOnesPlaceMustRunAsManyRanks) {
+  HashStore store;
+  rendezvous_done(store);
+  NodeLossWatch node0(store, node_round(0), kRanksPerNode, kKeepAlive);
+  {
+    NodeLossWatch node1(store, node_round(1), kRanksPerNode, kKeepAlive);
+  }
+  until_lost(node0, store, 0);
+  try {
+    take_over_lost_node(store, 1, kNodes, kRanksPerNode + 1, 0, milliseconds(300), -1);
+    FAIL() << "took the place with another rank count";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 1 ran 2 rank(s) and this launcher was given --nproc-per-node 3"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::cli

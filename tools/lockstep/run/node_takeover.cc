@@ -1,0 +1,95 @@
+// latest_attempt and take_over_lost_node; see node_takeover.h.
+#include "run/node_takeover.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/env.h"
+#include "common/host.h"
+#include "common/launcher_keys.h"
+#include "lockstep/error.h"
+#include "run/interruption.h"
+#include "run/node_loss_watch.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::string node_key(int attempt, int node) { return fmt::format("launcher/{}/node/{}", attempt, node); }
+std::string nproc_key(int attempt, int node) { return fmt::format("launcher/{}/nproc/{}", attempt, node); }
+
+// Returns the node's generation once the others marked it lost; throws
+// ConfigError when it is still heard from at the deadline or finished.
+int wait_until_lost(Store& store, int node, int attempt, Duration wait_for_loss, int signal_fd) {
+  std::fprintf(stderr,
+               "lockstep run: node %d of the running job (attempt %d) is held by %s; waiting up to %.0f s for the "
+               "others to count it lost, to take its place\n",
+               node, attempt, store.get(node_key(attempt, node)).c_str(),
+               std::chrono::duration<double>(wait_for_loss).count());
+  const Deadline deadline = Deadline::after(wait_for_loss);
+  for (;;) {
+    const int generation = static_cast<int>(store.add(node_keys::generation(attempt, node), 0));
+    if (store.check({node_keys::lost(attempt, node, generation)})) return generation;
+    if (store.check({node_keys::finished(attempt, node)}))
+      throw ConfigError(fmt::format("node {} of the running job has finished its part of it: there is no place to "
+                                    "take; start this launcher for the job's next run",
+                                    node));
+    if (deadline.expired())
+      throw ConfigError(fmt::format(
+          "node {} of the running job (attempt {}) is still heard from in the store after {:.0f} s, so --node-rank "
+          "{} was given to two launchers: give each node its own --node-rank, or start this one again once the job "
+          "has lost node {}",
+          node, attempt, std::chrono::duration<double>(wait_for_loss).count(), node, node));
+    throw_if_interrupted(signal_fd, fmt::format("the job to count node {} lost", node));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+int latest_attempt(Store& store) {
+  int attempt = 0;
+  while (store.check({node_key(attempt + 1, 0)})) ++attempt;
+  return attempt;
+}
+
+std::optional<NodeTakeover> take_over_lost_node(Store& store, int node_rank, int nnodes, int nproc, int attempt,
+                                                Duration wait_for_loss, int signal_fd) {
+  // Not held: the attempt waits for this node. Held but not beating: the
+  // job does not go on without lost nodes, so the holder is a live twin.
+  if (!store.check({node_key(attempt, node_rank)}) || !store.check({node_keys::beat(attempt, node_rank)}))
+    return std::nullopt;
+  const int lost = wait_until_lost(store, node_rank, attempt, wait_for_loss, signal_fd);
+  NodeTakeover t;
+  t.generation = lost + 1;
+  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
+  const std::string key = fmt::format("{}.{}", node_key(attempt, node_rank), t.generation);
+  const std::string holder = store.compare_set(key, "", me);
+  if (holder != me)
+    throw ConfigError(fmt::format("{} took the place of lost node {} first; this launcher stops", holder, node_rank));
+  t.round.number = attempt;
+  t.round.node_rank = node_rank;
+  t.round.nnodes = nnodes;
+  for (int n = 0; n < nnodes; ++n) {
+    const int count = static_cast<int>(parse_int(store.get(nproc_key(attempt, n))).value_or(0));
+    if (n == node_rank && count != nproc)
+      throw ConfigError(fmt::format("node {} ran {} rank(s) and this launcher was given --nproc-per-node {}: the "
+                                    "node that takes its place must run as many",
+                                    node_rank, count, nproc));
+    if (n < node_rank) t.round.first_rank += count;
+    t.round.world_size += count;
+  }
+  for (int local = 0; local < nproc; ++local)
+    t.incarnations.push_back(static_cast<int>(store.add(launcher_starts_key(attempt, t.round.first_rank + local), 1)));
+  // Last: once the generation moves on, the others watch the node again.
+  store.add(node_keys::lost_count(attempt), -1);
+  store.add(node_keys::generation(attempt, node_rank), 1);
+  return t;
+}
+
+}  // namespace lockstep::cli
