@@ -213,6 +213,35 @@ TEST(Launcher, ANodeRankGivenToTwoLaunchersStopsEveryNodeNamingBoth) {
   }
 }
 
+// Node 1 killed, launcher and rank, under the restart: started again with
+// the same command, it joins the attempt the others' restart waits in (its
+// node rank is held in attempt 0 by the launcher that died), with their
+// restart count, and the job ends.
+TEST(Launcher, ANodeStartedAgainAfterARestartJoinsTheAttemptTheRestartWaitsIn) {
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
+  const auto node = [&](int rank) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
+                                    "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "1",
+                                    "--grace-period", "1", "--", RANK_PROGRAM, "loop-then-ok"};
+  };
+  const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
+  Launcher host(node(0), env);
+  auto first = std::make_unique<Launcher>(node(1), env);
+  ASSERT_TRUE(host.wait_for_output("rank 0 attempt 0 starting", 40s)) << host.output_so_far();
+  ASSERT_TRUE(first->wait_for_output("rank 1 attempt 0 starting", 40s)) << first->output_so_far();
+  first->signal(SIGKILL);  // its rank dies with it (parent-death signal)
+  first->wait(30s);
+  Launcher again(node(1), env);
+  const auto a = host.wait(60s), b = again.wait(60s);
+  EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
+  EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
+  EXPECT_TRUE(contains(a.output, "restarting all ranks (restart 1 of 1)")) << a.output;
+  EXPECT_TRUE(contains(a.output, "rank 0 of 2 sum 3")) << a.output;
+  EXPECT_TRUE(contains(b.output, "rank 1 attempt 1 starting")) << b.output;
+  EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
+}
+
 TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   TempDir dir;
   const testing::ReservedPort reserved_port;

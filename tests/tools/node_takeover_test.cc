@@ -13,6 +13,7 @@
 #include "common/launcher_keys.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
+#include "run/failure_report.h"
 #include "run/node_loss_watch.h"
 #include "run/node_takeover.h"
 
@@ -61,7 +62,7 @@ TEST(NodeTakeover, ALostNodeIsTakenOverAgainAndAgainWithStartsAfterEveryOneItsLo
     std::this_thread::sleep_for(milliseconds(50));
   }
   EXPECT_FALSE(store.check({node_keys::lost(0, 1, 0)}));
-  EXPECT_EQ(latest_attempt(store), 0);
+  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(milliseconds(100)), -1), 0);
 
   node1.reset();  // killed: it stops beating
   until_lost(node0, store, 0);
@@ -133,10 +134,17 @@ TEST(NodeTakeover, AJobThatDoesNotWatchForLostNodesOrWaitsForTheNodeIsJoinedByTh
   // rendezvous_static names at once.
   store.set("launcher/0/node/1", "first launcher of node 1");
   EXPECT_FALSE(take_over_lost_node(store, 1, kNodes, kRanksPerNode, 0, milliseconds(300), -1));
+  // Attempt 0 failed: node 0 is about to open the restart's attempt 1.
+  store.set("launcher/0/failed", "rank 1 on node 1 failed");
+  std::thread restart([&store] {
+    std::this_thread::sleep_for(milliseconds(300));
+    store.set("launcher/1/node/0", "first launcher of node 0");
+  });
+  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(std::chrono::seconds(10)), -1), 1);
+  restart.join();
   // The job restarted twice and waits for node 1 in attempt 2.
-  store.set("launcher/1/node/0", "first launcher of node 0");
   store.set("launcher/2/node/0", "first launcher of node 0");
-  EXPECT_EQ(latest_attempt(store), 2);
+  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(milliseconds(100)), -1), 2);
 }
 
 TEST(NodeTakeover, TheNodeTakingALostOnesPlaceMustRunAsManyRanks) {

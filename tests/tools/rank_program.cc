@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "leave-early") return leave_early(rank);
-  if (mode == "allreduce-loop") {
+  // "loop-then-ok": the first attempt all-reduces until it fails, later
+  // ones end as "ok" does.
+  if (mode == "allreduce-loop" || (mode == "loop-then-ok" && attempt == 0)) {
     // Collectives until the launcher stops the rank. Rank 0 ignores SIGTERM
     // (as a program finishing its step would) and is killed at the end of
     // the grace period, so it is still in a collective when its peers go.

@@ -174,7 +174,8 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   // A node brought back to a running job joins its latest attempt (restarts
   // and attempts go together in a fixed job), or takes the place of the node
   // it lost (node_takeover.h).
-  const int first_attempt = single || elastic ? 0 : latest_attempt(store);
+  const int first_attempt =
+      single || elastic ? 0 : attempt_to_join(store, plan.node_rank, Deadline::after(plan.join_timeout), signal_fd);
   int failures = first_attempt;
   int last_world = -1;
   const std::vector<std::string> command =

@@ -14,6 +14,7 @@
 #include "common/host.h"
 #include "common/launcher_keys.h"
 #include "lockstep/error.h"
+#include "run/failure_report.h"
 #include "run/interruption.h"
 #include "run/node_loss_watch.h"
 
@@ -52,10 +53,18 @@ int wait_until_lost(Store& store, int node, int attempt, Duration wait_for_loss,
 
 }  // namespace
 
-int latest_attempt(Store& store) {
+int attempt_to_join(Store& store, int node_rank, Deadline deadline, int signal_fd) {
   int attempt = 0;
-  while (store.check({node_key(attempt + 1, 0)})) ++attempt;
-  return attempt;
+  for (;;) {
+    while (store.check({node_key(attempt + 1, 0)})) ++attempt;
+    // Held in a failed attempt: the node's first launcher died with it, and
+    // node 0 is about to open the restart's attempt.
+    if (!store.check({node_key(attempt, node_rank)}) || !store.check({round_failed_key(attempt)}) ||
+        deadline.expired())
+      return attempt;
+    throw_if_interrupted(signal_fd, "the job's restart to open its next attempt");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 std::optional<NodeTakeover> take_over_lost_node(Store& store, int node_rank, int nnodes, int nproc, int attempt,

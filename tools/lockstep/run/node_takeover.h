@@ -23,9 +23,12 @@
 
 namespace lockstep::cli {
 
-// The job's latest attempt in the store: the highest whose node 0 joined
-// (0 when none has: a new job).
-int latest_attempt(Store& store);
+// The attempt of the job in the store that node `node_rank` joins: the
+// latest one node 0 joined (0 when none has: a new job). Where this node
+// is held in it and that attempt failed (the job restarts), waits until
+// `deadline` for the next attempt to open and takes that one. Throws
+// Interrupted on a signal.
+int attempt_to_join(Store& store, int node_rank, Deadline deadline, int signal_fd);
 
 struct NodeTakeover {
   Round round;                    // the running attempt, as the lost node had it
