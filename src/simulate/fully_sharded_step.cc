@@ -190,4 +190,11 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   return out;
 }
 
+StepInterval sharded_step_interval(const std::vector<ShardedWorkload>& profiles, const Scenario& s,
+                                   const ShardingOptions& o, int ranks) {
+  std::vector<double> steps;
+  for (const ShardedWorkload& w : profiles) steps.push_back(predict_sharded(w, s, o, ranks).step.step_ms);
+  return interval_of(steps);
+}
+
 }  // namespace lockstep::sim

@@ -122,4 +122,9 @@ struct ShardedScalePrediction {
 ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario& s, const ShardingOptions& o,
                                        int ranks);
 
+// The fully sharded step's run-to-run interval over several profiles of
+// one job (separate runs' compute), as step_interval gives DDP's.
+StepInterval sharded_step_interval(const std::vector<ShardedWorkload>& profiles, const Scenario& s,
+                                   const ShardingOptions& o, int ranks);
+
 }  // namespace lockstep::sim

@@ -194,12 +194,18 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   return out;
 }
 
-StepInterval step_interval(const std::vector<Workload>& profiles, const Scenario& s, int ranks) {
-  if (profiles.empty()) throw InvalidArgument("simulate: an interval needs at least one profile");
+StepInterval interval_of(const std::vector<double>& steps_ms) {
+  if (steps_ms.empty()) throw InvalidArgument("simulate: an interval needs at least one profile");
   std::vector<std::pair<double, std::size_t>> steps;
-  for (std::size_t i = 0; i < profiles.size(); ++i) steps.emplace_back(predict(profiles[i], s, ranks).step_ms, i);
+  for (std::size_t i = 0; i < steps_ms.size(); ++i) steps.emplace_back(steps_ms[i], i);
   std::sort(steps.begin(), steps.end());
   return {steps.front().first, steps.back().first, steps[(steps.size() - 1) / 2].second};
+}
+
+StepInterval step_interval(const std::vector<Workload>& profiles, const Scenario& s, int ranks) {
+  std::vector<double> steps;
+  for (const Workload& w : profiles) steps.push_back(predict(w, s, ranks).step_ms);
+  return interval_of(steps);
 }
 
 Recommendation recommend(const Workload& w, const Scenario& s, int ranks) {

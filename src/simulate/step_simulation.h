@@ -111,6 +111,9 @@ struct StepInterval {
   std::size_t typical = 0;  // index into the profiles
 };
 StepInterval step_interval(const std::vector<Workload>& profiles, const Scenario& s, int ranks);
+// The same from the step each profile predicts (by index). Throws
+// InvalidArgument for none.
+StepInterval interval_of(const std::vector<double>& steps_ms);
 
 // The slowest of n ranks whose compute varies with relative spread
 // `jitter`: the expected maximum of n normal draws,

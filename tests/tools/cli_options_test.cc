@@ -207,10 +207,26 @@ TEST(CliOptions, SimulateGivesEachStepTheRangeOverProfiledRuns) {
   EXPECT_FALSE(contains(one.output, "range over the runs")) << one.output;
   const auto alone = nlohmann::json::parse(std::ifstream(json));
   EXPECT_EQ(alone["predictions"][0]["step_ms_low"], alone["predictions"][0]["step_ms_high"]);
+  // The fully sharded step: the same range over the runs.
+  const auto sharded = testing::run_program(LOCKSTEP_CLI,
+                                            {"simulate", "--stats", stats, "--compute-trace", runs, "--strategy",
+                                             "fsdp", "--preset", "cpu-eth10", "--world-sizes", "2,4", "--out",
+                                             dir.path(), "--json", json},
+                                            {}, 30s);
+  ASSERT_EQ(sharded.exit_code, 0) << testing::describe(sharded);
+  EXPECT_TRUE(contains(sharded.output, "The compute of 3 profiled runs")) << sharded.output;
+  EXPECT_TRUE(contains(sharded.output, "range over the runs (ms)")) << sharded.output;
+  const auto fsdp = nlohmann::json::parse(std::ifstream(json))["fsdp"];
+  EXPECT_EQ(fsdp["profiled_runs"], 3);
+  for (const auto& p : fsdp["predictions"]) {
+    EXPECT_LT(p["step_ms_low"].get<double>(), p["step_ms"].get<double>()) << p.dump();
+    EXPECT_LT(p["step_ms"].get<double>(), p["step_ms_high"].get<double>()) << p.dump();
+  }
   expect_refused({{{"simulate", "--model", "mlp", "--compute-trace", runs, "--out", dir.path()},
                    "a description has none: give --trace or --stats too"},
-                  {{"simulate", "--stats", stats, "--compute-trace", runs, "--strategy", "fsdp", "--out", dir.path()},
-                   "the fully sharded step takes one"}},
+                  {{"simulate", "--sharded-trace", dir.path() + "/fsdp.json", "--compute-trace", runs, "--out",
+                    dir.path()},
+                   "leave --compute-trace out with --sharded-trace"}},
                  "# lockstep simulate");
 }
 

@@ -495,6 +495,31 @@ TEST(ShardedWorkloads, GradientReadyTimesGiveEachLayersBackward) {
   EXPECT_THROW(units_from(Workload{}), InvalidArgument);
 }
 
+// Three runs' compute (backward 10, 30 and 20 ms): the interval runs from
+// the fastest run's step to the slowest's, and the median run (the third)
+// stands for the job.
+TEST(ShardedWorkloads, SeveralProfiledRunsGiveTheStepItsIntervalAndTheMedianRun) {
+  std::vector<ShardedWorkload> runs;
+  for (double backward : {10.0, 30.0, 20.0}) {
+    Workload w;
+    w.forward_ms = 5;
+    w.backward_ms = backward;
+    w.gradients = {{4e6, backward / 2}, {4e6, backward}};
+    runs.push_back(units_from(w));
+  }
+  const Scenario s = half_microsecond_ring();
+  const ShardingOptions o;
+  const StepInterval interval = sharded_step_interval(runs, s, o, 4);
+  EXPECT_EQ(interval.typical, 2u);
+  EXPECT_DOUBLE_EQ(interval.low_ms, predict_sharded(runs[0], s, o, 4).step.step_ms);
+  EXPECT_DOUBLE_EQ(interval.high_ms, predict_sharded(runs[1], s, o, 4).step.step_ms);
+  EXPECT_LT(interval.low_ms, predict_sharded(runs[2], s, o, 4).step.step_ms);
+  EXPECT_LT(predict_sharded(runs[2], s, o, 4).step.step_ms, interval.high_ms);
+  const StepInterval one = sharded_step_interval({runs[0]}, s, o, 4);
+  EXPECT_EQ(one.low_ms, one.high_ms);
+  EXPECT_THROW(sharded_step_interval({}, s, o, 4), InvalidArgument);
+}
+
 class ShardedTraceFiles : public ::testing::Test {
  protected:
   std::string write(const std::string& name, const std::string& text) {

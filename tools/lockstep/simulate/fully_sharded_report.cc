@@ -43,18 +43,21 @@ std::string cluster_text(const sim::Cluster& c) {
 }
 
 std::string table(const std::vector<ShardedComparison>& runs, int batch) {
-  std::string out =
-      "| ranks | hosts | step (ms) | compute (ms) | exposed comm (ms) | forward waits (ms) | backward waits (ms) | "
+  const bool ranged = runs.front().profiled_runs > 1;
+  std::string out = fmt::format(
+      "| ranks | hosts | step (ms) |{} compute (ms) | exposed comm (ms) | forward waits (ms) | backward waits (ms) | "
       "after backward (ms) | all-gathers (ms) | reduce-scatters (ms) | stragglers (ms) | memory per rank (MiB) | "
       "efficiency | samples/s | DDP step (ms) | DDP memory (MiB) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|{}---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      ranged ? " range over the runs (ms) |" : "", ranged ? "---|" : "");
   for (const auto& r : runs) {
     const auto& q = r.fsdp;
     const auto& st = q.step;
+    const std::string range = ranged ? fmt::format(" {:.1f} to {:.1f} |", r.interval.low_ms, r.interval.high_ms) : "";
     out += fmt::format(
-        "| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | "
-        "{} | {:.1f} | {:.1f} |\n",
-        q.ranks, q.hosts, st.step_ms, st.compute_ms, st.exposed_ms, st.forward_wait_ms, st.backward_wait_ms,
+        "| {} | {} | {:.1f} |{} {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} "
+        "| {} | {:.1f} | {:.1f} |\n",
+        q.ranks, q.hosts, st.step_ms, range, st.compute_ms, st.exposed_ms, st.forward_wait_ms, st.backward_wait_ms,
         st.tail_ms, st.allgather.ms, st.reduce_scatter.ms, st.straggler_ms, q.memory.total_bytes / kMiB, q.efficiency,
         batch > 0 ? fmt::format("{:.0f}", q.samples_per_s) : std::string("-"), r.ddp.step_ms,
         q.memory.ddp_bytes / kMiB);
@@ -89,6 +92,13 @@ nlohmann::json totals_json(const sim::CollectiveTotals& t) {
 }
 
 }  // namespace
+
+std::string interval_note(std::size_t profiled_runs) {
+  return fmt::format("The compute of {} profiled runs (--compute-trace): the table is the run whose step is the "
+                     "median, the range beside it the step predicted from each run's. A measured step inside it is "
+                     "within the machine's run-to-run spread; outside it, the model missed.\n\n",
+                     profiled_runs);
+}
 
 std::vector<ShardingAlternative> sharding_alternatives(const sim::ShardedWorkload& w, const sim::Scenario& s,
                                                        const sim::ShardingOptions& o, int ranks) {
@@ -125,6 +135,7 @@ std::string render_sharded(const sim::ShardedWorkload& w, const sim::Scenario& s
       "it: bucket cap {} MB, hook {}{}, compute spread {:.0f}%.\n\n",
       workload_text(w), options_text(o), cluster_text(s.cluster), s.bucket_cap_mb, s.hook,
       s.bucket_view ? ", gradients as bucket views" : "", 100 * s.jitter);
+  if (runs.front().profiled_runs > 1) out += interval_note(runs.front().profiled_runs);
   out += table(runs, w.batch);
   const auto& last = runs.back().fsdp;
   out += fmt::format("\n## Communication at {} ranks\n\n{}", last.ranks, communication_text(last));
@@ -164,12 +175,14 @@ nlohmann::json sharded_json(const sim::ShardedWorkload& w, const sim::ShardingOp
                         {"unsharded_gradient_bytes", m.unsharded_gradient_bytes}, {"total_bytes", m.total_bytes},
                         {"ddp_bytes", m.ddp_bytes}}},
                       {"ddp_bus_bytes", q.ddp_bus_bytes}, {"ddp_step_ms", r.ddp.step_ms},
-                      {"efficiency", q.efficiency}, {"samples_per_s", q.samples_per_s}});
+                      {"efficiency", q.efficiency}, {"samples_per_s", q.samples_per_s},
+                      {"step_ms_low", r.interval.low_ms}, {"step_ms_high", r.interval.high_ms}});
   }
   nlohmann::json choices = nlohmann::json::array();
   for (const auto& a : alternatives)
     choices.push_back({{"change", a.change}, {"step_ms", a.step_ms}, {"memory_bytes", a.memory_bytes}});
   return {{"units", units},
+          {"profiled_runs", runs.front().profiled_runs},
           {"options",
            {{"prefetch", o.prefetch}, {"reshard_after_forward", o.reshard_after_forward},
             {"param_dtype", dtype_of(o.param_bytes)}, {"reduce_dtype", dtype_of(o.reduce_bytes)},

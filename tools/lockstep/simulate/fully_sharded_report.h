@@ -15,10 +15,14 @@
 
 namespace lockstep::cli {
 
-// One world size: the fully sharded step and DDP's.
+// One world size: the fully sharded step and DDP's; with several profiled
+// runs (--compute-trace), `fsdp` is the run whose step is the median and
+// `profiled_runs` the number of runs `interval` ranges over.
 struct ShardedComparison {
   sim::ShardedScalePrediction fsdp;
   sim::ScalePrediction ddp;
+  sim::StepInterval interval;
+  std::size_t profiled_runs = 1;
 };
 
 // Another choice of sharding options and what it predicts.
@@ -33,6 +37,10 @@ struct ShardingAlternative {
 // resharding switched, bf16 parameters, bf16 gradients (where fp32).
 std::vector<ShardingAlternative> sharding_alternatives(const sim::ShardedWorkload& w, const sim::Scenario& s,
                                                        const sim::ShardingOptions& o, int ranks);
+
+// The sentence above a table whose steps carry their range over several
+// profiled runs (DDP's report says it too).
+std::string interval_note(std::size_t profiled_runs);
 
 std::string render_sharded(const sim::ShardedWorkload& w, const sim::Scenario& s, const sim::ShardingOptions& o,
                            const std::vector<ShardedComparison>& runs,

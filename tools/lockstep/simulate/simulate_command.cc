@@ -190,11 +190,7 @@ std::string render(const sim::Workload& w, const sim::Scenario& s, const std::ve
       s.cluster.intra.alpha_us, s.cluster.inter.gb_per_s(), s.cluster.inter.alpha_us, cpu_text(s.cluster),
       s.bucket_cap_mb, s.bucket_view ? " (gradients as bucket views)" : "", s.hook,
       s.accumulation, 100 * s.jitter);
-  if (!intervals.empty())
-    out += fmt::format("The compute of {} profiled runs (--compute-trace): the table is the run whose step is the "
-                       "median, the range beside it the step predicted from each run's. A measured step inside "
-                       "it is within the machine's run-to-run spread; outside it, the model missed.\n\n",
-                       profiled_runs);
+  if (!intervals.empty()) out += interval_note(profiled_runs);
   out += fmt::format("| ranks | hosts | step (ms) |{} compute (ms) | exposed comm (ms) | comm (ms) | hook narrowing "
                      "(ms) | core shared with comm (ms) | stragglers (ms) | efficiency | samples/s |\n",
                      intervals.empty() ? "" : " range over the runs (ms) |");
@@ -250,14 +246,15 @@ nlohmann::json to_json(const std::vector<sim::ScalePrediction>& p, const std::ve
 
 double element_bytes(const std::string& dtype) { return dtype == "bf16" ? 2 : 4; }
 
-bool sharded(const SimulateOptions& o) { return o.strategy == "fsdp" || !o.sharded_trace.empty(); }
+bool sharded(const SimulateOptions& o) { return o.strategy == "fsdp" || !o.sharded_traces.empty(); }
 
 // Options of the fully sharded step given without it would change nothing.
 void check_strategy(const SimulateOptions& o) {
   if (sharded(o)) {
-    if (o.compute_traces.size() > 1)
-      throw InvalidArgument("simulate: several --compute-trace files give DDP's prediction its run-to-run interval; "
-                            "the fully sharded step takes one: leave the others out with --strategy fsdp");
+    if (!o.compute_traces.empty() && !o.sharded_traces.empty())
+      throw InvalidArgument("simulate: --compute-trace replaces the compute of a --trace or --stats profile, and "
+                            "--sharded-trace is its own profile (several, comma-separated, give the interval): leave "
+                            "--compute-trace out with --sharded-trace");
     if (o.accumulation > 1)
       throw InvalidArgument("simulate: --accumulate is DDP's no_sync; the fully sharded step is simulated one "
                             "synchronised micro-batch at a time: leave --accumulate out with --strategy fsdp");
@@ -271,20 +268,29 @@ void check_strategy(const SimulateOptions& o) {
                           "and --optimizer-bytes describe the fully sharded step; add --strategy fsdp");
 }
 
-// The units, from a fully sharded trace or from the data-parallel
-// workload's gradients; and the data-parallel workload DDP is compared on.
-std::pair<sim::ShardedWorkload, sim::Workload> sharded_workload_for(const SimulateOptions& o) {
-  if (o.sharded_trace.empty()) {
-    sim::Workload w = workloads_for(o).front();
-    return {sim::units_from(w, o.units), w};
+// The units, from each fully sharded trace or from each data-parallel
+// profile's gradients (one per --compute-trace); and the data-parallel
+// workloads DDP is compared on, index for index.
+std::pair<std::vector<sim::ShardedWorkload>, std::vector<sim::Workload>> sharded_workloads_for(
+    const SimulateOptions& o) {
+  if (o.sharded_traces.empty()) {
+    std::vector<sim::Workload> data_parallel = workloads_for(o);
+    std::vector<sim::ShardedWorkload> units;
+    for (const sim::Workload& w : data_parallel) units.push_back(sim::units_from(w, o.units));
+    return {units, data_parallel};
   }
   if (o.units > 0)
     throw InvalidArgument("simulate: --units with --sharded-trace: the trace's units are the ones fully_shard made; "
                           "leave --units out");
-  sim::ShardedWorkload w = sim::sharded_from_trace(o.sharded_trace, o.trace_rank);
-  w.batch = o.trace_batch;
-  if (o.data_ms >= 0) w.data_ms = o.data_ms;
-  return {w, sim::as_data_parallel(w)};
+  std::pair<std::vector<sim::ShardedWorkload>, std::vector<sim::Workload>> out;
+  for (const std::string& path : o.sharded_traces) {
+    sim::ShardedWorkload w = sim::sharded_from_trace(path, o.trace_rank);
+    w.batch = o.trace_batch;
+    if (o.data_ms >= 0) w.data_ms = o.data_ms;
+    out.first.push_back(w);
+    out.second.push_back(sim::as_data_parallel(w));
+  }
+  return out;
 }
 
 int run_sharded(const SimulateOptions& o, const sim::Scenario& s, const fs::path& dir) {
@@ -294,12 +300,19 @@ int run_sharded(const SimulateOptions& o, const sim::Scenario& s, const fs::path
   sharding.param_bytes = element_bytes(o.param_dtype);
   sharding.reduce_bytes = element_bytes(o.reduce_dtype);
   sharding.optimizer_bytes = o.optimizer_bytes;
-  const auto [w, data_parallel] = sharded_workload_for(o);
+  const auto [profiles, data_parallel] = sharded_workloads_for(o);
+  const auto world_sizes = parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize);
+  // As DDP's: the run whose step is the median at the largest world stands
+  // for the job, every run's step gives each world size its interval.
+  const auto largest = static_cast<int>(*std::max_element(world_sizes.begin(), world_sizes.end()));
+  const std::size_t typical = sim::sharded_step_interval(profiles, s, sharding, largest).typical;
+  const sim::ShardedWorkload& w = profiles[typical];
   std::vector<ShardedComparison> runs;
   std::vector<PlotRow> rows;
-  for (const auto n : parse_counts(o.world_sizes, "--world-sizes", kMaxWorldSize)) {
+  for (const auto n : world_sizes) {
     const int ranks = static_cast<int>(n);
-    runs.push_back({sim::predict_sharded(w, s, sharding, ranks), sim::predict(data_parallel, s, ranks)});
+    runs.push_back({sim::predict_sharded(w, s, sharding, ranks), sim::predict(data_parallel[typical], s, ranks),
+                    sim::sharded_step_interval(profiles, s, sharding, ranks), profiles.size()});
     const auto& q = runs.back().fsdp;
     rows.push_back({q.ranks, q.step.compute_ms, q.step.exposed_ms, q.step.data_ms, q.step.straggler_ms, q.efficiency});
   }
@@ -399,8 +412,10 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
                 "ddp, or fsdp: the fully sharded step (fully_shard, ZeRO-3) beside DDP's, with memory per rank")
       ->capture_default_str()
       ->check(CLI::IsMember({"ddp", "fsdp"}));
-  s->add_option("--sharded-trace", o.sharded_trace,
-                "Profile: a LOCKSTEP_TRACE file of a fully sharded run, its units' compute and parameters (fsdp)");
+  s->add_option("--sharded-trace", o.sharded_traces,
+                "Profile: a LOCKSTEP_TRACE file of a fully sharded run, its units' compute and parameters (fsdp); "
+                "several (comma-separated; separate runs) give each predicted step the range over them")
+      ->delimiter(',');
   s->add_option("--units", o.units,
                 "fsdp: group the model's layers into at most this many units of about equal parameters (0: one per "
                 "layer; the first is the root)")
@@ -479,7 +494,7 @@ int run_simulate(const SimulateOptions& o) {
   sim::Scenario s;
   check_strategy(o);
   const bool has_workload =
-      !o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty() || !o.sharded_trace.empty();
+      !o.model.empty() || !o.layers.empty() || !o.trace.empty() || !o.stats.empty() || !o.sharded_traces.empty();
   if (!o.calibrate.empty()) {
     s.cluster = calibrate(o, dir);
     if (!has_workload) return 0;

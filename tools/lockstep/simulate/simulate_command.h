@@ -49,7 +49,9 @@ struct SimulateOptions {
   bool bucket_view = false;  // gradient_as_bucket_view (in place in one set of buckets)
   // Fully sharded training (--strategy fsdp).
   std::string strategy = "ddp";  // ddp, fsdp
-  std::string sharded_trace;     // a LOCKSTEP_TRACE of a fully sharded run: its units (implies fsdp)
+  // LOCKSTEP_TRACE files of a fully sharded run: its units (implies fsdp);
+  // several (separate runs) give each step its run-to-run interval.
+  std::vector<std::string> sharded_traces;
   int units = 0;                 // group the layers into at most this many units; 0: one per layer
   int prefetch = 1;
   bool no_reshard_after_forward = false;
