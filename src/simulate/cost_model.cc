@@ -87,6 +87,17 @@ int hosts_for(const Cluster& c, int ranks) {
   return (ranks + per_host - 1) / per_host;
 }
 
+double cores_per_rank_at(const Cluster& c, int ranks) {
+  if (c.cores_per_host <= 0) return c.cores_per_rank;
+  return c.cores_per_host / std::max(1, std::min(c.ranks_per_host, ranks));
+}
+
+double turns_on_a_core(const Cluster& c, int ranks) {
+  if (c.cores_per_host <= 0) return c.cores_per_rank > 0 ? std::max(1.0, 1 / c.cores_per_rank) : 1;
+  const int on_host = std::max(1, std::min(c.ranks_per_host, ranks));
+  return std::max(1.0, std::ceil(on_host / c.cores_per_host - 1e-9));
+}
+
 std::string to_string(Algorithm a) {
   for (const auto& n : kAlgorithms)
     if (n.algorithm == a) return n.name;

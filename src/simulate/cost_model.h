@@ -54,6 +54,10 @@ struct Cluster {
   double copy_gb_per_s = 0;
   double comm_cpu_share = 0;
   double cores_per_rank = 0;
+  // The cores of a host its ranks share (0: not known): a calibration's
+  // cores per rank times the ranks it ran on its host. With more ranks on a
+  // host than that (cores_per_rank_at), they take turns on the cores.
+  double cores_per_host = 0;
   // The 16-bit compression hooks (fp16, bf16), where calibrated from
   // `lockstep bench -d half` / `-d bfloat16` on ordinary buffers: the hook
   // reduces a 16-bit copy of the bucket in memory of its own, not in the
@@ -98,6 +102,17 @@ struct Cluster {
 
 // The hosts `ranks` ranks fill, ranks_per_host on each.
 int hosts_for(const Cluster& c, int ranks);
+
+// The cores each of `ranks` ranks has: the host's cores shared by the
+// ranks on one host, where the cluster knows them (cores_per_host), else
+// the calibration's cores_per_rank; 0 where neither is known.
+double cores_per_rank_at(const Cluster& c, int ranks);
+
+// How many ranks take turns on the busiest core when `ranks` run: the
+// ranks on a host over its cores, rounded up (three ranks on two cores put
+// two on one, and a synchronous step waits for that core); 1 with a core
+// each or where the cores are not known.
+double turns_on_a_core(const Cluster& c, int ranks);
 
 // The coefficients of one algorithm's cost on a single kind of link:
 // time = steps * alpha + wire * S * beta + reduced * S * gamma.

@@ -353,6 +353,34 @@ TEST(ShardedStep, WithoutASpareCoreTheCollectivesCopyingAddsToCompute) {
   EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 1).step.sharing_ms, 0);  // a world of one copies nothing
 }
 
+// Two cores for a host of four ranks: at 4 ranks two share each core and
+// take turns (the traced units' compute is each rank's own), so the step is
+// twice a rank's compute and copying; at 2 ranks each has its core.
+TEST(ShardedStep, RanksBeyondTheHostsCoresTakeTurnsOnThem) {
+  ShardedWorkload w = two_units();
+  w.other_ms = 3;
+  Scenario s = half_microsecond_ring();
+  s.cluster.ranks_per_host = 4;
+  s.cluster.cores_per_rank = 1;
+  s.cluster.comm_cpu_share = 1;
+  const auto calibrated_alone = predict_sharded(w, s, sharding(1, true), 4).step;
+  s.cluster.cores_per_host = 2;
+  EXPECT_DOUBLE_EQ(cores_per_rank_at(s.cluster, 4), 0.5);
+  EXPECT_DOUBLE_EQ(cores_per_rank_at(s.cluster, 2), 1);
+  EXPECT_DOUBLE_EQ(cores_per_rank_at(s.cluster, 8), 0.5);  // four a host
+  const auto four = predict_sharded(w, s, sharding(1, true), 4).step;
+  EXPECT_DOUBLE_EQ(four.step_ms, 2 * (four.compute_ms + four.comm_ms));
+  EXPECT_DOUBLE_EQ(calibrated_alone.step_ms, calibrated_alone.compute_ms + calibrated_alone.comm_ms);
+  const auto two = predict_sharded(w, s, sharding(1, true), 2).step;
+  EXPECT_DOUBLE_EQ(two.step_ms, two.compute_ms + two.comm_ms);  // a core each: no turns
+  // Three on two cores: one core runs two of them, and every step waits for it.
+  EXPECT_DOUBLE_EQ(turns_on_a_core(s.cluster, 3), 2);
+  const auto three = predict_sharded(w, s, sharding(1, true), 3).step;
+  EXPECT_DOUBLE_EQ(three.step_ms, 2 * (three.compute_ms + three.comm_ms));
+  s.cluster.cores_per_host = 8;  // two cores a rank at 4: a spare one
+  EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.sharing_ms, 0);
+}
+
 TEST(ShardedStep, OptionsOutOfRangeAreRefused) {
   EXPECT_THROW(step(units_of({}), 2, sharding(1, true)), InvalidArgument);
   EXPECT_THROW(step(two_units(), 2, sharding(-1, true)), InvalidArgument);

@@ -633,10 +633,15 @@ TEST(Calibration, ClusterFileRoundTrips) {
   c.copy_gb_per_s = 4.5;
   c.comm_cpu_share = 0.25;
   c.cores_per_rank = 1;
+  c.cores_per_host = 2;
   const Cluster cpu = parse_cluster_json(cluster_json(c));
   EXPECT_DOUBLE_EQ(cpu.copy_gb_per_s, 4.5);
   EXPECT_DOUBLE_EQ(cpu.comm_cpu_share, 0.25);
   EXPECT_DOUBLE_EQ(cpu.cores_per_rank, 1);
+  EXPECT_DOUBLE_EQ(cpu.cores_per_host, 2);
+  // A file from before cores_per_host: not known, cores_per_rank stands.
+  EXPECT_DOUBLE_EQ(parse_cluster_json(R"({"intra": {"gb_per_s": 1}, "cores_per_rank": 1})").cores_per_host, 0);
+  EXPECT_THROW(parse_cluster_json(R"({"intra": {"gb_per_s": 1}, "cores_per_host": -2})"), ConfigError);
   EXPECT_THROW(parse_cluster_json(R"({"intra": {"gb_per_s": 1}, "comm_cpu_share": 2})"), ConfigError);
   EXPECT_THROW(preset("nope"), InvalidArgument);
 }
@@ -679,6 +684,19 @@ TEST(Calibration, APoorFitIsWarnedAboutWithWhatToDo) {
   // ... and the cluster file carries the error, so --cluster warns again.
   EXPECT_DOUBLE_EQ(parse_cluster_json(cluster_json(c.cluster)).fit_error, c.cluster.fit_error);
   EXPECT_NE(poor_fit_warning(c.cluster.fit_error, "x").find("above 15%"), std::string::npos);
+}
+
+// The host's cores: the bench's cores per rank times its ranks on the
+// host, whatever --ranks-per-host then says of the cluster.
+TEST(Calibration, TheHostsCoresComeFromTheBenchRun) {
+  auto rows = bench_json("float", Link::from_bandwidth(4, 6), 0, 2);
+  for (auto& r : rows) r.cores_per_rank = 1;
+  const Calibration c = calibrate_cluster(rows, "", -1, 4);
+  EXPECT_DOUBLE_EQ(c.cluster.cores_per_host, 2);
+  EXPECT_DOUBLE_EQ(cores_per_rank_at(c.cluster, 4), 0.5);
+  EXPECT_DOUBLE_EQ(cores_per_rank_at(c.cluster, 2), 1);
+  for (auto& r : rows) r.cores_per_rank = 0;  // not recorded
+  EXPECT_DOUBLE_EQ(calibrate_cluster(rows, "", -1, 4).cluster.cores_per_host, 0);
 }
 
 TEST(Calibration, RanksPerHostComeFromTheBenchRun) {

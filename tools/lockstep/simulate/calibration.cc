@@ -332,6 +332,9 @@ Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::
   cl.algorithm = c.algorithm;
   cl.copy_gb_per_s = rows.front().memcpy_gb_per_s;
   cl.cores_per_rank = rows.front().cores_per_rank;
+  // The bench's own ranks on its host, whatever --ranks-per-host says of
+  // the cluster's.
+  cl.cores_per_host = cl.cores_per_rank * (rows.front().ranks_per_host > 0 ? rows.front().ranks_per_host : ranks);
   cl.comm_cpu_share = comm_cpu_share(rows, c.min_bytes);
   cl.fit_error = c.fit.mean_error;
   if (backend == "shm" && !rows.front().shared_buffers)
@@ -369,6 +372,7 @@ std::string cluster_json(const Cluster& c) {
                       {"copy_gb_per_s", c.copy_gb_per_s},
                       {"comm_cpu_share", c.comm_cpu_share},
                       {"cores_per_rank", c.cores_per_rank},
+                      {"cores_per_host", c.cores_per_host},
                       {"fit_error", c.fit_error}};
   if (c.fp16.calibrated) j["fp16"] = hook(c.fp16);
   if (c.bf16.calibrated) j["bf16"] = hook(c.bf16);
@@ -403,6 +407,7 @@ Cluster parse_cluster_json(const std::string& text) {
   c.copy_gb_per_s = j.value("copy_gb_per_s", 0.0);
   c.comm_cpu_share = j.value("comm_cpu_share", 0.0);
   c.cores_per_rank = j.value("cores_per_rank", 0.0);
+  c.cores_per_host = j.value("cores_per_host", 0.0);
   c.fit_error = j.value("fit_error", 0.0);
   for (auto [key, h] : {std::pair{"fp16", &c.fp16}, std::pair{"bf16", &c.bf16}}) {
     if (!j.contains(key)) continue;
@@ -421,10 +426,12 @@ Cluster parse_cluster_json(const std::string& text) {
     const double g = j[key].value("gamma_gb_per_s", 0.0);
     fitted->gamma_us_per_byte = g > 0 ? 1e-3 / g : 0;
   }
-  if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0)
-    throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}: the rate and "
-                                  "the cores must not be negative and the share must lie in [0, 1] (0 for unknown)",
-                                  c.copy_gb_per_s, c.comm_cpu_share, c.cores_per_rank));
+  if (c.copy_gb_per_s < 0 || c.comm_cpu_share < 0 || c.comm_cpu_share > 1 || c.cores_per_rank < 0 ||
+      c.cores_per_host < 0)
+    throw ConfigError(fmt::format("cluster file: copy_gb_per_s {}, comm_cpu_share {}, cores_per_rank {}, "
+                                  "cores_per_host {}: the rate and the cores must not be negative and the share must "
+                                  "lie in [0, 1] (0 for unknown)",
+                                  c.copy_gb_per_s, c.comm_cpu_share, c.cores_per_rank, c.cores_per_host));
   return c;
 }
 
