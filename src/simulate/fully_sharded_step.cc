@@ -175,12 +175,12 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   // core comm_cpu_share busy while they run. With less than a core a rank,
   // the ranks of a core take turns: its step is their work together. (A
   // fully sharded trace times each unit's own compute, so the turns are not
-  // in the profile; DDP's --compute-trace of N ranks has them already.)
+  // in the profile; a --compute-trace of N ranks has them already.)
   const Cluster& c = s.cluster;
   const double cores = cores_per_rank_at(c, ranks);
   if (ranks > 1 && cores > 0 && cores < 2) {
     const double busy = std::clamp(c.comm_cpu_share, 0.0, 1.0) * out.step.comm_ms;
-    const double turns = turns_on_a_core(c, ranks);
+    const double turns = w.compute_shares_cores ? 1 : turns_on_a_core(c, ranks);
     const double bound = out.step.data_ms + (compute + busy) * turns + out.step.straggler_ms;
     if (bound > out.step.step_ms) {
       out.step.sharing_ms = bound - out.step.step_ms;

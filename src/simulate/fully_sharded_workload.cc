@@ -133,6 +133,7 @@ ShardedWorkload units_from(const Workload& w, int unit_count, double bytes_per_p
   out.batch = w.batch;
   out.other_ms = w.other_ms;
   out.data_ms = w.data_ms;
+  out.compute_shares_cores = w.compute_shares_cores;
   for (const auto& l : layers) {
     // Forward follows backward's shares; where backward is not timed, the
     // parameters'.
@@ -150,6 +151,7 @@ Workload as_data_parallel(const ShardedWorkload& w) {
   out.backward_ms = w.backward_ms();
   out.other_ms = w.other_ms;
   out.data_ms = w.data_ms;
+  out.compute_shares_cores = w.compute_shares_cores;
   double ready = 0;
   for (auto u = w.units.rbegin(); u != w.units.rend(); ++u) {
     ready += u->backward_ms;

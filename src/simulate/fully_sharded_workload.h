@@ -33,6 +33,9 @@ struct ShardedWorkload {
   std::vector<ShardedUnit> units;
   double other_ms = 0;  // optimizer and the rest of the step
   double data_ms = 0;
+  // As Workload's: false for a fully sharded trace, which times each unit's
+  // own compute.
+  bool compute_shares_cores = false;
   double parameters() const;
   double forward_ms() const;
   double backward_ms() const;

@@ -168,14 +168,32 @@ ScalePrediction predict(const Workload& w, const Scenario& s, int ranks) {
   const auto buckets = plan(w.gradients, s.bucket_cap_mb * (1 << 20));
   const auto collective = [&](double bytes) { return bucket_allreduce_ms(s, ranks, bytes); };
   const double compute = w.forward_ms + w.backward_ms + w.other_ms;
-  out.step = simulate_step(w, buckets, collective, straggler_ms(compute, s.jitter, ranks), cpu_costs(s, ranks));
+  const CpuCosts cpu = cpu_costs(s, ranks);
+  out.step = simulate_step(w, buckets, collective, straggler_ms(compute, s.jitter, ranks), cpu);
+  // More ranks on a host than cores (known from a calibration's
+  // cores_per_host): they take turns on the busiest core, and a profile that
+  // timed a rank's compute alone has not seen it.
+  const double turns = s.cluster.cores_per_host > 0 && !w.compute_shares_cores && ranks > 1
+                           ? turns_on_a_core(s.cluster, ranks)
+                           : 1;
+  if (turns > 1) {
+    const double busy = (cpu.shared_core ? std::clamp(cpu.comm_cpu_share, 0.0, 1.0) : 0) * out.step.comm_ms;
+    const double bound =
+        out.step.data_ms + turns * (compute + out.step.copy_ms + busy) + out.step.straggler_ms;
+    if (bound > out.step.step_ms) {
+      out.step.sharing_ms += bound - out.step.step_ms;
+      out.step.step_ms = bound;
+    }
+  }
   // Micro-batches under no_sync: forward and backward only, no waiting for
-  // the others (the stragglers' delay is paid once, at the synchronised one).
-  const double unsynchronised = (s.accumulation - 1) * (w.forward_ms + w.backward_ms + w.data_ms);
+  // the others (the stragglers' delay is paid once, at the synchronised
+  // one), in turns too where the ranks take turns on the cores.
+  const double micro_batches = (s.accumulation - 1) * (w.forward_ms + w.backward_ms + w.data_ms);
+  const double unsynchronised = turns * micro_batches;
   out.step_ms = out.step.step_ms + unsynchronised;
   const double samples = static_cast<double>(w.batch) * s.accumulation * ranks;
   out.samples_per_s = out.step_ms > 0 ? samples * 1000 / out.step_ms : 0;
-  const double alone_ms = compute + w.data_ms + unsynchronised;
+  const double alone_ms = compute + w.data_ms + micro_batches;  // one rank alone takes no turns
   out.efficiency = out.step_ms > 0 ? alone_ms / out.step_ms : 1;
   // Latency's share: the same collectives on links without a per-byte cost.
   Cluster latency_only = s.cluster;

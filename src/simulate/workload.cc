@@ -245,6 +245,7 @@ Workload with_compute_of(const Workload& timeline, const Workload& compute) {
   w.forward_ms = compute.forward_ms;
   w.backward_ms = backward;
   w.other_ms = other;
+  w.compute_shares_cores = true;
   for (auto& g : w.gradients) g.ready_ms *= scale;
   return w;
 }

@@ -24,6 +24,10 @@ struct Workload {
   double other_ms = 0;     // optimizer and the rest of the step
   double data_ms = 0;      // data loading
   std::vector<Gradient> gradients;
+  // The compute was timed on the ranks of a host sharing its cores (a
+  // --compute-trace of N ranks): their turns on the cores are in it, and
+  // the model adds none (cost_model.h, turns_on_a_core).
+  bool compute_shares_cores = false;
   double gradient_bytes() const;
 };
 

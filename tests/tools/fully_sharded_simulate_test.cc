@@ -377,6 +377,9 @@ TEST(ShardedStep, RanksBeyondTheHostsCoresTakeTurnsOnThem) {
   EXPECT_DOUBLE_EQ(turns_on_a_core(s.cluster, 3), 2);
   const auto three = predict_sharded(w, s, sharding(1, true), 3).step;
   EXPECT_DOUBLE_EQ(three.step_ms, 2 * (three.compute_ms + three.comm_ms));
+  w.compute_shares_cores = true;  // units made from a --compute-trace of the ranks: turns already in it
+  EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.step_ms, calibrated_alone.step_ms);
+  w.compute_shares_cores = false;
   s.cluster.cores_per_host = 8;  // two cores a rank at 4: a spare one
   EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.sharing_ms, 0);
 }

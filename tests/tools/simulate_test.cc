@@ -222,6 +222,32 @@ TEST(StepSimulation, CpuCostsComeFromTheClusterAndTheScenario) {
   EXPECT_FALSE(cpu_costs(s, 2).shared_core);
 }
 
+// Four ranks on a host of two cores: a profile of one rank's compute alone
+// takes turns with another rank on its core, so the step is at least twice
+// its compute and the collectives' share of a core; a --compute-trace of the
+// four ranks (with_compute_of) has the turns in it already.
+TEST(StepSimulation, RanksBeyondTheHostsCoresTakeTurnsUnlessTheProfileTimedThem) {
+  Workload w = timeline(10, 20, 5);
+  w.gradients = {{4e6, 10}, {4e6, 20}};
+  Scenario s;
+  s.cluster.ranks_per_host = 4;
+  s.cluster.comm_cpu_share = 1;
+  s.cluster.cores_per_rank = 1;
+  const ScalePrediction unknown = predict(w, s, 4);
+  const Scenario cores_unknown = s;
+  s.cluster.cores_per_host = 2;
+  const ScalePrediction turns = predict(w, s, 4);
+  EXPECT_DOUBLE_EQ(turns.step_ms, 2 * (35 + turns.step.comm_ms));
+  EXPECT_DOUBLE_EQ(turns.step.sharing_ms, turns.step_ms - unknown.step_ms + unknown.step.sharing_ms);
+  EXPECT_NEAR(turns.efficiency, 35 / turns.step_ms, 1e-12);  // one rank alone takes no turns
+  EXPECT_DOUBLE_EQ(predict(w, s, 2).step_ms, predict(w, cores_unknown, 2).step_ms) << "a core each: no turns";
+  const Workload timed = with_compute_of(w, timeline(10, 20, 5));
+  EXPECT_TRUE(timed.compute_shares_cores);
+  EXPECT_DOUBLE_EQ(predict(timed, s, 4).step_ms, unknown.step_ms);
+  s.accumulation = 3;  // the no_sync micro-batches take turns too
+  EXPECT_DOUBLE_EQ(predict(w, s, 4).step_ms, turns.step_ms + 2 * 2 * 30);
+}
+
 // reducer.cc: after the first step the reducer reduces out of place from
 // the set of buckets backward wrote into the other set (or, with bucket
 // views, in place): no copy into the buckets and none back, with or

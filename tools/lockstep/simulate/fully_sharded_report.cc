@@ -42,6 +42,22 @@ std::string cluster_text(const sim::Cluster& c) {
                          : "");
 }
 
+// Where the host's cores bound the step at `q`'s world size: how many ranks
+// take turns on the busiest core, and what the step then is.
+std::string cores_text(const sim::Cluster& c, const sim::ShardedScalePrediction& q) {
+  if (q.step.sharing_ms <= 0) return "";
+  const double turns = sim::turns_on_a_core(c, q.ranks);
+  if (turns <= 1)
+    return fmt::format("\n## Cores at {} ranks\n\n- No spare core: the collectives' copying runs on the compute's "
+                       "core and adds {:.1f} ms to the step.\n",
+                       q.ranks, q.step.sharing_ms);
+  return fmt::format("\n## Cores at {} ranks\n\n- {} ranks on a host of {:g} cores: the busiest core runs {:g} of "
+                     "them in turns, and every step waits for it: {:.1f} ms of the step ({:g} x a rank's compute and "
+                     "the collectives' share of a core, less what the schedule above already holds). Fewer ranks "
+                     "per host, or more cores, remove it.\n",
+                     q.ranks, std::min(c.ranks_per_host, q.ranks), c.cores_per_host, turns, q.step.sharing_ms, turns);
+}
+
 std::string table(const std::vector<ShardedComparison>& runs, int batch) {
   const bool ranged = runs.front().profiled_runs > 1;
   std::string out = fmt::format(
@@ -94,7 +110,8 @@ nlohmann::json totals_json(const sim::CollectiveTotals& t) {
 }  // namespace
 
 std::string interval_note(std::size_t profiled_runs) {
-  return fmt::format("The compute of {} profiled runs (--compute-trace): the table is the run whose step is the "
+  return fmt::format("The compute of {} profiled runs (--compute-trace or --sharded-trace files): the table is the "
+                     "run whose step is the "
                      "median, the range beside it the step predicted from each run's. A measured step inside it is "
                      "within the machine's run-to-run spread; outside it, the model missed.\n\n",
                      profiled_runs);
@@ -139,6 +156,7 @@ std::string render_sharded(const sim::ShardedWorkload& w, const sim::Scenario& s
   out += table(runs, w.batch);
   const auto& last = runs.back().fsdp;
   out += fmt::format("\n## Communication at {} ranks\n\n{}", last.ranks, communication_text(last));
+  out += cores_text(s.cluster, last);
   out += fmt::format("\n## Memory per rank at {} ranks\n\n{}", last.ranks, memory_text(last.memory));
   out += fmt::format("\n## What to choose at {} ranks\n\n", last.ranks);
   bool any = false;
