@@ -94,7 +94,9 @@ class ThisMachine:
         self.a = a
         self.world_sizes = [int(n) for n in a.ranks.split(",")]
         self.caps = parse_caps(a.caps)
-        self.ranks_per_host = 0  # the calibration's
+        # Every rank runs on this one host, whatever the calibration's bench
+        # ran on it (--bench-ranks): beyond its cores they take turns.
+        self.ranks_per_host = max(self.world_sizes)
 
     def tag(self):
         return "local"
