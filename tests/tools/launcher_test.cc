@@ -189,6 +189,15 @@ TEST(Launcher, TwoLaunchersFormOneJobAsTwoNodes) {
   EXPECT_TRUE(contains(b.output, "(local rank 0 of 1, node 1)")) << b.output;
 }
 
+// Node `rank` of a job of `nnodes` fixed nodes on this machine, one rank
+// each, with the store at `port`; `more` follows (options, "--", program).
+std::vector<std::string> one_rank_node(const std::string& port, int nnodes, int rank, std::vector<std::string> more) {
+  std::vector<std::string> args{"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(rank),
+                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 // Two nodes started with the same --node-rank (node 0 hosts the store on
 // this one machine, so the duplicate is node 1): every launcher stops at
 // once naming the two, instead of waiting for the node nobody started.
@@ -196,9 +205,7 @@ TEST(Launcher, ANodeRankGivenToTwoLaunchersStopsEveryNodeNamingBoth) {
   const testing::ReservedPort reserved_port;
   const std::string port = reserved_port.text();
   const auto node = [&](int rank) {
-    return std::vector<std::string>{"--nnodes", "3", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
-                                    "--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "30",
-                                    "--", RANK_PROGRAM, "ok"};
+    return one_rank_node(port, 3, rank, {"--rdzv-timeout", "30", "--", RANK_PROGRAM, "ok"});
   };
   const auto start = Clock::now();
   Launcher host(node(0), {{"LOCKSTEP_BACKEND", "tcp"}});
@@ -221,9 +228,7 @@ TEST(Launcher, ANodeStartedAgainAfterARestartJoinsTheAttemptTheRestartWaitsIn) {
   const testing::ReservedPort reserved_port;
   const std::string port = reserved_port.text();
   const auto node = [&](int rank) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node", "1",
-                                    "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "1",
-                                    "--grace-period", "1", "--", RANK_PROGRAM, "loop-then-ok"};
+    return one_rank_node(port, 2, rank, {"--max-restarts", "1", "--grace-period", "1", "--", RANK_PROGRAM, "loop-then-ok"});
   };
   const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
   Launcher host(node(0), env);
