@@ -1,4 +1,4 @@
-// latest_attempt and take_over_lost_node; see node_takeover.h.
+// attempt_to_join and take_over_lost_node; see node_takeover.h.
 #include "run/node_takeover.h"
 
 #include <unistd.h>
