@@ -67,6 +67,17 @@ std::vector<std::int64_t> numels_of(const std::vector<Tensor>& params) {
   return numels;
 }
 
+// Piece `piece` of the reduced shard as a tensor of its own that shares
+// the shard's memory, so that a parameter gets its gradient without a copy.
+// Not a view of the shard: optimizers' zero_grad detaches gradients in
+// place, which a view refuses. The shard's memory lives as long as any
+// parameter's gradient in it.
+Tensor piece_of(const Tensor& reduced_shard, const ShardPiece& piece) {
+  void* data = static_cast<char*>(reduced_shard.data_ptr()) + piece.shard_offset * reduced_shard.element_size();
+  return ::torch::from_blob(data, {piece.count}, [keep = reduced_shard.storage()](void*) {},
+                            reduced_shard.options());
+}
+
 }  // namespace
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>> params,
@@ -466,12 +477,9 @@ void FsdpUnit::return_to_shards() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       Tensor grad = stash_[i];
       const ShardPiece& piece = pieces_[i];
-      if (fresh && piece.count > 0 && params_[i].requires_grad() && used_anywhere_.at(i)) {
-        // A tensor of its own, not a view of the reduced shard: optimizers'
-        // zero_grad detaches gradients in place, which a view refuses.
-        Tensor reduced = reduced_shard_.narrow(0, piece.shard_offset, piece.count);
-        grad = grad.defined() ? grad.add_(reduced) : reduced.clone();
-      }
+      if (fresh && piece.count > 0 && params_[i].requires_grad() && used_anywhere_.at(i))
+        grad = grad.defined() ? grad.add_(reduced_shard_.narrow(0, piece.shard_offset, piece.count))
+                              : piece_of(reduced_shard_, piece);
       params_[i].mutable_grad() = grad;
     }
   }
