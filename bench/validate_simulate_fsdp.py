@@ -20,11 +20,20 @@ predict the fully sharded step first, then run it.
 4. Runs every configuration --repeats times, interleaved, and compares the
    median measured step with the prediction and its interval.
 
+With --random N (and --seed S) it validates instead N distinct
+configurations drawn at random from every combination of the model
+(--models), the batch per rank (--batches), the world size (--ranks) and
+whether units reshard after forward; each drawn model, batch and world
+size is profiled as above, and the draw is written down with the
+predictions.
+
 Prints a markdown table (for docs/performance.md) with each error and the
 mean absolute error; the files are kept in --out.
 
 Usage: bench/validate_simulate_fsdp.py [--build build-torch2] [--ranks 2,4] [--model deep-mlp]
            [--steps 15] [--repeats 3] [--profile-repeats 3] [--bench-ranks 2] [--out DIR]
+       bench/validate_simulate_fsdp.py --random 6 --seed 20261203 --ranks 2,3,4
+           [--models mlp,deep-mlp] [--batches 16,32,64] ...
 """
 import argparse
 import json
@@ -48,6 +57,18 @@ def step_ms(text):
     return float(re.search(r"step_ms ([0-9.]+)", text).group(1))
 
 
+def configurations(a, worlds):
+    """(model, batch or None for the program's default, ranks, reshard) of each
+    configuration: every world size both ways, or --random ones from --seed."""
+    if not a.random:
+        return [(a.model, None, n, reshard) for n in worlds for reshard in (True, False)]
+    import random
+    rng = random.Random(a.seed)
+    models, batches = a.models.split(","), [int(b) for b in a.batches.split(",")]
+    every = [(m, b, n, r) for m in models for b in batches for n in worlds for r in (True, False)]
+    return rng.sample(every, min(a.random, len(every)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build-torch2")
@@ -58,12 +79,21 @@ def main():
     parser.add_argument("--profile-repeats", type=int, default=3)
     parser.add_argument("--bench-ranks", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--random", type=int, default=0,
+                        help="validate this many configurations drawn at random instead")
+    parser.add_argument("--seed", type=int, default=1, help="the draw of --random")
+    parser.add_argument("--models", default="mlp,deep-mlp", help="models --random draws from")
+    parser.add_argument("--batches", default="16,32,64", help="batches per rank --random draws from")
     a = parser.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="validate-fsdp-")
     os.makedirs(out, exist_ok=True)
     lockstep = os.path.join(a.build, "lockstep")
-    program = [os.path.join(a.build, "examples", "ddp_throughput"), "--model", a.model, "--fsdp"]
     worlds = [int(n) for n in a.ranks.split(",")]
+    configs = configurations(a, worlds)
+
+    def program(model, batch):
+        return ([os.path.join(a.build, "examples", "ddp_throughput"), "--model", model, "--fsdp"] +
+                ([] if batch is None else ["--batch", str(batch)]))
 
     def ranks(n, args, env=None):
         return run([lockstep, "run", "--nproc-per-node", str(n), "--"] + args, env=env)
@@ -78,49 +108,52 @@ def main():
     print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--out", out]).strip(), file=sys.stderr)
     cluster = os.path.join(out, "cluster.json")
 
-    # 2. Profiles: each world size's compute, traced, every run kept.
+    # 2. Profiles: the compute of each model, batch and world size drawn,
+    # traced (resharding, the default), every run kept.
     traces = {}
-    for n in worlds:
+    for model, batch, n, _ in configs:
+        if (model, batch, n) in traces:
+            continue
         runs = []
         for repeat in range(a.profile_repeats):
-            prefix = os.path.join(out, f"profile-{n}ranks-{repeat}")
-            ranks(n, program + ["--steps", str(2 * a.steps)], env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+            prefix = os.path.join(out, f"profile-{model}-{batch or 'default'}-{n}ranks-{repeat}")
+            ranks(n, program(model, batch) + ["--steps", str(2 * a.steps)], env=dict(os.environ, LOCKSTEP_TRACE=prefix))
             runs.append(prefix + ".rank0.json")
-        traces[n] = ",".join(runs)
+        traces[(model, batch, n)] = ",".join(runs)
 
     # 3. Predictions, all before the first measured run.
-    configs = [(n, reshard) for n in worlds for reshard in (True, False)]
-    predicted = {}
-    for n, reshard in configs:
-        path = os.path.join(out, f"predict-{n}-{'reshard' if reshard else 'keep'}.json")
-        run([lockstep, "simulate", "--sharded-trace", traces[n], "--cluster", cluster, "--world-sizes", str(n),
-             "--ranks-per-host", str(max(worlds)), "--out", os.path.join(out, "simulate"), "--json", path] +
-            ([] if reshard else ["--no-reshard-after-forward"]))
+    predicted = []
+    for i, (model, batch, n, reshard) in enumerate(configs):
+        path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{'reshard' if reshard else 'keep'}.json")
+        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n)], "--cluster", cluster,
+             "--world-sizes", str(n), "--ranks-per-host", str(max(worlds)), "--out", os.path.join(out, "simulate"),
+             "--json", path] + ([] if reshard else ["--no-reshard-after-forward"]))
         with open(path) as f:
-            predicted[(n, reshard)] = json.load(f)["fsdp"]["predictions"][0]
+            predicted.append(json.load(f)["fsdp"]["predictions"][0])
     with open(os.path.join(out, "predictions.json"), "w") as f:
-        json.dump({f"{n} {r}": p for (n, r), p in predicted.items()}, f, indent=1)
+        json.dump({"seed": a.seed if a.random else None,
+                   "configs": [{"model": m, "batch": b, "ranks": n, "reshard_after_forward": r, "predicted": p}
+                               for (m, b, n, r), p in zip(configs, predicted)]}, f, indent=1)
 
     # 4. Measurements, interleaved.
-    measured = {c: [] for c in configs}
+    measured = [[] for _ in configs]
     for _ in range(a.repeats):
-        for n, reshard in configs:
+        for i, (model, batch, n, reshard) in enumerate(configs):
             extra = [] if reshard else ["--keep-after-forward"]
-            measured[(n, reshard)].append(step_ms(ranks(n, program + ["--steps", str(a.steps)] + extra)))
-    print("| ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) | measured step (ms) "
-          "| error |")
-    print("|---|---|---|---|---|---|")
+            measured[i].append(step_ms(ranks(n, program(model, batch) + ["--steps", str(a.steps)] + extra)))
+    print("| model | batch | ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) "
+          "| measured step (ms) | error |")
+    print("|---|---|---|---|---|---|---|---|")
     errors = []
     inside = 0
-    for n, reshard in configs:
-        step = statistics.median(measured[(n, reshard)])
-        q = predicted[(n, reshard)]
+    for (model, batch, n, reshard), q, runs in zip(configs, predicted, measured):
+        step = statistics.median(runs)
         p = q["step_ms"]
         errors.append(abs(p - step) / step)
         inside += q["step_ms_low"] <= step <= q["step_ms_high"]
-        print(f"| {n} | {'resharded' if reshard else 'kept'} | {p:.1f} | {q['step_ms_low']:.1f} to "
-              f"{q['step_ms_high']:.1f} | {step:.1f} | {100 * (p - step) / step:+.0f}% |")
-    print(f"\nmeasured inside the interval {inside} of {len(configs)}; "
+        print(f"| {model} | {batch or 'default'} | {n} | {'resharded' if reshard else 'kept'} | {p:.1f} | "
+              f"{q['step_ms_low']:.1f} to {q['step_ms_high']:.1f} | {step:.1f} | {100 * (p - step) / step:+.0f}% |")
+    print(f"\n{f'seed {a.seed}, ' if a.random else ''}measured inside the interval {inside} of {len(configs)}; "
           f"mean absolute error {100 * statistics.mean(errors):.0f}%, largest {100 * max(errors):.0f}%; "
           f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{time.strftime('%Y-%m-%d %H:%M')}; files in {out}")
