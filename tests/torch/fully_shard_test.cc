@@ -115,6 +115,50 @@ TEST(FullyShard, ParametersHoldOnlyThisRanksPieceBetweenSteps) {
   }
 }
 
+// libtorch 2's zero_grad sets gradients to none, 1.13's zeroes them in
+// place (detach_, then zero_). Set to none, a parameter's gradient is its
+// piece of the reduced shard, over the shard's memory: it must still be a
+// gradient of its own (writing one leaves the others as they were) that
+// zeroing in place accepts, and either way training equals one process.
+TEST(FullyShard, GradientsSetToNoneOrZeroedInPlaceTrainAsOneProcess) {
+  for (const bool to_none : {true, false}) {
+    SCOPED_TRACE(to_none ? "set to none" : "zeroed in place");
+    const auto data = batches(kWidths.front(), 13);
+    const State want = train_reference("sgd", data);
+    auto plains = per_rank(2, [](int) { return plain_mlp(); });
+    std::vector<State> got(2);
+    TorchThreadWorld world(2, "shm");
+    world.run([&](int rank, ProcessGroup& pg) {
+      auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+      auto opt = make_optimizer("sgd", model->parameters());
+      for (const auto& [x, y] : data) {
+        for (auto& p : model->parameters()) {
+          if (!p.grad().defined()) continue;
+          if (to_none) {
+            p.mutable_grad() = Tensor();
+          } else {
+            p.mutable_grad().detach_();
+            p.mutable_grad().zero_();
+          }
+        }
+        ::torch::mse_loss(model->forward(shard_of(x, rank, 2)), shard_of(y, rank, 2)).backward();
+        opt->step();
+      }
+      std::vector<Tensor> grads;
+      for (const auto& p : model->parameters())
+        if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
+      ASSERT_GE(grads.size(), 2u);
+      std::vector<Tensor> others;
+      for (std::size_t i = 1; i < grads.size(); ++i) others.push_back(grads[i].clone());
+      grads[0].fill_(7.0);
+      for (std::size_t i = 1; i < grads.size(); ++i)
+        EXPECT_TRUE(::torch::equal(grads[i], others[i - 1])) << "rank " << rank << ", gradient " << i;
+      got[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
+    });
+    for (int r = 0; r < 2; ++r) expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
+  }
+}
+
 // ---- a convnet with SyncBatchNorm: buffers and a unit of several layers ----
 
 struct ConvBlockImpl : nn::Module {
