@@ -7,11 +7,12 @@ predict the fully sharded step first, then run it.
    reduce_scatter` (ordinary buffers, as fully_shard's, at --bench-ranks
    ranks over shm, 256 KiB to 64 MiB in steps of sqrt(2)) beside the
    all-reduce.
-2. Profiles each world size's compute with LOCKSTEP_TRACE
-   (examples/ddp_throughput --fsdp, --profile-repeats runs of twice --steps
-   steps): each unit's own forward and backward compute and the time
-   between steps, on N ranks sharing the machine as they will when
-   measured (fully_shard's timeline; docs/fsdp.md).
+2. Profiles each configuration's compute with LOCKSTEP_TRACE
+   (examples/ddp_throughput --fsdp, resharding or not as it will run,
+   --profile-repeats runs of twice --steps steps): each unit's own forward
+   and backward compute and the time between steps, on N ranks sharing
+   the machine as they will when measured (fully_shard's timeline;
+   docs/fsdp.md).
 3. Predicts with `lockstep simulate --sharded-trace <rank 0's trace of
    every profiled run> --cluster <calibration> --world-sizes N`, for
    resharding after forward and without it: the step of the median run and
@@ -23,9 +24,8 @@ predict the fully sharded step first, then run it.
 With --random N (and --seed S) it validates instead N distinct
 configurations drawn at random from every combination of the model
 (--models), the batch per rank (--batches), the world size (--ranks) and
-whether units reshard after forward; each drawn model, batch and world
-size is profiled as above, and the draw is written down with the
-predictions.
+whether units reshard after forward; each is profiled as above, and the
+draw is written down with the predictions.
 
 Prints a markdown table (for docs/performance.md) with each error and the
 mean absolute error; the files are kept in --out.
@@ -55,6 +55,10 @@ def run(cmd, env=None, timeout=900):
 
 def step_ms(text):
     return float(re.search(r"step_ms ([0-9.]+)", text).group(1))
+
+
+def keep_flag(reshard):
+    return [] if reshard else ["--keep-after-forward"]
 
 
 def configurations(a, worlds):
@@ -108,24 +112,26 @@ def main():
     print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--out", out]).strip(), file=sys.stderr)
     cluster = os.path.join(out, "cluster.json")
 
-    # 2. Profiles: the compute of each model, batch and world size drawn,
-    # traced (resharding, the default), every run kept.
+    # 2. Profiles: the compute of each configuration, traced as it will run
+    # (resharding or not), every run kept.
     traces = {}
-    for model, batch, n, _ in configs:
-        if (model, batch, n) in traces:
+    for model, batch, n, reshard in configs:
+        if (model, batch, n, reshard) in traces:
             continue
         runs = []
         for repeat in range(a.profile_repeats):
-            prefix = os.path.join(out, f"profile-{model}-{batch or 'default'}-{n}ranks-{repeat}")
-            ranks(n, program(model, batch) + ["--steps", str(2 * a.steps)], env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+            prefix = os.path.join(out, f"profile-{model}-{batch or 'default'}-{n}ranks-"
+                                       f"{'reshard' if reshard else 'keep'}-{repeat}")
+            ranks(n, program(model, batch) + ["--steps", str(2 * a.steps)] + keep_flag(reshard),
+                  env=dict(os.environ, LOCKSTEP_TRACE=prefix))
             runs.append(prefix + ".rank0.json")
-        traces[(model, batch, n)] = ",".join(runs)
+        traces[(model, batch, n, reshard)] = ",".join(runs)
 
     # 3. Predictions, all before the first measured run.
     predicted = []
     for i, (model, batch, n, reshard) in enumerate(configs):
         path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{'reshard' if reshard else 'keep'}.json")
-        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n)], "--cluster", cluster,
+        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n, reshard)], "--cluster", cluster,
              "--world-sizes", str(n), "--ranks-per-host", str(max(worlds)), "--out", os.path.join(out, "simulate"),
              "--json", path] + ([] if reshard else ["--no-reshard-after-forward"]))
         with open(path) as f:
@@ -139,8 +145,7 @@ def main():
     measured = [[] for _ in configs]
     for _ in range(a.repeats):
         for i, (model, batch, n, reshard) in enumerate(configs):
-            extra = [] if reshard else ["--keep-after-forward"]
-            measured[i].append(step_ms(ranks(n, program(model, batch) + ["--steps", str(a.steps)] + extra)))
+            measured[i].append(step_ms(ranks(n, program(model, batch) + ["--steps", str(a.steps)] + keep_flag(reshard))))
     print("| model | batch | ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) "
           "| measured step (ms) | error |")
     print("|---|---|---|---|---|---|---|---|")

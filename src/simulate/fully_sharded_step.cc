@@ -173,17 +173,15 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   // core: what overlaps in the schedule above costs compute time instead.
   // As DDP's model charges it (step_simulation.cc): the collectives keep a
   // core comm_cpu_share busy while they run. With less than a core a rank,
-  // the ranks of a core take turns: its step is their work together, each
-  // rank's compute as it costs alone (its CPU time, where the trace has it:
-  // the wall times of a run whose ranks shared cores hold some of their
-  // turns already; a --compute-trace of N ranks has them all).
+  // the ranks of a core take turns: its step is their work together. (A
+  // fully sharded trace times each unit's own compute, so the turns are not
+  // in the profile; a --compute-trace of N ranks has them already.)
   const Cluster& c = s.cluster;
   const double cores = cores_per_rank_at(c, ranks);
   if (ranks > 1 && cores > 0 && cores < 2) {
     const double busy = std::clamp(c.comm_cpu_share, 0.0, 1.0) * out.step.comm_ms;
     const double turns = w.compute_shares_cores ? 1 : turns_on_a_core(c, ranks);
-    const double alone = w.alone_ms > 0 && !w.compute_shares_cores ? w.alone_ms : compute;
-    const double bound = out.step.data_ms + (alone + busy) * turns + out.step.straggler_ms;
+    const double bound = out.step.data_ms + (compute + busy) * turns + out.step.straggler_ms;
     if (bound > out.step.step_ms) {
       out.step.sharing_ms = bound - out.step.step_ms;
       out.step.step_ms = bound;

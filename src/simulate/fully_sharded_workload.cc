@@ -95,16 +95,7 @@ struct UnitTimes {
   double parameters = 0;
   double forward_ms = -1;  // -1: not in the trace
   double backward_ms = -1;
-  double cpu_ms = 0;       // forward's and backward's CPU time
-  bool cpu_known = true;   // every event of the unit had one
 };
-
-// The "; C us of CPU" an event's name ends with, in ms; -1 without one.
-double cpu_ms_in(const std::string& name) {
-  const std::size_t at = name.rfind("; ");
-  double us = 0;
-  return at != std::string::npos && std::sscanf(name.c_str() + at, "; %lf us of CPU", &us) == 1 ? us / 1000 : -1;
-}
 
 }  // namespace
 
@@ -178,20 +169,17 @@ ShardedWorkload sharded_from_trace(const std::string& path, int rank, int skip) 
   struct UnitEvent {
     int unit = 0;
     bool forward = true;
-    double parameters = 0, start_ms = 0, ms = 0, cpu_ms = -1;
+    double parameters = 0, start_ms = 0, ms = 0;
   };
   std::vector<UnitEvent> unit_events;
-  struct RestEvent {
-    double start_ms = 0, ms = 0, cpu_ms = -1;
-  };
-  std::vector<RestEvent> between_events;
+  std::vector<std::pair<double, double>> between_events;  // start, ms
   if (doc.is_object() && doc.contains("traceEvents"))
     for (const auto& e : doc["traceEvents"]) {
       if (e.value("ph", "") != "X" || e.value("pid", -1) != rank) continue;
       const std::string name = e.value("name", ""), track = e.value("cat", "");
       const double start = e.value("ts", 0.0) / 1000, ms = e.value("dur", 0.0) / 1000;
       if (track == "step" && name == "forward") step_starts.push_back(start);
-      if (track == "step" && name.rfind("between steps", 0) == 0) between_events.push_back({start, ms, cpu_ms_in(name)});
+      if (track == "step" && name.rfind("between steps", 0) == 0) between_events.push_back({start, ms});
       if (track != "units") continue;
       int unit = 0;
       double parameters = 0;
@@ -199,8 +187,7 @@ ShardedWorkload sharded_from_trace(const std::string& path, int rank, int skip) 
       if (std::sscanf(name.c_str(), "unit %d %15s (%lf parameters)", &unit, phase, &parameters) != 3 || unit < 0)
         continue;
       const std::string p = phase;
-      if (p == "forward" || p == "backward")
-        unit_events.push_back({unit, p == "forward", parameters, start, ms, cpu_ms_in(name)});
+      if (p == "forward" || p == "backward") unit_events.push_back({unit, p == "forward", parameters, start, ms});
     }
   std::sort(step_starts.begin(), step_starts.end());
   int units = 0;
@@ -210,38 +197,30 @@ ShardedWorkload sharded_from_trace(const std::string& path, int rank, int skip) 
     return static_cast<int>(std::upper_bound(step_starts.begin(), step_starts.end(), t) - step_starts.begin()) - 1;
   };
   std::vector<std::vector<UnitTimes>> steps(step_starts.size(), std::vector<UnitTimes>(units));
-  std::vector<double> rest(step_starts.size(), 0), rest_cpu(step_starts.size(), -1);
+  std::vector<double> rest(step_starts.size(), 0);
   for (const auto& e : unit_events) {
     const int s = step_of(e.start_ms);
     if (s < 0) continue;
     UnitTimes& u = steps[s][e.unit];
     u.parameters = e.parameters;
     (e.forward ? u.forward_ms : u.backward_ms) = e.ms;
-    u.cpu_ms += std::max(0.0, e.cpu_ms);
-    u.cpu_known = u.cpu_known && e.cpu_ms >= 0;
   }
-  for (const auto& e : between_events)
-    if (const int s = step_of(e.start_ms); s >= 0) rest[s] = e.ms, rest_cpu[s] = e.cpu_ms;
+  for (const auto& [start, ms] : between_events)
+    if (const int s = step_of(start); s >= 0) rest[s] = ms;
   std::vector<std::vector<double>> forward(units), backward(units);
-  std::vector<double> parameters(units, 0), other, alone;
-  bool alone_known = true;
+  std::vector<double> parameters(units, 0), other;
   int seen = 0;
   for (std::size_t s = 0; s < steps.size(); ++s) {
     const bool complete = units > 0 && std::all_of(steps[s].begin(), steps[s].end(), [](const UnitTimes& u) {
                             return u.forward_ms >= 0 && u.backward_ms >= 0;
                           });
     if (!complete || seen++ < skip) continue;
-    double cpu = rest_cpu[s];
-    alone_known = alone_known && cpu >= 0;
     for (int k = 0; k < units; ++k) {
       forward[k].push_back(steps[s][k].forward_ms);
       backward[k].push_back(steps[s][k].backward_ms);
       parameters[k] = steps[s][k].parameters;
-      cpu += steps[s][k].cpu_ms;
-      alone_known = alone_known && steps[s][k].cpu_known;
     }
     other.push_back(rest[s]);
-    alone.push_back(cpu);
   }
   if (other.empty())
     throw Error(fmt::format("simulate: {} holds no fully sharded step of rank {} with every unit's forward and "
@@ -250,7 +229,6 @@ ShardedWorkload sharded_from_trace(const std::string& path, int rank, int skip) 
   ShardedWorkload w;
   w.name = path;
   w.other_ms = median_ms(other);
-  w.alone_ms = alone_known ? median_ms(alone) : 0;
   for (int k = 0; k < units; ++k) w.units.push_back({parameters[k], median_ms(forward[k]), median_ms(backward[k])});
   return w;
 }

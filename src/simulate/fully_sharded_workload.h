@@ -36,11 +36,6 @@ struct ShardedWorkload {
   // As Workload's: false for a fully sharded trace, which times each unit's
   // own compute.
   bool compute_shares_cores = false;
-  // The step's compute (units and the rest) as the CPU time of the thread
-  // running it: what it costs on a core of its own, where the wall times
-  // above hold some of the turns of ranks sharing the profiled run's
-  // cores. 0: not known (a trace without CPU times; the wall times stand).
-  double alone_ms = 0;
   double parameters() const;
   double forward_ms() const;
   double backward_ms() const;
@@ -67,14 +62,12 @@ Workload as_data_parallel(const ShardedWorkload& w);
 // process of a merged file), medians over the steps after `skip`. Each
 // step opens with a "forward" event on the "step" track; each unit's
 // compute is a pair of events on the "units" track,
-//   "unit K forward (P parameters; C us of CPU)" and "unit K backward (...)",
-// K the unit's index in forward order (0: the root), P its unsharded
-// parameter count and C its thread's CPU time (missing in traces from
-// before lockstep wrote it), timed from the end of the wait for its
-// all-gather to the end of its compute; "between steps (optimizer, data,
-// ...; C us of CPU)" on the "step" track gives the rest of the step. alone_ms
-// is the median step's CPU time where every event has one. Throws Error
-// when the file holds no step with every unit's forward and backward.
+//   "unit K forward (P parameters)" and "unit K backward (P parameters)",
+// K the unit's index in forward order (0: the root) and P its unsharded
+// parameter count, timed from the end of the wait for its all-gather to
+// the end of its compute; "between steps (optimizer, data, ...)" on the
+// "step" track gives the rest of the step. Throws Error when the file
+// holds no step with every unit's forward and backward.
 ShardedWorkload sharded_from_trace(const std::string& path, int rank = 0, int skip = 2);
 
 }  // namespace lockstep::sim

@@ -1,15 +1,10 @@
 // What a fully sharded step writes to the rank's timeline (LOCKSTEP_TRACE):
 // per unit, its own forward and backward compute (from the end of the wait
 // for its gather to the end of its work, less the units run inside it),
-// as `unit K forward (P parameters; C us of CPU)` on the "units" track, K
-// its place in forward order, C the CPU time the thread running it spent
-// in the same span; the step's forward, backward and the time between
-// steps (with its CPU time too) on the "step" track; each gather and
-// reduce-scatter on "collectives". `lockstep simulate --sharded-trace`
-// reads exactly these. The CPU time is what the compute costs alone: where
-// ranks take turns on a core the span's wall time holds some of the other
-// ranks' turns, its CPU time none (exact with one intra-op thread, the
-// thread that runs forward and backward; more threads' work is not in it).
+// as `unit K forward (P parameters)` on the "units" track, K its place in
+// forward order; the step's forward, backward and the time between steps
+// on the "step" track; each gather and reduce-scatter on "collectives".
+// `lockstep simulate --sharded-trace` reads exactly these.
 //
 // Thread-safety: driven by the thread running forward and backward.
 #pragma once
@@ -28,12 +23,8 @@ class FsdpTimeline {
   // Times of one unit's forward or backward: entered (before the wait for
   // its gather), gathered (after it), done (its compute over) and left
   // (its reduce-scatter issued, in backward).
-  struct Times {
-    std::int64_t entered = 0, gathered = 0, done = 0, left = 0;
-  };
   struct Span {
-    Times wall;  // trace_now_us()
-    Times cpu;   // the thread's CPU time
+    std::int64_t entered = 0, gathered = 0, done = 0, left = 0;
   };
 
   explicit FsdpTimeline(ProcessGroup& group) : group_(group) {}
@@ -54,18 +45,12 @@ class FsdpTimeline {
 
  private:
   // A span's own time: gathered to done, less the spans (entered to left)
-  // of the units that ran inside it (by their wall times); `clock`: the
-  // wall's or the CPU's.
-  static std::int64_t own_us(const std::map<const void*, Span>& spans, const void* unit, Times Span::*clock);
-  // A span entered now: each of its marks at the entry until it is made.
-  static Span entered_now();
-  // Marks `field` of both clocks now.
-  static void mark(Span& span, std::int64_t Times::*field);
+  // of the units that ran inside it.
+  std::int64_t own_us(const std::map<const void*, Span>& spans, const void* unit) const;
 
   ProcessGroup& group_;
   std::map<const void*, Span> forward_, backward_;
   std::int64_t step_started_ = 0, forward_ended_ = 0, backward_started_ = 0, last_step_ended_ = 0;
-  std::int64_t last_step_ended_cpu_ = 0;
 };
 
 }  // namespace lockstep::torch::detail

@@ -384,26 +384,6 @@ TEST(ShardedStep, RanksBeyondTheHostsCoresTakeTurnsOnThem) {
   EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.sharing_ms, 0);
 }
 
-// A trace of ranks that shared cores times each unit's compute on the wall
-// clock with some of the other ranks' turns in it; its CPU time (alone_ms)
-// has none, and the turns are taken on that.
-TEST(ShardedStep, TurnsAreTakenOnTheComputesCpuTimeWhereTheTraceHasIt) {
-  ShardedWorkload w = two_units();
-  w.other_ms = 3;
-  Scenario s = half_microsecond_ring();
-  s.cluster.ranks_per_host = 4;
-  s.cluster.cores_per_rank = 1;
-  s.cluster.comm_cpu_share = 1;
-  s.cluster.cores_per_host = 2;
-  const double wall = w.forward_ms() + w.backward_ms() + w.other_ms;
-  w.alone_ms = 0.75 * wall;
-  const auto four = predict_sharded(w, s, sharding(1, true), 4).step;
-  EXPECT_DOUBLE_EQ(four.compute_ms, wall);  // the schedule keeps the wall times
-  EXPECT_DOUBLE_EQ(four.step_ms, 2 * (w.alone_ms + four.comm_ms));
-  w.alone_ms = 0;  // not in the trace: the wall times, as before
-  EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.step_ms, 2 * (wall + four.comm_ms));
-}
-
 TEST(ShardedStep, OptionsOutOfRangeAreRefused) {
   EXPECT_THROW(step(units_of({}), 2, sharding(1, true)), InvalidArgument);
   EXPECT_THROW(step(two_units(), 2, sharding(-1, true)), InvalidArgument);
@@ -609,24 +589,6 @@ std::string sharded_trace_text() {
   return "{\"traceEvents\":[" + events + "]}";
 }
 
-// The same steps as lockstep writes them now, each event with its thread's
-// CPU time: 80% of its wall time, the rest of the step 3 ms of its 4.
-std::string sharded_trace_with_cpu_text() {
-  std::string text = sharded_trace_text();
-  for (const char* unit : {"unit 0 forward (1000 parameters", "unit 1 forward (3000 parameters",
-                           "unit 1 backward (3000 parameters", "unit 0 backward (1000 parameters"}) {
-    for (std::size_t at = text.find(unit); at != std::string::npos; at = text.find(unit, at + 1)) {
-      const std::size_t end = text.find(')', at);
-      const std::size_t dur = text.find("\"dur\":", end) + 6;
-      const double us = std::stod(text.substr(dur));
-      text.insert(end, fmt::format("; {} us of CPU", 0.8 * us));
-    }
-  }
-  for (std::size_t at = text.find("data, ...)"); at != std::string::npos; at = text.find("data, ...)", at + 1))
-    text.insert(at + 9, "; 3000 us of CPU");
-  return text;
-}
-
 TEST_F(ShardedTraceFiles, TraceGivesEachUnitsComputeAndParameters) {
   const ShardedWorkload w = sharded_from_trace(write("f.rank0.json", sharded_trace_text()), 0, /*skip=*/1);
   ASSERT_EQ(w.units.size(), 2u);
@@ -637,14 +599,6 @@ TEST_F(ShardedTraceFiles, TraceGivesEachUnitsComputeAndParameters) {
   EXPECT_DOUBLE_EQ(w.units[1].forward_ms, 3);
   EXPECT_DOUBLE_EQ(w.units[1].backward_ms, 7);  // the median of 6 and 8
   EXPECT_DOUBLE_EQ(w.other_ms, 4);
-}
-
-TEST_F(ShardedTraceFiles, TraceGivesTheStepsCpuTimeWhereEveryEventHasOne) {
-  EXPECT_DOUBLE_EQ(sharded_from_trace(write("old.rank0.json", sharded_trace_text()), 0, 1).alone_ms, 0);
-  const ShardedWorkload w = sharded_from_trace(write("cpu.rank0.json", sharded_trace_with_cpu_text()), 0, 1);
-  EXPECT_DOUBLE_EQ(w.units[1].backward_ms, 7);  // the wall times as before
-  // The two steps kept: 0.8 x (1 + 3 + 6 + 2) + 3 and 0.8 x (1 + 3 + 8 + 2) + 3 ms.
-  EXPECT_NEAR(w.alone_ms, (0.8 * 12 + 3 + 0.8 * 14 + 3) / 2, 1e-9);
 }
 
 TEST_F(ShardedTraceFiles, TraceWithoutUnitsSaysHowToGetOne) {

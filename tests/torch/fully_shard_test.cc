@@ -155,7 +155,8 @@ TEST(FullyShard, GradientsSetToNoneOrZeroedInPlaceTrainAsOneProcess) {
         EXPECT_TRUE(::torch::equal(grads[i], others[i - 1])) << "rank " << rank << ", gradient " << i;
       got[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
     });
-    for (int r = 0; r < 2; ++r) expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
+    for (int r = 0; r < 2; ++r)
+      expect_close(got[static_cast<std::size_t>(r)], want, kRtol, "rank " + std::to_string(r));
   }
 }
 
