@@ -79,10 +79,43 @@ class Cluster:
         return ["nsenter", "-t", holder, "--net", "--uts", "taskset", "-c", cores] + cmd
 
 
+class OneRankPerHost:
+    """For the validation scripts: one rank per host on the emulated cluster,
+    over tcp across the shaped links (`a`: their arguments, with build and
+    hosts); the cluster stays up for as long as the `with` block runs."""
+
+    def __init__(self, a, rate):
+        self.a, self.rate = a, rate
+        self.name = f"{a.hosts} hosts x 1 rank, {rate}"
+        self.ranks_per_host = 1
+        self.runner = Runner(a)
+
+    def __enter__(self):
+        self.cluster = Cluster(self.a.hosts, self.rate).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.cluster.__exit__(*exc)
+
+    def run_ranks(self, ranks, program, env=None):
+        """`program` on every host (`ranks` must be the hosts); host 0's output."""
+        assert ranks == self.a.hosts, "one rank per host"
+        out = self.runner.lockstep_run(self.cluster, 1, program, env)
+        if out is None:
+            raise RuntimeError(f"{' '.join(program)} failed across the hosts (see above)")
+        return out
+
+    def bench(self, flags):
+        self.run_ranks(self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags)
+
+
 class Runner:
     def __init__(self, args):
         self.args = args
         self.port = 29700
+        # The store listens beyond loopback: every node needs the job's
+        # secret (the ranks inherit it through on_every_host's environment).
+        os.environ.setdefault("LOCKSTEP_STORE_TOKEN", os.urandom(16).hex())
 
     def next_port(self):
         self.port += 1
@@ -197,8 +230,6 @@ def backends_in_build(build):
 
 
 def main():
-    # The store listens beyond loopback: every node needs the job's secret.
-    os.environ.setdefault("LOCKSTEP_STORE_TOKEN", os.urandom(16).hex())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
     parser.add_argument("--quick", action="store_true", help="1 Gbit/s only, sizes to 64 MiB, fewer iterations")

@@ -30,11 +30,12 @@ and the largest absolute error, and the mean over all places; the files are
 kept in --out.
 
 With --random N (and --seed S) it validates instead N configurations drawn
-at random on this machine, at --bench-ranks ranks over shm: model, batch per
-rank, bucket cap, hook (none, fp16, bf16) and gradient_as_bucket_view. (The
-link rate is not drawn: the emulated links need root, network namespaces
-and tc.) It follows docs/scaling.md's quick start: one calibration from
-`lockstep bench --json` in fp32 on shared buffers, in place and out of place
+at random on this machine, at --bench-ranks ranks over shm, and with
+--cluster-rates (as root) the same draw on the emulated cluster, one rank
+per host over tcp (--no-local: only there): model, batch per rank, bucket
+cap, hook (none, fp16, bf16) and gradient_as_bucket_view. It follows
+docs/scaling.md's quick start: one calibration from `lockstep bench --json`
+in fp32 on shared buffers, in place and out of place
 (--out-of-place: the default reducer's all-reduce), and in half and bfloat16
 on ordinary buffers (the hooks' own memory); for every (model, batch) drawn,
 a one-rank trace (the buckets) and an N-rank no_sync trace (the compute),
@@ -48,6 +49,7 @@ signed error per value of each option, so that a term charged in the wrong
 direction shows.
 
 Usage: bench/validate_simulate.py --random 12 --seed 7 [--steps 10] [--repeats 3]
+           [--cluster-rates 1gbit,10gbit [--no-local]]
        bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
            [--models mlp,convnet] [--steps 15] [--repeats 3] [--bench-ranks 2]
            [--calibrate-min-bytes 8M] [--profile-repeats 3] [--cluster-rates 1gbit,10gbit] [--hosts 2]
@@ -62,7 +64,7 @@ import subprocess
 import sys
 import time
 
-from compare_cluster import Cluster, Runner
+from compare_cluster import OneRankPerHost
 
 
 def run(cmd, env=None, timeout=900):
@@ -107,51 +109,25 @@ class ThisMachine:
     def run_alone(self, program, env=None):
         return self.run_ranks(1, program, env)
 
-    def bench(self, json_path):
-        # --shared-buffers: DDP allocates its buckets with allocate_shared, so
-        # on the shm backend they are reduced in place (single copy);
-        # ordinary buffers are copied in and out, and measure a slower
-        # algorithm.
-        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + bench_sizes() +
-            ["-n", "30", "--shared-buffers", "--json", json_path])
+    def bench(self, flags):
+        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + flags)
 
 
-class EmulatedCluster:
+class EmulatedCluster(OneRankPerHost):
     """One rank per host on the emulated cluster, over tcp across the shaped
-    links; the cluster stays up for as long as the `with` block runs."""
+    links, at the bucket caps of --cluster-caps."""
 
     def __init__(self, a, rate):
-        self.a, self.rate = a, rate
-        self.name = f"{a.hosts} hosts × 1 rank, {rate}"
+        super().__init__(a, rate)
         self.world_sizes = [a.hosts]
         self.caps = parse_caps(a.cluster_caps)
-        self.ranks_per_host = 1
-        self.runner = Runner(a)
-
-    def __enter__(self):
-        self.cluster = Cluster(self.a.hosts, self.rate).__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.cluster.__exit__(*exc)
 
     def tag(self):
         return f"{self.a.hosts}hosts-{self.rate}"
 
-    def run_ranks(self, ranks, program, env=None):
-        assert ranks == self.a.hosts, "one rank per host"
-        out = self.runner.lockstep_run(self.cluster, 1, program, env)
-        if out is None:
-            raise RuntimeError(f"{' '.join(program)} failed across the hosts (see above)")
-        return out
-
     def run_alone(self, program, env=None):
         return run(self.cluster.on_host(0, [f"{self.a.build}/lockstep", "run", "--nproc-per-node", "1", "--"] +
                                         program), env=env)
-
-    def bench(self, json_path):
-        self.run_ranks(self.a.hosts, [f"{self.a.build}/lockstep", "bench", "--backend", "tcp"] + bench_sizes() +
-                       ["-n", "5", "--json", json_path])
 
 
 def validate(a, place, models):
@@ -164,7 +140,12 @@ def validate(a, place, models):
 
     # 1. Calibration.
     bench_json = os.path.join(out_dir, "bench.json")
-    place.bench(bench_json)
+    # --shared-buffers: DDP allocates its buckets with allocate_shared, so on
+    # the shm backend they are reduced in place (single copy); ordinary
+    # buffers are copied in and out, and measure a slower algorithm. Across
+    # the hosts (tcp) fewer iterations: each row of the shaped link is slow.
+    local = isinstance(place, ThisMachine)
+    place.bench(bench_sizes() + (["-n", "30", "--shared-buffers"] if local else ["-n", "5"]) + ["--json", bench_json])
     print(run(simulate + ["--calibrate", bench_json, "--calibrate-min-bytes", a.calibrate_min_bytes, "--out", out_dir] +
               per_host).strip(), file=sys.stderr)
     cluster = os.path.join(out_dir, "cluster.json")
@@ -252,11 +233,13 @@ def config_name(c):
     return f"{c['model']} b{c['batch']} cap{c['cap']} {c['hook']}{' view' if c['view'] else ''}"
 
 
-def validate_random(a):
-    """Predicts every drawn configuration, then measures them all."""
-    place = ThisMachine(a)
-    n = a.bench_ranks
-    out_dir = os.path.join(a.out, f"random-seed{a.seed}")
+def validate_random(a, place):
+    """Predicts every drawn configuration on `place`, then measures them all."""
+    local = isinstance(place, ThisMachine)
+    # Here --bench-ranks ranks on this host; on the cluster one per host.
+    n = a.bench_ranks if local else a.hosts
+    per_host = ["--ranks-per-host", str(n if local else 1)]
+    out_dir = os.path.join(a.out, f"random-seed{a.seed}" + ("" if local else f"-{place.tag()}"))
     os.makedirs(out_dir, exist_ok=True)
     lockstep = f"{a.build}/lockstep"
     configs = random_configs(a)
@@ -270,10 +253,10 @@ def validate_random(a):
     for dtype, flags in (("float", ["--shared-buffers"]), ("float", ["--shared-buffers", "--out-of-place"]),
                          ("half", []), ("bfloat16", [])):
         path = os.path.join(out_dir, f"bench-{dtype}{'-out-of-place' if '--out-of-place' in flags else ''}.json")
-        run([lockstep, "bench", "-np", str(n)] + bench_sizes() + ["-n", "20", "-d", dtype, "--json", path] + flags)
+        place.bench(bench_sizes() + ["-n", "20" if local else "5", "-d", dtype, "--json", path] + flags)
         benches.append(path)
     proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(benches), "--calibrate-min-bytes",
-                           a.calibrate_min_bytes, "--out", out_dir], capture_output=True, text=True)
+                           a.calibrate_min_bytes, "--out", out_dir] + per_host, capture_output=True, text=True)
     print(proc.stdout.strip() + "\n" + proc.stderr.strip(), file=sys.stderr)
     if proc.returncode != 0:
         raise RuntimeError("calibration failed")
@@ -288,7 +271,8 @@ def validate_random(a):
             for k in (1, n):
                 prefix = os.path.join(out_dir, f"profile-{model}-b{batch}-{k}-{repeat}")
                 program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1) + ["--batch", str(batch)]
-                text = place.run_ranks(k, program, env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+                env = dict(os.environ, LOCKSTEP_TRACE=prefix)
+                text = place.run_alone(program, env=env) if k == 1 else place.run_ranks(k, program, env=env)
                 runs.setdefault((model, batch, k), []).append(
                     (float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
     profile = {key: sorted(v)[len(v) // 2][1] for key, v in runs.items()}
@@ -305,7 +289,8 @@ def validate_random(a):
              str(c["batch"]), "--compute-trace", computes,
              "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
              "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
-             "--out", os.path.join(out_dir, "simulate"), "--json", out] + (["--bucket-view"] if c["view"] else []))
+             "--out", os.path.join(out_dir, "simulate"), "--json", out] + per_host +
+            (["--bucket-view"] if c["view"] else []))
         with open(out) as f:
             predicted[i] = json.load(f)["predictions"][0]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -328,7 +313,7 @@ def validate_random(a):
             text = place.run_ranks(n, program + (["--bucket-view"] if c["view"] else []))
             measured[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
     errors, corrected = {}, {}
-    print(f"seed {a.seed}, {len(configs)} configurations, {n} ranks over shm, {a.steps} steps x {a.repeats} runs; "
+    print(f"seed {a.seed}, {len(configs)} configurations, {place.name}, {n} ranks, {a.steps} steps x {a.repeats} runs; "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
     print()
     print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | interval (ms) | measured (ms) | "
@@ -392,7 +377,8 @@ def main():
     parser.add_argument("--cluster-caps", default="5,25,100", help="bucket caps (MB) on the emulated cluster")
     parser.add_argument("--out", default="validate-simulate")
     parser.add_argument("--random", type=int, default=0,
-                        help="validate this many configurations drawn at random on this machine instead")
+                        help="validate this many configurations drawn at random instead (here, and on the "
+                             "cluster with --cluster-rates)")
     parser.add_argument("--seed", type=int, default=1, help="the draw of --random")
     parser.add_argument("--batches", default="32,64,128", help="batches per rank --random draws from")
     parser.add_argument("--random-caps", default="2,5,25,50", help="bucket caps (MB) --random draws from")
@@ -401,13 +387,18 @@ def main():
     a.build = os.path.abspath(a.build)
     a.out = os.path.abspath(a.out)
     os.makedirs(a.out, exist_ok=True)
-    if a.random:
-        return validate_random(a)
     models = a.models.split(",")
     rates = [r for r in a.cluster_rates.split(",") if r]
     if rates and os.geteuid() != 0:
         print("--cluster-rates needs root (network namespaces and tc)", file=sys.stderr)
         return 77
+    if a.random:
+        if a.local:
+            validate_random(a, ThisMachine(a))
+        for rate in rates:
+            with EmulatedCluster(a, rate) as place:
+                validate_random(a, place)
+        return 0
 
     results = []  # (place name, rows, errors 1-rank, errors N-rank)
     if a.local:

@@ -1,18 +1,20 @@
 #!/usr/bin/python3
-"""`lockstep simulate --strategy fsdp` against measurement on this machine:
-predict the fully sharded step first, then run it.
+"""`lockstep simulate --strategy fsdp` against measurement: predict the
+fully sharded step first, then run it, on this machine and (with
+--cluster-rates, as root) on the emulated cluster of tests/netns/cluster.sh
+(hosts as network namespaces joined by links shaped with tc, one rank per
+host over tcp, each host pinned to its share of the cores).
 
 1. Calibrates the two collectives a fully sharded step uses with `lockstep
    simulate --calibrate` from `lockstep bench --op allgather` and `--op
-   reduce_scatter` (ordinary buffers, as fully_shard's, at --bench-ranks
-   ranks over shm, 256 KiB to 64 MiB in steps of sqrt(2)) beside the
-   all-reduce.
+   reduce_scatter` (ordinary buffers, as fully_shard's, 256 KiB to 64 MiB
+   in steps of sqrt(2)) beside the all-reduce: on this machine at
+   --bench-ranks ranks over shm, on the cluster one rank per host over tcp.
 2. Profiles each configuration's compute with LOCKSTEP_TRACE
    (examples/ddp_throughput --fsdp, resharding or not as it will run,
    --profile-repeats runs of twice --steps steps): each unit's own forward
-   and backward compute and the time between steps, on N ranks sharing
-   the machine as they will when measured (fully_shard's timeline;
-   docs/fsdp.md).
+   and backward compute and the time between steps, on N ranks placed as
+   they will be when measured (fully_shard's timeline; docs/fsdp.md).
 3. Predicts with `lockstep simulate --sharded-trace <rank 0's trace of
    every profiled run> --cluster <calibration> --world-sizes N`, for
    resharding after forward and without it: the step of the median run and
@@ -23,9 +25,9 @@ predict the fully sharded step first, then run it.
 
 With --random N (and --seed S) it validates instead N distinct
 configurations drawn at random from every combination of the model
-(--models), the batch per rank (--batches), the world size (--ranks) and
-whether units reshard after forward; each is profiled as above, and the
-draw is written down with the predictions.
+(--models), the batch per rank (--batches), the world size (--ranks; on the
+cluster, --hosts) and whether units reshard after forward; each is profiled
+as above, and the draw is written down with the predictions.
 
 Prints a markdown table (for docs/performance.md) with each error and the
 mean absolute error; the files are kept in --out.
@@ -34,16 +36,20 @@ Usage: bench/validate_simulate_fsdp.py [--build build-torch2] [--ranks 2,4] [--m
            [--steps 15] [--repeats 3] [--profile-repeats 3] [--bench-ranks 2] [--out DIR]
        bench/validate_simulate_fsdp.py --random 6 --seed 20261203 --ranks 2,3,4
            [--models mlp,deep-mlp] [--batches 16,32,64] ...
+       sudo bench/validate_simulate_fsdp.py --no-local --cluster-rates 1gbit,10gbit [--hosts 2] ...
 """
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from compare_cluster import OneRankPerHost
 
 
 def run(cmd, env=None, timeout=900):
@@ -57,8 +63,8 @@ def step_ms(text):
     return float(re.search(r"step_ms ([0-9.]+)", text).group(1))
 
 
-def keep_flag(reshard):
-    return [] if reshard else ["--keep-after-forward"]
+def after_forward(reshard):
+    return "reshard" if reshard else "keep"
 
 
 def configurations(a, worlds):
@@ -66,11 +72,120 @@ def configurations(a, worlds):
     configuration: every world size both ways, or --random ones from --seed."""
     if not a.random:
         return [(a.model, None, n, reshard) for n in worlds for reshard in (True, False)]
-    import random
     rng = random.Random(a.seed)
     models, batches = a.models.split(","), [int(b) for b in a.batches.split(",")]
     every = [(m, b, n, r) for m in models for b in batches for n in worlds for r in (True, False)]
     return rng.sample(every, min(a.random, len(every)))
+
+
+def bench_args(op):
+    return ["--op", op, "-b", "256K", "-e", "64M", "-f", "1.41421356", "-n", "10", "-w", "3"]
+
+
+class ThisMachine:
+    """Every rank on this machine, over shm."""
+
+    def __init__(self, a):
+        self.a = a
+        self.name = "this machine"
+        self.tag = "local"
+        self.worlds = [int(n) for n in a.ranks.split(",")]
+        self.ranks_per_host = max(self.worlds)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def run_ranks(self, n, program, env=None):
+        return run([os.path.join(self.a.build, "lockstep"), "run", "--nproc-per-node", str(n), "--"] + program, env=env)
+
+    def bench(self, flags):
+        run([os.path.join(self.a.build, "lockstep"), "bench", "--np", str(self.a.bench_ranks), "--backend", "shm"] +
+            flags)
+
+
+class EmulatedCluster(OneRankPerHost):
+    """One rank per host on the emulated cluster, over tcp across the shaped
+    links."""
+
+    def __init__(self, a, rate):
+        super().__init__(a, rate)
+        self.tag = f"{a.hosts}hosts-{rate}"
+        self.worlds = [a.hosts]
+
+
+def validate(a, place):
+    """Calibrates, profiles, predicts and measures on `place`: the table's
+    rows, the absolute errors, and how many measured steps fell inside their
+    intervals."""
+    out = os.path.join(a.out, place.tag)
+    os.makedirs(out, exist_ok=True)
+    lockstep = os.path.join(a.build, "lockstep")
+    configs = configurations(a, place.worlds)
+
+    def program(model, batch):
+        return ([os.path.join(a.build, "examples", "ddp_throughput"), "--model", model, "--fsdp"] +
+                ([] if batch is None else ["--batch", str(batch)]))
+
+    def keep_flag(reshard):
+        return [] if reshard else ["--keep-after-forward"]
+
+    # 1. Calibration: the all-reduce and the two halves a sharded step uses.
+    bench = []
+    for op in ("allreduce", "allgather", "reduce_scatter"):
+        path = os.path.join(out, f"bench-{op}.json")
+        place.bench(bench_args(op) + ["--json", path])
+        bench.append(path)
+    print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--ranks-per-host", str(place.ranks_per_host),
+               "--out", out]).strip(), file=sys.stderr)
+    cluster = os.path.join(out, "cluster.json")
+
+    # 2. Profiles: the compute of each configuration, traced as it will run
+    # (resharding or not), every run kept.
+    traces = {}
+    for model, batch, n, reshard in configs:
+        if (model, batch, n, reshard) in traces:
+            continue
+        runs = []
+        for repeat in range(a.profile_repeats):
+            prefix = os.path.join(out, f"profile-{model}-{batch or 'default'}-{n}ranks-{after_forward(reshard)}-{repeat}")
+            place.run_ranks(n, program(model, batch) + ["--steps", str(2 * a.steps)] + keep_flag(reshard),
+                            env=dict(os.environ, LOCKSTEP_TRACE=prefix))
+            runs.append(prefix + ".rank0.json")
+        traces[(model, batch, n, reshard)] = ",".join(runs)
+
+    # 3. Predictions, all before the first measured run.
+    predicted = []
+    for i, (model, batch, n, reshard) in enumerate(configs):
+        path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{after_forward(reshard)}.json")
+        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n, reshard)], "--cluster", cluster,
+             "--world-sizes", str(n), "--ranks-per-host", str(place.ranks_per_host),
+             "--out", os.path.join(out, "simulate"), "--json", path] + ([] if reshard else ["--no-reshard-after-forward"]))
+        with open(path) as f:
+            predicted.append(json.load(f)["fsdp"]["predictions"][0])
+    with open(os.path.join(out, "predictions.json"), "w") as f:
+        json.dump({"where": place.name, "seed": a.seed if a.random else None,
+                   "configs": [{"model": m, "batch": b, "ranks": n, "reshard_after_forward": r, "predicted": p}
+                               for (m, b, n, r), p in zip(configs, predicted)]}, f, indent=1)
+
+    # 4. Measurements, interleaved.
+    measured = [[] for _ in configs]
+    for _ in range(a.repeats):
+        for i, (model, batch, n, reshard) in enumerate(configs):
+            text = place.run_ranks(n, program(model, batch) + ["--steps", str(a.steps)] + keep_flag(reshard))
+            measured[i].append(step_ms(text))
+    rows, errors, inside = [], [], 0
+    for (model, batch, n, reshard), q, runs in zip(configs, predicted, measured):
+        step = statistics.median(runs)
+        p = q["step_ms"]
+        errors.append(abs(p - step) / step)
+        inside += q["step_ms_low"] <= step <= q["step_ms_high"]
+        rows.append(f"| {place.name} | {model} | {batch or 'default'} | {n} | {'resharded' if reshard else 'kept'} | "
+                    f"{p:.1f} | {q['step_ms_low']:.1f} to {q['step_ms_high']:.1f} | {step:.1f} | "
+                    f"{100 * (p - step) / step:+.0f}% |")
+    return rows, errors, inside
 
 
 def main():
@@ -88,81 +203,35 @@ def main():
     parser.add_argument("--seed", type=int, default=1, help="the draw of --random")
     parser.add_argument("--models", default="mlp,deep-mlp", help="models --random draws from")
     parser.add_argument("--batches", default="16,32,64", help="batches per rank --random draws from")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
+                        help="validate on this machine (default on)")
+    parser.add_argument("--cluster-rates", default="",
+                        help="also validate on the emulated cluster at these link rates, e.g. 1gbit,10gbit (root)")
+    parser.add_argument("--hosts", type=int, default=2, help="hosts of the emulated cluster (one rank each)")
     a = parser.parse_args()
-    out = a.out or tempfile.mkdtemp(prefix="validate-fsdp-")
-    os.makedirs(out, exist_ok=True)
-    lockstep = os.path.join(a.build, "lockstep")
-    worlds = [int(n) for n in a.ranks.split(",")]
-    configs = configurations(a, worlds)
+    a.build = os.path.abspath(a.build)
+    a.out = os.path.abspath(a.out or tempfile.mkdtemp(prefix="validate-fsdp-"))
+    rates = [r for r in a.cluster_rates.split(",") if r]
+    if rates and os.geteuid() != 0:
+        print("--cluster-rates needs root (network namespaces and tc)", file=sys.stderr)
+        return 77
 
-    def program(model, batch):
-        return ([os.path.join(a.build, "examples", "ddp_throughput"), "--model", model, "--fsdp"] +
-                ([] if batch is None else ["--batch", str(batch)]))
-
-    def ranks(n, args, env=None):
-        return run([lockstep, "run", "--nproc-per-node", str(n), "--"] + args, env=env)
-
-    # 1. Calibration: the all-reduce and the two halves a sharded step uses.
-    bench = []
-    for op in ("allreduce", "allgather", "reduce_scatter"):
-        path = os.path.join(out, f"bench-{op}.json")
-        run([lockstep, "bench", "--np", str(a.bench_ranks), "--backend", "shm", "--op", op, "-b", "256K", "-e", "64M",
-             "-f", "1.41421356", "-n", "10", "-w", "3", "--json", path])
-        bench.append(path)
-    print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--out", out]).strip(), file=sys.stderr)
-    cluster = os.path.join(out, "cluster.json")
-
-    # 2. Profiles: the compute of each configuration, traced as it will run
-    # (resharding or not), every run kept.
-    traces = {}
-    for model, batch, n, reshard in configs:
-        if (model, batch, n, reshard) in traces:
-            continue
-        runs = []
-        for repeat in range(a.profile_repeats):
-            prefix = os.path.join(out, f"profile-{model}-{batch or 'default'}-{n}ranks-"
-                                       f"{'reshard' if reshard else 'keep'}-{repeat}")
-            ranks(n, program(model, batch) + ["--steps", str(2 * a.steps)] + keep_flag(reshard),
-                  env=dict(os.environ, LOCKSTEP_TRACE=prefix))
-            runs.append(prefix + ".rank0.json")
-        traces[(model, batch, n, reshard)] = ",".join(runs)
-
-    # 3. Predictions, all before the first measured run.
-    predicted = []
-    for i, (model, batch, n, reshard) in enumerate(configs):
-        path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{'reshard' if reshard else 'keep'}.json")
-        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n, reshard)], "--cluster", cluster,
-             "--world-sizes", str(n), "--ranks-per-host", str(max(worlds)), "--out", os.path.join(out, "simulate"),
-             "--json", path] + ([] if reshard else ["--no-reshard-after-forward"]))
-        with open(path) as f:
-            predicted.append(json.load(f)["fsdp"]["predictions"][0])
-    with open(os.path.join(out, "predictions.json"), "w") as f:
-        json.dump({"seed": a.seed if a.random else None,
-                   "configs": [{"model": m, "batch": b, "ranks": n, "reshard_after_forward": r, "predicted": p}
-                               for (m, b, n, r), p in zip(configs, predicted)]}, f, indent=1)
-
-    # 4. Measurements, interleaved.
-    measured = [[] for _ in configs]
-    for _ in range(a.repeats):
-        for i, (model, batch, n, reshard) in enumerate(configs):
-            measured[i].append(step_ms(ranks(n, program(model, batch) + ["--steps", str(a.steps)] + keep_flag(reshard))))
-    print("| model | batch | ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) "
+    rows, errors, inside = [], [], 0
+    places = ([ThisMachine(a)] if a.local else []) + [EmulatedCluster(a, rate) for rate in rates]
+    for place in places:
+        with place:
+            r, e, i = validate(a, place)
+        rows, errors, inside = rows + r, errors + e, inside + i
+    print("| where | model | batch | ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) "
           "| measured step (ms) | error |")
-    print("|---|---|---|---|---|---|---|---|")
-    errors = []
-    inside = 0
-    for (model, batch, n, reshard), q, runs in zip(configs, predicted, measured):
-        step = statistics.median(runs)
-        p = q["step_ms"]
-        errors.append(abs(p - step) / step)
-        inside += q["step_ms_low"] <= step <= q["step_ms_high"]
-        print(f"| {model} | {batch or 'default'} | {n} | {'resharded' if reshard else 'kept'} | {p:.1f} | "
-              f"{q['step_ms_low']:.1f} to {q['step_ms_high']:.1f} | {step:.1f} | {100 * (p - step) / step:+.0f}% |")
-    print(f"\n{f'seed {a.seed}, ' if a.random else ''}measured inside the interval {inside} of {len(configs)}; "
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\n{f'seed {a.seed}, ' if a.random else ''}measured inside the interval {inside} of {len(rows)}; "
           f"mean absolute error {100 * statistics.mean(errors):.0f}%, largest {100 * max(errors):.0f}%; "
           f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-          f"{time.strftime('%Y-%m-%d %H:%M')}; files in {out}")
+          f"{time.strftime('%Y-%m-%d %H:%M')}; files in {a.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
