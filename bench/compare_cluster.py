@@ -87,6 +87,8 @@ class OneRankPerHost:
     def __init__(self, a, rate):
         self.a, self.rate = a, rate
         self.name = f"{a.hosts} hosts x 1 rank, {rate}"
+        self.tag = f"{a.hosts}hosts-{rate}"  # the folder of its files
+        self.local = False
         self.ranks_per_host = 1
         self.runner = Runner(a)
 
@@ -105,8 +107,11 @@ class OneRankPerHost:
             raise RuntimeError(f"{' '.join(program)} failed across the hosts (see above)")
         return out
 
-    def bench(self, flags):
-        self.run_ranks(self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags)
+    def bench(self, flags, busy=0):
+        """`lockstep bench` across the hosts; with `busy`, that many spinning
+        processes on each host's cores beside its rank."""
+        self.run_ranks(self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags +
+                       (["--busy", str(busy)] if busy else []))
 
 
 class Runner:

@@ -91,6 +91,8 @@ def throughput_program(a, model, cap, steps=None, no_sync=False):
 class ThisMachine:
     """Ranks on this machine, over shm."""
     name = "this machine"
+    tag = "local"
+    local = True
 
     def __init__(self, a):
         self.a = a
@@ -100,17 +102,15 @@ class ThisMachine:
         # ran on it (--bench-ranks): beyond its cores they take turns.
         self.ranks_per_host = max(self.world_sizes)
 
-    def tag(self):
-        return "local"
-
     def run_ranks(self, ranks, program, env=None):
         return run([f"{self.a.build}/lockstep", "run", "--nproc-per-node", str(ranks), "--"] + program, env=env)
 
     def run_alone(self, program, env=None):
         return self.run_ranks(1, program, env)
 
-    def bench(self, flags):
-        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + flags)
+    def bench(self, flags, busy=0):
+        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + flags +
+            (["--busy", str(busy)] if busy else []))
 
 
 class EmulatedCluster(OneRankPerHost):
@@ -122,9 +122,6 @@ class EmulatedCluster(OneRankPerHost):
         self.world_sizes = [a.hosts]
         self.caps = parse_caps(a.cluster_caps)
 
-    def tag(self):
-        return f"{self.a.hosts}hosts-{self.rate}"
-
     def run_alone(self, program, env=None):
         return run(self.cluster.on_host(0, [f"{self.a.build}/lockstep", "run", "--nproc-per-node", "1", "--"] +
                                         program), env=env)
@@ -133,7 +130,7 @@ class EmulatedCluster(OneRankPerHost):
 def validate(a, place, models):
     """Calibrates, profiles, predicts and measures on `place`; the table rows
     and the absolute errors (N-rank compute) of its configurations."""
-    out_dir = os.path.join(a.out, place.tag())
+    out_dir = os.path.join(a.out, place.tag)
     os.makedirs(out_dir, exist_ok=True)
     simulate = [f"{a.build}/lockstep", "simulate"]
     per_host = ["--ranks-per-host", str(place.ranks_per_host)] if place.ranks_per_host else []
@@ -144,7 +141,7 @@ def validate(a, place, models):
     # the shm backend they are reduced in place (single copy); ordinary
     # buffers are copied in and out, and measure a slower algorithm. Across
     # the hosts (tcp) fewer iterations: each row of the shaped link is slow.
-    local = isinstance(place, ThisMachine)
+    local = place.local
     place.bench(bench_sizes() + (["-n", "30", "--shared-buffers"] if local else ["-n", "5"]) + ["--json", bench_json])
     print(run(simulate + ["--calibrate", bench_json, "--calibrate-min-bytes", a.calibrate_min_bytes, "--out", out_dir] +
               per_host).strip(), file=sys.stderr)
@@ -235,11 +232,11 @@ def config_name(c):
 
 def validate_random(a, place):
     """Predicts every drawn configuration on `place`, then measures them all."""
-    local = isinstance(place, ThisMachine)
+    local = place.local
     # Here --bench-ranks ranks on this host; on the cluster one per host.
     n = a.bench_ranks if local else a.hosts
     per_host = ["--ranks-per-host", str(n if local else 1)]
-    out_dir = os.path.join(a.out, f"random-seed{a.seed}" + ("" if local else f"-{place.tag()}"))
+    out_dir = os.path.join(a.out, f"random-seed{a.seed}" + ("" if local else f"-{place.tag}"))
     os.makedirs(out_dir, exist_ok=True)
     lockstep = f"{a.build}/lockstep"
     configs = random_configs(a)
@@ -255,12 +252,22 @@ def validate_random(a, place):
         path = os.path.join(out_dir, f"bench-{dtype}{'-out-of-place' if '--out-of-place' in flags else ''}.json")
         place.bench(bench_sizes() + ["-n", "20" if local else "5", "-d", dtype, "--json", path] + flags)
         benches.append(path)
-    proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(benches), "--calibrate-min-bytes",
-                           a.calibrate_min_bytes, "--out", out_dir] + per_host, capture_output=True, text=True)
-    print(proc.stdout.strip() + "\n" + proc.stderr.strip(), file=sys.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError("calibration failed")
-    cluster = os.path.join(out_dir, "cluster.json")
+    def calibrate(paths, where):
+        proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(paths), "--calibrate-min-bytes",
+                               a.calibrate_min_bytes, "--out", where] + per_host, capture_output=True, text=True)
+        print(proc.stdout.strip() + "\n" + proc.stderr.strip(), file=sys.stderr)
+        if proc.returncode != 0:
+            raise RuntimeError("calibration failed")
+        return os.path.join(where, "cluster.json")
+
+    clusters = [calibrate(benches, out_dir)]
+    if a.busy:
+        # The all-reduce again with --busy spinning processes beside the
+        # ranks (on the cluster, on each host): its rate beside compute,
+        # on the buckets' buffers; every configuration is predicted both ways.
+        busy = os.path.join(out_dir, f"bench-float-busy{a.busy}.json")
+        place.bench(bench_sizes() + ["-n", "20" if local else "5", "--shared-buffers", "--json", busy], busy=a.busy)
+        clusters.append(calibrate(benches + [busy], os.path.join(out_dir, "beside-compute")))
 
     # 2. Profiles per (model, batch): one rank (buckets) and N ranks under
     # no_sync (compute), --profile-repeats times interleaved, the median run.
@@ -278,25 +285,28 @@ def validate_random(a, place):
     profile = {key: sorted(v)[len(v) // 2][1] for key, v in runs.items()}
     profiled_step = {key: sorted(v)[len(v) // 2][0] for key, v in runs.items()}
 
-    # 3. Every prediction, written down before the first measurement.
-    predicted = {}
+    # 3. Every prediction, written down before the first measurement: one
+    # per calibration (idle; with --busy, beside compute too).
+    predicted, beside = {}, {}
     for i, c in enumerate(configs):
         one, many = profile[(c["model"], c["batch"], 1)], profile[(c["model"], c["batch"], n)]
-        out = os.path.join(out_dir, f"predict-{i}.json")
-        # Every profiled run's compute: the prediction's run-to-run interval.
-        computes = ",".join(prefix + ".rank0.json" for _, prefix in runs[(c["model"], c["batch"], n)])
-        run([lockstep, "simulate", "--trace", one + ".rank0.json", "--model", c["model"], "--trace-batch",
-             str(c["batch"]), "--compute-trace", computes,
-             "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
-             "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
-             "--out", os.path.join(out_dir, "simulate"), "--json", out] + per_host +
-            (["--bucket-view"] if c["view"] else []))
-        with open(out) as f:
-            predicted[i] = json.load(f)["predictions"][0]
+        for k, cluster in enumerate(clusters):
+            out = os.path.join(out_dir, f"predict-{i}{'-beside-compute' if k else ''}.json")
+            # Every profiled run's compute: the prediction's run-to-run interval.
+            computes = ",".join(prefix + ".rank0.json" for _, prefix in runs[(c["model"], c["batch"], n)])
+            run([lockstep, "simulate", "--trace", one + ".rank0.json", "--model", c["model"], "--trace-batch",
+                 str(c["batch"]), "--compute-trace", computes,
+                 "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
+                 "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
+                 "--out", os.path.join(out_dir, "simulate"), "--json", out] + per_host +
+                (["--bucket-view"] if c["view"] else []))
+            with open(out) as f:
+                (beside if k else predicted)[i] = json.load(f)["predictions"][0]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(out_dir, f"predictions-{stamp}.json"), "w") as f:
-        json.dump({"time": stamp, "seed": a.seed, "configs": [dict(c, predicted=predicted[i]) for i, c in
-                                                               enumerate(configs)]}, f, indent=1)
+        json.dump({"time": stamp, "seed": a.seed, "clusters": clusters,
+                   "configs": [dict(c, predicted=predicted[i], beside_compute=beside.get(i))
+                               for i, c in enumerate(configs)]}, f, indent=1)
 
     # 4. Measurements, interleaved. Right before each, its control: the
     # N-rank no_sync run its compute profile came from. On a shared machine
@@ -337,6 +347,17 @@ def validate_random(a, place):
     print()
     print(f"Measured inside the interval predicted from the {a.profile_repeats} profiled runs' compute: {inside} of "
           f"{len(configs)}.")
+    if beside:
+        print()
+        print(f"Calibrated beside compute as well (bench --busy {a.busy}): predicted (ms), error:")
+        for i, c in enumerate(configs):
+            step = statistics.median(measured[i])
+            q = beside[i]["step_ms"]
+            print(f"- {config_name(c)}: {q:.1f}, {100 * (q - step) / step:+.1f}% (idle: {100 * errors[i]:+.1f}%)")
+        e = [abs(beside[i]["step_ms"] - statistics.median(measured[i])) / statistics.median(measured[i])
+             for i in range(len(configs))]
+        print(f"beside compute: mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}%")
+        print()
     for label, table in (("as predicted", errors), ("at the control's speed", corrected)):
         e = [abs(x) for x in table.values()]
         print(f"{label}: mean absolute error {100 * statistics.mean(e):.1f}%, largest {100 * max(e):.1f}% over {len(e)} "
@@ -383,6 +404,9 @@ def main():
     parser.add_argument("--batches", default="32,64,128", help="batches per rank --random draws from")
     parser.add_argument("--random-caps", default="2,5,25,50", help="bucket caps (MB) --random draws from")
     parser.add_argument("--hooks", default="none,fp16,bf16", help="hooks --random draws from")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="with --random: also calibrate the all-reduce beside compute with this many spinning "
+                             "processes (lockstep bench --busy; on the cluster, on each host) and predict both ways")
     a = parser.parse_args()
     a.build = os.path.abspath(a.build)
     a.out = os.path.abspath(a.out)

@@ -10,6 +10,11 @@ host over tcp, each host pinned to its share of the cores).
    reduce_scatter` (ordinary buffers, as fully_shard's, 256 KiB to 64 MiB
    in steps of sqrt(2)) beside the all-reduce: on this machine at
    --bench-ranks ranks over shm, on the cluster one rank per host over tcp.
+   With --busy N the two are measured again with N processes spinning
+   beside the ranks (`lockstep bench --busy N`; on the cluster N on each
+   host): their rate beside compute,
+   which a second calibration adds, so that every configuration is
+   predicted both ways from the same profiles.
 2. Profiles each configuration's compute with LOCKSTEP_TRACE
    (examples/ddp_throughput --fsdp, resharding or not as it will run,
    --profile-repeats runs of twice --steps steps): each unit's own forward
@@ -33,7 +38,7 @@ Prints a markdown table (for docs/performance.md) with each error and the
 mean absolute error; the files are kept in --out.
 
 Usage: bench/validate_simulate_fsdp.py [--build build-torch2] [--ranks 2,4] [--model deep-mlp]
-           [--steps 15] [--repeats 3] [--profile-repeats 3] [--bench-ranks 2] [--out DIR]
+           [--steps 15] [--repeats 3] [--profile-repeats 3] [--bench-ranks 2] [--busy 2] [--out DIR]
        bench/validate_simulate_fsdp.py --random 6 --seed 20261203 --ranks 2,3,4
            [--models mlp,deep-mlp] [--batches 16,32,64] ...
        sudo bench/validate_simulate_fsdp.py --no-local --cluster-rates 1gbit,10gbit [--hosts 2] ...
@@ -64,7 +69,7 @@ def step_ms(text):
 
 
 def after_forward(reshard):
-    return "reshard" if reshard else "keep"
+    return "resharded" if reshard else "kept"
 
 
 def configurations(a, worlds):
@@ -89,6 +94,7 @@ class ThisMachine:
         self.a = a
         self.name = "this machine"
         self.tag = "local"
+        self.local = True
         self.worlds = [int(n) for n in a.ranks.split(",")]
         self.ranks_per_host = max(self.worlds)
 
@@ -101,9 +107,9 @@ class ThisMachine:
     def run_ranks(self, n, program, env=None):
         return run([os.path.join(self.a.build, "lockstep"), "run", "--nproc-per-node", str(n), "--"] + program, env=env)
 
-    def bench(self, flags):
+    def bench(self, flags, busy=0):
         run([os.path.join(self.a.build, "lockstep"), "bench", "--np", str(self.a.bench_ranks), "--backend", "shm"] +
-            flags)
+            flags + (["--busy", str(busy)] if busy else []))
 
 
 class EmulatedCluster(OneRankPerHost):
@@ -112,7 +118,6 @@ class EmulatedCluster(OneRankPerHost):
 
     def __init__(self, a, rate):
         super().__init__(a, rate)
-        self.tag = f"{a.hosts}hosts-{rate}"
         self.worlds = [a.hosts]
 
 
@@ -132,15 +137,26 @@ def validate(a, place):
     def keep_flag(reshard):
         return [] if reshard else ["--keep-after-forward"]
 
-    # 1. Calibration: the all-reduce and the two halves a sharded step uses.
+    # 1. Calibration: the all-reduce and the two halves a sharded step uses,
+    # idle, and with --busy the two halves beside compute as well.
+    def calibrate(paths, where):
+        print(run([lockstep, "simulate", "--calibrate", ",".join(paths), "--ranks-per-host",
+                   str(place.ranks_per_host), "--out", where]).strip(), file=sys.stderr)
+        return os.path.join(where, "cluster.json")
+
     bench = []
     for op in ("allreduce", "allgather", "reduce_scatter"):
         path = os.path.join(out, f"bench-{op}.json")
         place.bench(bench_args(op) + ["--json", path])
         bench.append(path)
-    print(run([lockstep, "simulate", "--calibrate", ",".join(bench), "--ranks-per-host", str(place.ranks_per_host),
-               "--out", out]).strip(), file=sys.stderr)
-    cluster = os.path.join(out, "cluster.json")
+    clusters = [calibrate(bench, out)]
+    if a.busy:
+        busy = []
+        for op in ("allgather", "reduce_scatter"):
+            path = os.path.join(out, f"bench-{op}-busy{a.busy}.json")
+            place.bench(bench_args(op) + ["--json", path], busy=a.busy)
+            busy.append(path)
+        clusters.append(calibrate(bench + busy, os.path.join(out, "beside-compute")))
 
     # 2. Profiles: the compute of each configuration, traced as it will run
     # (resharding or not), every run kept.
@@ -156,17 +172,22 @@ def validate(a, place):
             runs.append(prefix + ".rank0.json")
         traces[(model, batch, n, reshard)] = ",".join(runs)
 
-    # 3. Predictions, all before the first measured run.
+    # 3. Predictions, all before the first measured run: one per calibration
+    # (idle; beside compute).
     predicted = []
     for i, (model, batch, n, reshard) in enumerate(configs):
-        path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{after_forward(reshard)}.json")
-        run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n, reshard)], "--cluster", cluster,
-             "--world-sizes", str(n), "--ranks-per-host", str(place.ranks_per_host),
-             "--out", os.path.join(out, "simulate"), "--json", path] + ([] if reshard else ["--no-reshard-after-forward"]))
-        with open(path) as f:
-            predicted.append(json.load(f)["fsdp"]["predictions"][0])
+        ways = []
+        for c, cluster in enumerate(clusters):
+            path = os.path.join(out, f"predict-{i}-{model}-{batch or 'default'}-{n}-{after_forward(reshard)}-{c}.json")
+            run([lockstep, "simulate", "--sharded-trace", traces[(model, batch, n, reshard)], "--cluster", cluster,
+                 "--world-sizes", str(n), "--ranks-per-host", str(place.ranks_per_host),
+                 "--out", os.path.join(out, "simulate"), "--json", path] +
+                ([] if reshard else ["--no-reshard-after-forward"]))
+            with open(path) as f:
+                ways.append(json.load(f)["fsdp"]["predictions"][0])
+        predicted.append(ways)
     with open(os.path.join(out, "predictions.json"), "w") as f:
-        json.dump({"where": place.name, "seed": a.seed if a.random else None,
+        json.dump({"where": place.name, "seed": a.seed if a.random else None, "clusters": clusters,
                    "configs": [{"model": m, "batch": b, "ranks": n, "reshard_after_forward": r, "predicted": p}
                                for (m, b, n, r), p in zip(configs, predicted)]}, f, indent=1)
 
@@ -176,15 +197,17 @@ def validate(a, place):
         for i, (model, batch, n, reshard) in enumerate(configs):
             text = place.run_ranks(n, program(model, batch) + ["--steps", str(a.steps)] + keep_flag(reshard))
             measured[i].append(step_ms(text))
-    rows, errors, inside = [], [], 0
-    for (model, batch, n, reshard), q, runs in zip(configs, predicted, measured):
+    rows, errors, inside = [], [[] for _ in clusters], [0 for _ in clusters]
+    for (model, batch, n, reshard), ways, runs in zip(configs, predicted, measured):
         step = statistics.median(runs)
-        p = q["step_ms"]
-        errors.append(abs(p - step) / step)
-        inside += q["step_ms_low"] <= step <= q["step_ms_high"]
-        rows.append(f"| {place.name} | {model} | {batch or 'default'} | {n} | {'resharded' if reshard else 'kept'} | "
-                    f"{p:.1f} | {q['step_ms_low']:.1f} to {q['step_ms_high']:.1f} | {step:.1f} | "
-                    f"{100 * (p - step) / step:+.0f}% |")
+        cells = []
+        for c, q in enumerate(ways):
+            p = q["step_ms"]
+            errors[c].append(abs(p - step) / step)
+            inside[c] += q["step_ms_low"] <= step <= q["step_ms_high"]
+            cells.append(f"{p:.1f} | {q['step_ms_low']:.1f} to {q['step_ms_high']:.1f} | {100 * (p - step) / step:+.0f}%")
+        rows.append(f"| {place.name} | {model} | {batch or 'default'} | {n} | {after_forward(reshard)} | "
+                    f"{step:.1f} | " + " | ".join(cells) + " |")
     return rows, errors, inside
 
 
@@ -197,6 +220,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile-repeats", type=int, default=3)
     parser.add_argument("--bench-ranks", type=int, default=2)
+    parser.add_argument("--busy", type=int, default=0,
+                        help="also calibrate the collectives beside compute with this many spinning processes "
+                             "(lockstep bench --busy) and predict both ways")
     parser.add_argument("--out", default=None)
     parser.add_argument("--random", type=int, default=0,
                         help="validate this many configurations drawn at random instead")
@@ -216,19 +242,24 @@ def main():
         print("--cluster-rates needs root (network namespaces and tc)", file=sys.stderr)
         return 77
 
-    rows, errors, inside = [], [], 0
+    ways = ["idle"] + ([f"beside compute (--busy {a.busy})"] if a.busy else [])
+    rows, errors, inside = [], [[] for _ in ways], [0 for _ in ways]
     places = ([ThisMachine(a)] if a.local else []) + [EmulatedCluster(a, rate) for rate in rates]
     for place in places:
         with place:
             r, e, i = validate(a, place)
-        rows, errors, inside = rows + r, errors + e, inside + i
-    print("| where | model | batch | ranks | after forward | predicted step (ms) | interval over the profiled runs (ms) "
-          "| measured step (ms) | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+        rows += r
+        errors = [mine + theirs for mine, theirs in zip(errors, e)]
+        inside = [mine + theirs for mine, theirs in zip(inside, i)]
+    columns = "".join(f" predicted, {w} (ms) | interval over the profiled runs (ms) | error |" for w in ways)
+    print("| where | model | batch | ranks | after forward | measured step (ms) |" + columns)
+    print("|---|---|---|---|---|---|" + "---|---|---|" * len(ways))
     print("\n".join(rows))
-    print(f"\n{f'seed {a.seed}, ' if a.random else ''}measured inside the interval {inside} of {len(rows)}; "
-          f"mean absolute error {100 * statistics.mean(errors):.0f}%, largest {100 * max(errors):.0f}%; "
-          f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+    print()
+    for w, e, i in zip(ways, errors, inside):
+        print(f"{f'seed {a.seed}, ' if a.random else ''}calibrated {w}: measured inside the interval {i} of "
+              f"{len(rows)}; mean absolute error {100 * statistics.mean(e):.0f}%, largest {100 * max(e):.0f}%")
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{time.strftime('%Y-%m-%d %H:%M')}; files in {a.out}")
     return 0
 

@@ -229,6 +229,20 @@ double reduce_scatter_us(const Cluster& c, int world, double bytes) {
   return sharded_collective_us(with_fitted(c, c.reduce_scatter), world, bytes, reduce_scatter_terms);
 }
 
+Cluster beside_compute(const Cluster& c) {
+  Cluster out = c;
+  if (c.allgather_beside_compute.calibrated) out.allgather = c.allgather_beside_compute;
+  if (c.reduce_scatter_beside_compute.calibrated) out.reduce_scatter = c.reduce_scatter_beside_compute;
+  return out;
+}
+
+bool beside_compute_applies(const Cluster& c, int ranks) {
+  const double cores = cores_per_rank_at(c, ranks);
+  const bool spins = c.algorithm == Algorithm::shm || c.algorithm == Algorithm::one_shot ||
+                     c.algorithm == Algorithm::two_shot;
+  return ranks > 1 && cores > 0 && cores < 2 && turns_on_a_core(c, ranks) <= 1 && spins;
+}
+
 double allreduce_bus_bytes(int world, double bytes) { return world > 1 ? 2.0 * (world - 1) / world * bytes : 0; }
 double allgather_bus_bytes(int world, double bytes) { return world > 1 ? (world - 1.0) / world * bytes : 0; }
 double reduce_scatter_bus_bytes(int world, double bytes) { return allgather_bus_bytes(world, bytes); }

@@ -95,6 +95,18 @@ struct Cluster {
   // volumes (allgather_terms, reduce_scatter_terms).
   FittedLink allgather;
   FittedLink reduce_scatter;
+  // The same two measured beside compute (`lockstep bench --op allgather
+  // --busy N`: N processes spin on the ranks' cores, as a step's compute
+  // runs beside its collectives where a rank has no spare core). A fully
+  // sharded step's collectives that overlap its compute on such a rank
+  // take these (beside_compute); not calibrated: the idle ones above.
+  FittedLink allgather_beside_compute;
+  FittedLink reduce_scatter_beside_compute;
+  // DDP's fp32 all-reduce beside compute (`lockstep bench --busy N`, on the
+  // buffers its bucket rows were measured on): where calibrated, a bucket's
+  // all-reduce overlapping backward on a rank without a spare core runs at
+  // this rate instead of the one comm_cpu_share gives it (CpuCosts).
+  FittedLink allreduce_beside_compute;
   // The calibration's mean relative error (0: not calibrated), so that a
   // poor fit is reported wherever the cluster is used.
   double fit_error = 0;
@@ -155,6 +167,19 @@ CostTerms reduce_scatter_terms(Algorithm a, int n, double bytes);
 // a ring of the hosts on bytes / ranks per host. 0 for a world of one.
 double allgather_us(const Cluster& c, int world, double bytes);
 double reduce_scatter_us(const Cluster& c, int world, double bytes);
+
+// The cluster whose all-gather and reduce-scatter are the ones measured
+// beside compute, where calibrated; the others as they are.
+Cluster beside_compute(const Cluster& c);
+
+// Whether the rates measured beside compute apply to `ranks` ranks: where a
+// rank has no spare core, no two ranks take turns on one (the turns charge
+// that competition already), and the backend waits for its peers spinning
+// (shm), so that a collective slowed by the compute beside it holds its
+// core for all that time. A tcp wait blocks in the kernel and leaves the
+// core to the compute: there the idle rates and comm_cpu_share hold
+// (docs/scaling.md, measured both ways).
+bool beside_compute_applies(const Cluster& c, int ranks);
 
 // The bytes each rank moves per collective in a bandwidth-optimal
 // algorithm, nccl-tests' bus bandwidth factor: 2(n-1)/n of the buffer for

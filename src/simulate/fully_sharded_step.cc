@@ -28,16 +28,18 @@ void check_sharding(const ShardedWorkload& w, int ranks, const ShardingOptions& 
 // before it ends, whichever is later.
 class CommStream {
  public:
-  CommStream(std::vector<ShardedCollectiveTiming>& log, std::function<double(double)> allgather_ms,
-             std::function<double(double)> reduce_scatter_ms)
-      : log_(log), allgather_ms_(std::move(allgather_ms)), reduce_scatter_ms_(std::move(reduce_scatter_ms)) {}
+  CommStream(std::vector<ShardedCollectiveTiming>& log, const ShardedCollectiveTimes& times)
+      : log_(log), times_(times) {}
 
   // Returns the collective's index in the log.
-  int issue(ShardedCollective kind, int unit, bool backward, double bytes, double now) {
-    const double ms = kind == ShardedCollective::allgather ? allgather_ms_(bytes) : reduce_scatter_ms_(bytes);
+  int issue(ShardedCollective kind, int unit, bool backward, double bytes, double now, bool beside_compute) {
+    const bool gather = kind == ShardedCollective::allgather;
+    const auto& alone = gather ? times_.allgather_ms : times_.reduce_scatter_ms;
+    const auto& beside = gather ? times_.allgather_beside_compute_ms : times_.reduce_scatter_beside_compute_ms;
+    const double ms = beside_compute && beside ? beside(bytes) : alone(bytes);
     const double start = std::max(now, free_ms_);
     free_ms_ = start + ms;
-    log_.push_back({kind, unit, backward, bytes, now, start, free_ms_});
+    log_.push_back({kind, unit, backward, bytes, now, start, free_ms_, beside_compute});
     return static_cast<int>(log_.size()) - 1;
   }
   double end_of(int index) const { return log_[static_cast<std::size_t>(index)].end_ms; }
@@ -45,8 +47,7 @@ class CommStream {
 
  private:
   std::vector<ShardedCollectiveTiming>& log_;
-  std::function<double(double)> allgather_ms_;
-  std::function<double(double)> reduce_scatter_ms_;
+  const ShardedCollectiveTimes& times_;
   double free_ms_ = 0;
 };
 
@@ -75,26 +76,27 @@ double shard_elements(double parameters, int ranks) { return std::ceil(parameter
 // clock of the compute thread; before each unit computes, the collectives
 // its hook issues go onto the stream and the unit waits for its own
 // all-gather; after its backward its reduce-scatter goes on. The step ends
-// when backward has ended and the stream is empty.
+// when backward has ended and the stream is empty. A gather for a later
+// unit than the one about to compute (a prefetch) runs beside compute, the
+// unit's own gather (nothing computes until it ends) does not; every
+// reduce-scatter but the last unit's runs beside the backward left.
 ShardedStepPrediction simulate_sharded_step(const ShardedWorkload& w, int ranks, const ShardingOptions& o,
-                                            const std::function<double(double)>& allgather_ms,
-                                            const std::function<double(double)>& reduce_scatter_ms,
-                                            double straggler) {
+                                            const ShardedCollectiveTimes& times, double straggler) {
   check_sharding(w, ranks, o);
   ShardedStepPrediction p;
-  CommStream stream(p.collectives, allgather_ms, reduce_scatter_ms);
+  CommStream stream(p.collectives, times);
   const int units = static_cast<int>(w.units.size());
   const auto padded = [&](int k) { return shard_elements(w.units[k].parameters, ranks) * ranks; };
   const auto has_parameters = [&](int k) { return w.units[k].parameters > 0; };
-  const auto gather = [&](int k, bool backward, double now) {
-    return stream.issue(ShardedCollective::allgather, k, backward, padded(k) * o.param_bytes, now);
+  const auto gather = [&](int k, bool backward, double now, bool prefetched) {
+    return stream.issue(ShardedCollective::allgather, k, backward, padded(k) * o.param_bytes, now, prefetched);
   };
   double now = 0;
 
   std::vector<int> forward_gather(units, -1);
   for (int k = 0, next = 0; k < units; ++k) {
     for (; next < units && next <= k + o.prefetch; ++next)
-      if (has_parameters(next)) forward_gather[next] = gather(next, false, now);
+      if (has_parameters(next)) forward_gather[next] = gather(next, false, now, next > k);
     if (forward_gather[k] >= 0) {
       p.forward_wait_ms += std::max(0.0, stream.end_of(forward_gather[k]) - now);
       now = std::max(now, stream.end_of(forward_gather[k]));
@@ -108,13 +110,15 @@ ShardedStepPrediction simulate_sharded_step(const ShardedWorkload& w, int ranks,
   for (int i = 0, next = 0; i < units; ++i) {
     const int k = units - 1 - i;
     for (; next < units && next <= i + o.prefetch; ++next)
-      if (gathered_again(units - 1 - next)) backward_gather[units - 1 - next] = gather(units - 1 - next, true, now);
+      if (gathered_again(units - 1 - next))
+        backward_gather[units - 1 - next] = gather(units - 1 - next, true, now, next > i);
     if (backward_gather[k] >= 0) {
       p.backward_wait_ms += std::max(0.0, stream.end_of(backward_gather[k]) - now);
       now = std::max(now, stream.end_of(backward_gather[k]));
     }
     now += w.units[k].backward_ms;
-    if (has_parameters(k)) stream.issue(ShardedCollective::reduce_scatter, k, true, padded(k) * o.reduce_bytes, now);
+    if (has_parameters(k))
+      stream.issue(ShardedCollective::reduce_scatter, k, true, padded(k) * o.reduce_bytes, now, i + 1 < units);
   }
   p.tail_ms = std::max(0.0, stream.free_ms() - now);
 
@@ -165,20 +169,33 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   ShardedScalePrediction out;
   out.ranks = ranks;
   out.hosts = hosts_for(s.cluster, ranks);
-  const auto allgather = [&](double bytes) { return allgather_us(s.cluster, ranks, bytes) / 1000; };
-  const auto reduce_scatter = [&](double bytes) { return reduce_scatter_us(s.cluster, ranks, bytes) / 1000; };
+  const Cluster& c = s.cluster;
+  const double cores = cores_per_rank_at(c, ranks);
+  const bool spare_core = !(ranks > 1 && cores > 0 && cores < 2);
+  // Without a spare core a collective beside compute competes with it for
+  // the core: where calibrated so (bench --busy), it takes that rate, where
+  // that applies (beside_compute_applies).
+  const Cluster beside = beside_compute(c);
+  const auto at = [ranks](const Cluster& cluster, double (*us)(const Cluster&, int, double)) {
+    return [&cluster, ranks, us](double bytes) { return us(cluster, ranks, bytes) / 1000; };
+  };
+  ShardedCollectiveTimes times{at(c, allgather_us), at(c, reduce_scatter_us), nullptr, nullptr};
+  if (beside_compute_applies(c, ranks)) {
+    times.allgather_beside_compute_ms = at(beside, allgather_us);
+    times.reduce_scatter_beside_compute_ms = at(beside, reduce_scatter_us);
+  }
   const double compute = w.forward_ms() + w.backward_ms() + w.other_ms;
-  out.step = simulate_sharded_step(w, ranks, o, allgather, reduce_scatter, straggler_ms(compute, s.jitter, ranks));
+  out.step = simulate_sharded_step(w, ranks, o, times, straggler_ms(compute, s.jitter, ranks));
   // Without a spare core the group's thread copies on the compute thread's
   // core: what overlaps in the schedule above costs compute time instead.
   // As DDP's model charges it (step_simulation.cc): the collectives keep a
-  // core comm_cpu_share busy while they run. With less than a core a rank,
-  // the ranks of a core take turns: its step is their work together. (A
-  // fully sharded trace times each unit's own compute, so the turns are not
-  // in the profile; a --compute-trace of N ranks has them already.)
-  const Cluster& c = s.cluster;
-  const double cores = cores_per_rank_at(c, ranks);
-  if (ranks > 1 && cores > 0 && cores < 2) {
+  // core comm_cpu_share busy for as long as they run, beside compute their
+  // longer time (the shm backend spins while a peer's core computes). With
+  // less than a core a rank, the ranks of a core take turns: its step is
+  // their work together. (A fully sharded trace times each unit's own
+  // compute, so the turns are not in the profile; a --compute-trace of N
+  // ranks has them already.)
+  if (!spare_core) {
     const double busy = std::clamp(c.comm_cpu_share, 0.0, 1.0) * out.step.comm_ms;
     const double turns = w.compute_shares_cores ? 1 : turns_on_a_core(c, ranks);
     const double bound = out.step.data_ms + (compute + busy) * turns + out.step.straggler_ms;

@@ -46,6 +46,9 @@ struct ShardedCollectiveTiming {
   double issued_ms = 0;   // after forward starts
   double start_ms = 0;
   double end_ms = 0;
+  // Issued while the rank has compute left to overlap it: every prefetched
+  // gather, every reduce-scatter but the one after the last backward.
+  bool beside_compute = false;
 };
 
 // One collective kind's share of the step.
@@ -75,14 +78,20 @@ struct ShardedStepPrediction {
   std::vector<ShardedCollectiveTiming> collectives;  // in issue order
 };
 
-// `allgather_ms(bytes)`, `reduce_scatter_ms(bytes)`: one collective of a
-// whole buffer of `bytes`, alone on the group. A unit without parameters
-// communicates nothing. Throws InvalidArgument for a workload without
-// units or options out of range.
+// How long one collective of a whole buffer of `bytes` takes: alone on the
+// group, and beside the rank's compute (on a rank without a spare core the
+// two compete for it); an empty beside-compute function takes the alone one.
+struct ShardedCollectiveTimes {
+  std::function<double(double bytes)> allgather_ms;
+  std::function<double(double bytes)> reduce_scatter_ms;
+  std::function<double(double bytes)> allgather_beside_compute_ms;
+  std::function<double(double bytes)> reduce_scatter_beside_compute_ms;
+};
+
+// A unit without parameters communicates nothing. Throws InvalidArgument
+// for a workload without units or options out of range.
 ShardedStepPrediction simulate_sharded_step(const ShardedWorkload& w, int ranks, const ShardingOptions& o,
-                                            const std::function<double(double bytes)>& allgather_ms,
-                                            const std::function<double(double bytes)>& reduce_scatter_ms,
-                                            double straggler_ms = 0);
+                                            const ShardedCollectiveTimes& times, double straggler_ms = 0);
 
 // A unit's elements per rank: its parameters padded to a multiple of N, / N.
 double shard_elements(double parameters, int ranks);

@@ -39,22 +39,25 @@ StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>
   // Backward's work in ms of compute, copies into the buckets included: a
   // bucket is ready once the work up to its last gradient and its own copy
   // are done.
-  std::vector<double> ready_work, duration;
+  const double share = cpu.shared_core ? std::clamp(cpu.comm_cpu_share, 0.0, 1.0) : 0;
+  const double compute_speed_shared = 1 - std::min(share, 0.5);
+  const double comm_speed_shared = share > 0.5 ? 0.5 / share : 1;
+  // Each bucket's all-reduce: its time alone, and its speed while backward
+  // runs (its measured rate beside compute where calibrated).
+  std::vector<double> ready_work, duration, speed_beside_compute;
   double copy_in_ms = 0;
   for (const auto& b : buckets) {
     copy_in_ms += b.bytes * cpu.copy_us_per_byte / 1000;
     ready_work.push_back(std::min(b.ready_ms, w.backward_ms) + copy_in_ms);
     duration.push_back(collective_ms(b.bytes));
     p.comm_ms += duration.back();
+    const bool measured = cpu.shared_core && cpu.speed_beside_compute;
+    speed_beside_compute.push_back(measured ? cpu.speed_beside_compute(b.bytes) : comm_speed_shared);
   }
   const double backward_work = w.backward_ms + copy_in_ms;
   double copy_back_ms = 0;
   for (const auto& b : buckets) copy_back_ms += b.bytes * cpu.copy_back_us_per_byte / 1000;
   p.copy_ms = copy_in_ms + copy_back_ms;
-
-  const double share = cpu.shared_core ? std::clamp(cpu.comm_cpu_share, 0.0, 1.0) : 0;
-  const double compute_speed_shared = 1 - std::min(share, 0.5);
-  const double comm_speed_shared = share > 0.5 ? 0.5 / share : 1;
 
   // Events: a bucket ready, a collective done, backward done. Between them
   // both speeds are constant. The group runs one collective at a time, in
@@ -73,7 +76,7 @@ StepPrediction simulate_step(const Workload& w, const std::vector<PlannedBucket>
     }
     const bool computing = work_done < backward_work;
     const double compute_speed = !computing ? 0 : running ? compute_speed_shared : 1;
-    const double comm_speed = computing ? comm_speed_shared : 1;
+    const double comm_speed = computing && running ? speed_beside_compute[next - 1] : 1;
     // The next point backward reaches: a bucket ready, or its end.
     const double until_work = ready_at.size() < buckets.size() ? ready_work[ready_at.size()] : backward_work;
     const double to_work = compute_speed > 0 ? (until_work - work_done) / compute_speed : 1e300;
@@ -135,6 +138,19 @@ CpuCosts cpu_costs(const Scenario& s, int ranks) {
   cpu.comm_cpu_share = c.comm_cpu_share;
   // A rank runs backward on one thread and its collectives on another.
   cpu.shared_core = c.cores_per_rank > 0 && c.cores_per_rank < 2;
+  // The fp32 all-reduce as measured beside compute, against the idle rows
+  // of the same buffers (the links' fit), where that applies
+  // (beside_compute_applies); the hooks' 16-bit all-reduces, on memory of
+  // their own, keep the share's rate.
+  if (c.allreduce_beside_compute.calibrated && s.hook == "none" && beside_compute_applies(c, ranks)) {
+    Cluster beside = c;
+    beside.intra = beside.inter = c.allreduce_beside_compute.link;
+    beside.gamma_us_per_byte = c.allreduce_beside_compute.gamma_us_per_byte;
+    cpu.speed_beside_compute = [c, beside, ranks](double bytes) {
+      const double busy = allreduce_us(beside, ranks, bytes);
+      return busy > 0 ? std::min(1.0, allreduce_us(c, ranks, bytes) / busy) : 1.0;
+    };
+  }
   return cpu;
 }
 

@@ -61,6 +61,12 @@ struct CpuCosts {
   // collective overlaps backward, backward runs at 1 - min(share, 1/2) of
   // its speed and the collective at min(share, 1/2) / share of its own.
   bool shared_core = false;
+  // Where the all-reduce was calibrated beside compute (bench --busy): the
+  // speed of a bucket's all-reduce while backward runs on its core, as a
+  // fraction of its speed alone (the idle rows' time over the busy rows'
+  // at its size). It then replaces min(share, 1/2) / share for the
+  // collective; backward's speed stays.
+  std::function<double(double bytes)> speed_beside_compute;
 };
 
 // `collective_ms(bytes)`: one bucket's all-reduce, alone on the machine.

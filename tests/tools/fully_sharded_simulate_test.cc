@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -384,6 +385,72 @@ TEST(ShardedStep, RanksBeyondTheHostsCoresTakeTurnsOnThem) {
   EXPECT_DOUBLE_EQ(predict_sharded(w, s, sharding(1, true), 4).step.sharing_ms, 0);
 }
 
+// A collective beside compute on a rank without a spare core runs at its
+// beside-compute rate, three times the idle one here: the prefetched
+// gathers and every reduce-scatter but the last unit's. A unit's own
+// gather (the compute waits for it) and the last reduce-scatter (backward
+// has ended) run alone. The core is charged the collectives' share of the
+// time they run, beside compute their longer time. On shm, whose waits
+// spin: the links below give the hand-computed durations of the ring above
+// (the shm all-gather copies the whole buffer, the reduce-scatter half).
+TEST(ShardedStep, BesideComputeTheCollectivesTakeTheirBusyRate) {
+  ShardedWorkload w = two_units();
+  Scenario s = half_microsecond_ring();
+  s.cluster.algorithm = Algorithm::shm;
+  s.cluster.allgather = {true, Link{0, 0.25}, 0};
+  s.cluster.reduce_scatter = {true, Link{0, 0.5}, 0};
+  s.cluster.allgather_beside_compute = {true, Link{0, 0.75}, 0};
+  s.cluster.reduce_scatter_beside_compute = {true, Link{0, 1.5}, 0};
+  const auto spare = predict_sharded(w, s, sharding(1, true), 2).step;  // no cores known: a spare one
+  EXPECT_DOUBLE_EQ(spare.comm_ms, 1 + 2 + 2 + 2 + 1);
+  s.cluster.cores_per_rank = 1;
+  s.cluster.comm_cpu_share = 0.5;
+  const auto shared = predict_sharded(w, s, sharding(1, true), 2).step;
+  // Gathers 0 and 1 in forward, 1 again in backward, reduce-scatters 1 and 0.
+  ASSERT_EQ(shared.collectives.size(), 5u);
+  std::vector<bool> beside;
+  std::vector<double> took;
+  for (const auto& c : shared.collectives) {
+    beside.push_back(c.beside_compute);
+    took.push_back(c.end_ms - c.start_ms);
+  }
+  EXPECT_EQ(beside, (std::vector<bool>{false, true, false, true, false}));
+  EXPECT_EQ(took, (std::vector<double>{1, 6, 2, 6, 1}));
+  // Forward: gather 0 [0, 1]; gather 1, issued at 0, [1, 7]; unit 0 [1, 2],
+  // waits to 7, unit 1 [7, 10]. Backward: gather 1 [10, 12], unit 1 [12, 18],
+  // its reduce-scatter [18, 24]; unit 0 [18, 20], its reduce-scatter after
+  // the last backward, alone: [24, 25].
+  EXPECT_DOUBLE_EQ(shared.forward_wait_ms, 1 + 5);
+  EXPECT_DOUBLE_EQ(shared.backward_wait_ms, 2);
+  EXPECT_DOUBLE_EQ(shared.tail_ms, 25 - 20);
+  EXPECT_DOUBLE_EQ(shared.comm_ms, 16);
+  EXPECT_DOUBLE_EQ(shared.step_ms, 25);
+  EXPECT_DOUBLE_EQ(shared.sharing_ms, 0);  // the core's bound: 12 + 0.5 x 16 = 20
+  // A whole core's share: the bound, 12 + 16, is the step.
+  s.cluster.comm_cpu_share = 1;
+  const auto spinning = predict_sharded(w, s, sharding(1, true), 2).step;
+  EXPECT_DOUBLE_EQ(spinning.step_ms, 28);
+  EXPECT_DOUBLE_EQ(spinning.sharing_ms, 3);
+  // tcp's waits block in the kernel and leave the core to compute: the idle
+  // rates there.
+  Scenario tcp = s;
+  tcp.cluster.algorithm = Algorithm::tcp;
+  EXPECT_FALSE(beside_compute_applies(tcp.cluster, 2));
+  Scenario tcp_idle = tcp;
+  tcp_idle.cluster.allgather_beside_compute = tcp_idle.cluster.reduce_scatter_beside_compute = {};
+  EXPECT_DOUBLE_EQ(predict_sharded(w, tcp, sharding(1, true), 2).step.step_ms,
+                   predict_sharded(w, tcp_idle, sharding(1, true), 2).step.step_ms);
+  // Four ranks on two cores take turns, which charge the competition for
+  // the core: the idle rates, as without the busy rows.
+  s.cluster.ranks_per_host = 4;
+  s.cluster.cores_per_host = 2;
+  const auto turns = predict_sharded(w, s, sharding(1, true), 4).step;
+  Scenario idle = s;
+  idle.cluster.allgather_beside_compute = idle.cluster.reduce_scatter_beside_compute = {};
+  EXPECT_DOUBLE_EQ(turns.step_ms, predict_sharded(w, idle, sharding(1, true), 4).step.step_ms);
+  EXPECT_DOUBLE_EQ(turns.comm_ms, predict_sharded(w, idle, sharding(1, true), 4).step.comm_ms);
+}
+
 TEST(ShardedStep, OptionsOutOfRangeAreRefused) {
   EXPECT_THROW(step(units_of({}), 2, sharding(1, true)), InvalidArgument);
   EXPECT_THROW(step(two_units(), 2, sharding(-1, true)), InvalidArgument);
@@ -653,6 +720,46 @@ TEST(ShardedCalibration, WithoutTheirRowsTheyTakeTheAllReducesLinkAndSaySo) {
   EXPECT_NE(notes.find("allgather: no rows (bench --op allgather --json)"), std::string::npos) << notes;
   EXPECT_NE(notes.find("reduce_scatter: no rows"), std::string::npos) << notes;
   EXPECT_FALSE(parse_cluster_json(cluster_json(c.cluster)).allgather.calibrated);
+}
+
+// Rows of `bench --busy N` calibrate the two collectives beside compute
+// and nothing else: the links, the share of a core and the idle
+// collectives come from the idle rows.
+TEST(ShardedCalibration, BusyRowsCalibrateTheCollectivesBesideComputeOnly) {
+  std::vector<cli::BenchRow> rows = rows_of("allreduce", Link::from_bandwidth(50, 1), 0);
+  for (const auto& [op, gbps, busy] : {std::tuple{"allgather", 2.0, 0}, std::tuple{"reduce_scatter", 0.5, 0},
+                                       std::tuple{"allgather", 0.8, 2}, std::tuple{"reduce_scatter", 0.25, 2},
+                                       std::tuple{"allreduce", 0.1, 2}}) {
+    for (auto r : rows_of(op, Link::from_bandwidth(30, gbps), 0)) {
+      r.busy = busy;
+      rows.push_back(r);
+    }
+  }
+  const Calibration c = calibrate_cluster(rows, "", -1, 1);
+  EXPECT_NEAR(c.cluster.intra.gb_per_s(), 1, 1e-6);  // the busy all-reduce rows left out
+  EXPECT_NEAR(c.cluster.allgather.link.gb_per_s(), 2, 1e-6);
+  EXPECT_NEAR(c.cluster.reduce_scatter.link.gb_per_s(), 0.5, 1e-6);
+  ASSERT_TRUE(c.cluster.allgather_beside_compute.calibrated);
+  EXPECT_NEAR(c.cluster.allgather_beside_compute.link.gb_per_s(), 0.8, 1e-6);
+  ASSERT_TRUE(c.cluster.reduce_scatter_beside_compute.calibrated);
+  EXPECT_NEAR(c.cluster.reduce_scatter_beside_compute.link.gb_per_s(), 0.25, 1e-6);
+  const Cluster beside = beside_compute(c.cluster);
+  EXPECT_NEAR(beside.allgather.link.gb_per_s(), 0.8, 1e-6);
+  EXPECT_NEAR(beside.intra.gb_per_s(), 1, 1e-6);
+  const Cluster back = parse_cluster_json(cluster_json(c.cluster));
+  ASSERT_TRUE(back.reduce_scatter_beside_compute.calibrated);
+  EXPECT_NEAR(back.reduce_scatter_beside_compute.link.gb_per_s(), 0.25, 1e-6);
+  EXPECT_NEAR(back.allgather_beside_compute.link.alpha_us, 30, 1e-3);
+  // Without busy rows: the idle rates beside compute too, and a note says so.
+  const Calibration idle = calibrate_cluster(rows_of("allreduce", Link::from_bandwidth(50, 1), 0), "", -1, 1);
+  EXPECT_FALSE(idle.cluster.allgather_beside_compute.calibrated);
+  std::string notes;
+  for (const auto& n : idle.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("beside compute: no rows (bench --op allgather --busy N --json)"), std::string::npos) << notes;
+  // Busy rows alone cannot set the links.
+  std::vector<cli::BenchRow> only_busy = rows_of("allreduce", Link::from_bandwidth(50, 1), 0);
+  for (auto& r : only_busy) r.busy = 1;
+  EXPECT_THROW(calibrate_cluster(only_busy, "", -1, 1), InvalidArgument);
 }
 
 TEST(ShardedCalibration, FitCollectiveRefusesAnOpWithoutACostModel) {

@@ -207,6 +207,47 @@ TEST(StepSimulation, ACollectivePastBackwardRunsAtFullSpeedOnceBackwardEnds) {
   EXPECT_DOUBLE_EQ(p.step_ms, 16);
 }
 
+TEST(StepSimulation, AnAllReduceMeasuredBesideComputeRunsAtThatSpeedWhileBackwardRuns) {
+  // As above, but measured beside compute at a quarter of its speed alone
+  // (not the share's half): ready at 2, 4 ms alone. Backward still runs at
+  // half its speed beside it.
+  CpuCosts cpu;
+  cpu.comm_cpu_share = 1;
+  cpu.shared_core = true;
+  cpu.speed_beside_compute = [](double) { return 0.25; };
+  const auto p = simulate_step(timeline(0, 10, 0), {{1, 2}}, [](double) { return 4.0; }, 0, cpu);
+  // 2-18: the collective at a quarter (4 ms of work: 16 ms), backward at
+  // half (8 of its 8 ms left: it ends at 18 too).
+  EXPECT_DOUBLE_EQ(p.buckets[0].end_ms, 18);
+  EXPECT_DOUBLE_EQ(p.sharing_ms, 8);
+  EXPECT_DOUBLE_EQ(p.step_ms, 18);
+  // Without a shared core the measured speed does not apply.
+  cpu.shared_core = false;
+  EXPECT_DOUBLE_EQ(simulate_step(timeline(0, 10, 0), {{1, 2}}, [](double) { return 4.0; }, 0, cpu).step_ms, 10);
+}
+
+TEST(StepSimulation, TheSpeedBesideComputeIsTheIdleFitsTimeOverTheBusyOnes) {
+  Scenario s;
+  s.cluster.algorithm = Algorithm::shm;
+  s.cluster.intra = s.cluster.inter = Link::from_bandwidth(0, 4);
+  s.cluster.ranks_per_host = 8;
+  s.cluster.comm_cpu_share = 1;
+  s.cluster.cores_per_rank = 1;
+  EXPECT_FALSE(cpu_costs(s, 2).speed_beside_compute);  // not calibrated: the share's rate
+  s.cluster.allreduce_beside_compute = {true, Link::from_bandwidth(0, 1), 0};
+  const CpuCosts cpu = cpu_costs(s, 2);
+  ASSERT_TRUE(cpu.speed_beside_compute);
+  EXPECT_NEAR(cpu.speed_beside_compute(16e6), 0.25, 1e-12);
+  Scenario tcp = s;  // tcp's waits block in the kernel: the share's rate there
+  tcp.cluster.algorithm = Algorithm::tcp;
+  EXPECT_FALSE(cpu_costs(tcp, 2).speed_beside_compute);
+  s.cluster.cores_per_host = 2;  // four ranks on two cores take turns, which charge the competition
+  EXPECT_TRUE(cpu_costs(s, 2).speed_beside_compute);
+  EXPECT_FALSE(cpu_costs(s, 4).speed_beside_compute);
+  s.hook = "fp16";  // the hooks reduce 16-bit copies of their own: the share's rate
+  EXPECT_FALSE(cpu_costs(s, 2).speed_beside_compute);
+}
+
 TEST(StepSimulation, CpuCostsComeFromTheClusterAndTheScenario) {
   Scenario s;
   s.cluster.copy_gb_per_s = 5;
@@ -628,6 +669,24 @@ TEST(Calibration, ReadsBenchTablesAndJson) {
   EXPECT_EQ(json[0].ranks, 4);
   EXPECT_DOUBLE_EQ(json[0].time_us, 12.5);
   EXPECT_THROW(cli::parse_bench_output("no rows here"), ConfigError);
+  EXPECT_EQ(rows[1].busy, 0);
+}
+
+// Rows measured with processes spinning beside the ranks say so, in either
+// format: the calibration keeps them apart from the idle machine's.
+TEST(Calibration, ReadsTheBusyProcessesBesideTheRanks) {
+  const std::string table =
+      "# lockstep bench: 2 ranks, backend shm, 10 iterations after 3 warm-up, check on, ordinary buffers, in place, "
+      "2 busy process(es) beside the ranks\n"
+      "#\n# allgather\n"
+      "     1048576       262144    float   none     -1     300.00    3.50     1.75        0\n";
+  const auto rows = cli::parse_bench_output(table);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].busy, 2);
+  EXPECT_EQ(rows[0].op, "allgather");
+  const auto json = cli::parse_bench_output(
+      R"({"backend": "shm", "ranks": 2, "busy": 3, "results": [{"op": "allgather", "size": 1024, "time_us": 10}]})");
+  EXPECT_EQ(json.at(0).busy, 3);
 }
 
 TEST(Calibration, TakesTheCpuTermsFromBenchJson) {

@@ -531,6 +531,10 @@ int bench_as_rank(const BenchOptions& o, const Config& config) {
     report["ranks_per_host"] = std::max(1, config.placement().local_world_size);
     report["shared_buffers"] = o.shared_buffers;
     report["out_of_place"] = o.out_of_place;
+    // Spinning processes beside the ranks: rows of a collective competing
+    // for the cores, as it does with compute in a step (simulate
+    // --calibrate fits them apart from the idle rows).
+    report["busy"] = o.busy;
     if (sixteen) {
       std::printf("# %s hook conversions  : narrow %.3f GB/s, widen %.3f GB/s of fp32 per rank\n",
                   std::string(to_string(*dtype)).c_str(), convert.narrow, convert.widen);
@@ -609,9 +613,9 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
   // The one read of the environment for this command.
   const Config config = Config::from_environment();
   const bool launched = config.placement().source != LaunchSource::none;
-  if (o.busy > 0 && o.nranks == 0)
-    throw ConfigError("--busy starts its processes beside the ranks that --np starts; under another launcher, "
-                      "load the cores yourself (e.g. `stress-ng --cpu N`)");
+  if (o.busy > 0 && !launched && o.nranks == 0)
+    throw ConfigError("--busy starts its processes beside the ranks: give --np, or run bench under a launcher "
+                      "(lockstep run, torchrun, mpirun), where each host's local rank 0 starts them");
   if (o.nranks > 0 && !launched) {
     const BusyLoad load(o.busy);
     RunOptions run;
@@ -621,6 +625,11 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& argv) {
     run.program[0] = self_exe();
     return run_job(run);
   }
+  // Under a launcher (or as a rank of --np, whose processes are already
+  // running beside it) each host's local rank 0 starts them, before it
+  // pins itself: they share the cores the host's ranks may use.
+  const bool starts_load = o.nranks == 0 && config.placement().local_rank == 0;
+  const BusyLoad load(starts_load ? o.busy : 0);
   return bench_as_rank(o, config);
 }
 

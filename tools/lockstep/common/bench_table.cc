@@ -23,6 +23,7 @@ std::vector<BenchRow> parse_json(const nlohmann::json& j) {
     row.ranks_per_host = j.value("ranks_per_host", 0);
     row.shared_buffers = j.value("shared_buffers", false);
     row.out_of_place = j.value("out_of_place", false);
+    row.busy = j.value("busy", 0);
     row.narrow_gb_per_s = j.value("narrow_gbps", 0.0);
     row.widen_gb_per_s = j.value("widen_gbps", 0.0);
     rows.push_back(row);
@@ -36,6 +37,7 @@ std::vector<BenchRow> parse_table(const std::string& text) {
   int ranks = 0;
   std::string backend, op = "allreduce";
   bool shared = false, out_of_place = false;
+  int busy = 0;
   for (std::string line; std::getline(in, line);) {
     int n = 0;
     char name[64] = {0};
@@ -44,6 +46,9 @@ std::vector<BenchRow> parse_table(const std::string& text) {
       backend = name;
       shared = line.find(" shared buffers") != std::string::npos;
       out_of_place = line.find(" out of place") != std::string::npos;
+      const auto spinning = line.find(" busy process(es) beside the ranks");
+      const auto comma = line.rfind(", ", spinning);
+      busy = spinning == std::string::npos || comma == std::string::npos ? 0 : std::stoi(line.substr(comma + 2));
       continue;
     }
     if (std::sscanf(line.c_str(), "# %63s", name) == 1 && line.find(' ', 2) == std::string::npos) {
@@ -59,6 +64,7 @@ std::vector<BenchRow> parse_table(const std::string& text) {
       row.dtype = type;
       row.shared_buffers = shared;
       row.out_of_place = out_of_place;
+      row.busy = busy;
       rows.push_back(row);
     }
   }

@@ -31,6 +31,9 @@ struct BenchRow {
   bool shared_buffers = false;
   // allreduce from one buffer into another (--out-of-place), not in place.
   bool out_of_place = false;
+  // Processes that spun beside the ranks while this row was measured
+  // (bench --busy N; the table's header too): 0 for an idle machine.
+  int busy = 0;
   double narrow_gb_per_s = 0;
   double widen_gb_per_s = 0;
 };

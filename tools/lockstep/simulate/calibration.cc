@@ -292,19 +292,72 @@ std::vector<cli::BenchRow> rows_of_op(const std::vector<cli::BenchRow>& rows, co
   return out;
 }
 
+// Rows measured with processes spinning beside the ranks (bench --busy N),
+// or on an idle machine.
+std::vector<cli::BenchRow> rows_beside_compute(const std::vector<cli::BenchRow>& rows, bool busy) {
+  std::vector<cli::BenchRow> out;
+  for (const auto& r : rows)
+    if ((r.busy > 0) == busy) out.push_back(r);
+  return out;
+}
+
+// The all-gather and reduce-scatter beside compute, from fp32 rows of
+// `bench --busy N`: the rate a fully sharded step's collectives run at
+// where they share a core with its compute.
+void calibrate_beside_compute(const std::vector<cli::BenchRow>& busy, Cluster& cl, Calibration& c) {
+  bool any = false;
+  for (auto [op, fitted] : {std::pair{"allgather", &cl.allgather_beside_compute},
+                            std::pair{"reduce_scatter", &cl.reduce_scatter_beside_compute}}) {
+    const std::vector<cli::BenchRow> rows = rows_of_op(busy, op);
+    if (rows.empty()) continue;
+    any = true;
+    const Fit fit = fit_collective(rows, op, c.algorithm, c.min_bytes);
+    *fitted = {true, fit.link, fit.gamma_us_per_byte};
+    c.notes.push_back(fmt::format("{} beside compute ({} busy processes): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; "
+                                  "mean error {:.1f}%, max {:.1f}%",
+                                  op, rows.front().busy, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(),
+                                  100 * fit.mean_error, 100 * fit.max_error));
+    const std::string poor = poor_fit_warning(fit.mean_error, fmt::format("fp32 {} beside compute", op));
+    if (!poor.empty()) c.warnings.push_back(poor);
+  }
+  // DDP's all-reduce: the rows of the buffers the links were fitted to (in
+  // place where there are such rows).
+  const std::vector<cli::BenchRow> reduce = rows_of_op(busy, "allreduce");
+  const std::vector<cli::BenchRow> in_place = placed(reduce, false);
+  if (!reduce.empty()) {
+    any = true;
+    const std::vector<cli::BenchRow>& rows = in_place.empty() ? reduce : in_place;
+    const Fit fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
+    cl.allreduce_beside_compute = {true, fit.link, fit.gamma_us_per_byte};
+    c.notes.push_back(fmt::format("allreduce beside compute ({} busy processes): {} rows: alpha {:.2f} us, beta {:.3f} "
+                                  "GB/s; mean error {:.1f}%, max {:.1f}%",
+                                  rows.front().busy, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(),
+                                  100 * fit.mean_error, 100 * fit.max_error));
+    const std::string poor = poor_fit_warning(fit.mean_error, "fp32 all-reduce beside compute");
+    if (!poor.empty()) c.warnings.push_back(poor);
+  }
+  if (!any)
+    c.notes.push_back("beside compute: no rows (bench --op allgather --busy N --json); where a rank has no spare core "
+                      "its collectives overlapping compute take the idle rates, and the core they share is charged "
+                      "(comm_cpu_share)");
+}
+
 }  // namespace
 
-Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::string& algorithm_name,
+Calibration calibrate_cluster(const std::vector<cli::BenchRow>& rows_given, const std::string& algorithm_name,
                               double min_bytes, int ranks_per_host) {
   Calibration c;
+  // Every term but the collectives beside compute is the idle machine's.
+  const std::vector<cli::BenchRow> all = rows_beside_compute(rows_given, false);
   const std::vector<cli::BenchRow> fp32 = rows_of_op(rows_of(all, "float"), "allreduce");
   // The links are fitted to the in-place rows (gradient_as_bucket_view,
   // and the hooks' own all-reduces); out-of-place rows alone serve too.
   const std::vector<cli::BenchRow> in_place = placed(fp32, false);
   const std::vector<cli::BenchRow> rows = in_place.empty() ? fp32 : in_place;
   if (rows.empty())
-    throw InvalidArgument("calibrate: no fp32 (float) all-reduce rows; the links are fitted to DDP's plain "
-                          "all-reduce: lockstep bench -np 2 -b 256K -e 64M -f 2 --shared-buffers --json FILE");
+    throw InvalidArgument("calibrate: no fp32 (float) all-reduce rows measured without --busy; the links are "
+                          "fitted to DDP's plain all-reduce: lockstep bench -np 2 -b 256K -e 64M -f 2 "
+                          "--shared-buffers --json FILE");
   const std::string backend = rows.front().backend;
   c.algorithm = algorithm_name.empty() ? backend_algorithm(backend) : parse_algorithm(algorithm_name);
   // DDP buckets are large: by default fit the large-message algorithm only.
@@ -351,6 +404,7 @@ Calibration calibrate_cluster(const std::vector<cli::BenchRow>& all, const std::
   calibrate_hook(rows_of_op(rows_of(all, "bfloat16"), "allreduce"), "bf16", c);
   calibrate_sharded_collective(rows_of(all, "float"), "allgather", cl.allgather, c);
   calibrate_sharded_collective(rows_of(all, "float"), "reduce_scatter", cl.reduce_scatter, c);
+  calibrate_beside_compute(rows_of(rows_beside_compute(rows_given, true), "float"), cl, c);
   return c;
 }
 
@@ -377,7 +431,10 @@ std::string cluster_json(const Cluster& c) {
   if (c.fp16.calibrated) j["fp16"] = hook(c.fp16);
   if (c.bf16.calibrated) j["bf16"] = hook(c.bf16);
   for (auto [key, fitted] : {std::pair{"out_of_place", &c.out_of_place}, std::pair{"allgather", &c.allgather},
-                             std::pair{"reduce_scatter", &c.reduce_scatter}}) {
+                             std::pair{"reduce_scatter", &c.reduce_scatter},
+                             std::pair{"allgather_beside_compute", &c.allgather_beside_compute},
+                             std::pair{"reduce_scatter_beside_compute", &c.reduce_scatter_beside_compute},
+                             std::pair{"allreduce_beside_compute", &c.allreduce_beside_compute}}) {
     if (!fitted->calibrated) continue;
     j[key] = link(fitted->link);
     j[key]["gamma_gb_per_s"] = fitted->gamma_us_per_byte > 0 ? 1e-3 / fitted->gamma_us_per_byte : 0;
@@ -419,7 +476,10 @@ Cluster parse_cluster_json(const std::string& text) {
     h->widen_gb_per_s = j[key].value("widen_gb_per_s", 0.0);
   }
   for (auto [key, fitted] : {std::pair{"out_of_place", &c.out_of_place}, std::pair{"allgather", &c.allgather},
-                             std::pair{"reduce_scatter", &c.reduce_scatter}}) {
+                             std::pair{"reduce_scatter", &c.reduce_scatter},
+                             std::pair{"allgather_beside_compute", &c.allgather_beside_compute},
+                             std::pair{"reduce_scatter_beside_compute", &c.reduce_scatter_beside_compute},
+                             std::pair{"allreduce_beside_compute", &c.allreduce_beside_compute}}) {
     if (!j.contains(key)) continue;
     fitted->calibrated = true;
     fitted->link = link(key);
