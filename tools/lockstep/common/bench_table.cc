@@ -48,7 +48,9 @@ std::vector<BenchRow> parse_table(const std::string& text) {
       out_of_place = line.find(" out of place") != std::string::npos;
       const auto spinning = line.find(" busy process(es) beside the ranks");
       const auto comma = line.rfind(", ", spinning);
-      busy = spinning == std::string::npos || comma == std::string::npos ? 0 : std::stoi(line.substr(comma + 2));
+      busy = 0;
+      if (spinning != std::string::npos && comma != std::string::npos)
+        std::sscanf(line.c_str() + comma + 2, "%d", &busy);
       continue;
     }
     if (std::sscanf(line.c_str(), "# %63s", name) == 1 && line.find(' ', 2) == std::string::npos) {

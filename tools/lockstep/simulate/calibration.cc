@@ -301,9 +301,9 @@ std::vector<cli::BenchRow> rows_beside_compute(const std::vector<cli::BenchRow>&
   return out;
 }
 
-// The all-gather and reduce-scatter beside compute, from fp32 rows of
-// `bench --busy N`: the rate a fully sharded step's collectives run at
-// where they share a core with its compute.
+// The all-gather, reduce-scatter and all-reduce beside compute, from fp32
+// rows of `bench --busy N`: the rates a step's collectives run at where
+// they share a core with its compute (beside_compute_applies).
 void calibrate_beside_compute(const std::vector<cli::BenchRow>& busy, Cluster& cl, Calibration& c) {
   bool any = false;
   for (auto [op, fitted] : {std::pair{"allgather", &cl.allgather_beside_compute},
