@@ -92,6 +92,11 @@ double cores_per_rank_at(const Cluster& c, int ranks) {
   return c.cores_per_host / std::max(1, std::min(c.ranks_per_host, ranks));
 }
 
+bool without_spare_core(const Cluster& c, int ranks) {
+  const double cores = cores_per_rank_at(c, ranks);
+  return ranks > 1 && cores > 0 && cores < 2;
+}
+
 double turns_on_a_core(const Cluster& c, int ranks) {
   if (c.cores_per_host <= 0) return c.cores_per_rank > 0 ? std::max(1.0, 1 / c.cores_per_rank) : 1;
   const int on_host = std::max(1, std::min(c.ranks_per_host, ranks));
@@ -237,10 +242,9 @@ Cluster beside_compute(const Cluster& c) {
 }
 
 bool beside_compute_applies(const Cluster& c, int ranks) {
-  const double cores = cores_per_rank_at(c, ranks);
   const bool spins = c.algorithm == Algorithm::shm || c.algorithm == Algorithm::one_shot ||
                      c.algorithm == Algorithm::two_shot;
-  return ranks > 1 && cores > 0 && cores < 2 && turns_on_a_core(c, ranks) <= 1 && spins;
+  return without_spare_core(c, ranks) && turns_on_a_core(c, ranks) <= 1 && spins;
 }
 
 double allreduce_bus_bytes(int world, double bytes) { return world > 1 ? 2.0 * (world - 1) / world * bytes : 0; }

@@ -120,6 +120,11 @@ int hosts_for(const Cluster& c, int ranks);
 // the calibration's cores_per_rank; 0 where neither is known.
 double cores_per_rank_at(const Cluster& c, int ranks);
 
+// Whether `ranks` ranks (more than one) have less than two known cores
+// each: none spare beside the compute for the group's thread, which then
+// copies on the compute's core.
+bool without_spare_core(const Cluster& c, int ranks);
+
 // How many ranks take turns on the busiest core when `ranks` run: the
 // ranks on a host over its cores, rounded up (three ranks on two cores put
 // two on one, and a synchronous step waits for that core); 1 with a core

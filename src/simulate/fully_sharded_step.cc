@@ -170,8 +170,6 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   out.ranks = ranks;
   out.hosts = hosts_for(s.cluster, ranks);
   const Cluster& c = s.cluster;
-  const double cores = cores_per_rank_at(c, ranks);
-  const bool spare_core = !(ranks > 1 && cores > 0 && cores < 2);
   // Without a spare core a collective beside compute competes with it for
   // the core: where calibrated so (bench --busy), it takes that rate, where
   // that applies (beside_compute_applies).
@@ -195,7 +193,7 @@ ShardedScalePrediction predict_sharded(const ShardedWorkload& w, const Scenario&
   // their work together. (A fully sharded trace times each unit's own
   // compute, so the turns are not in the profile; a --compute-trace of N
   // ranks has them already.)
-  if (!spare_core) {
+  if (without_spare_core(c, ranks)) {
     const double busy = std::clamp(c.comm_cpu_share, 0.0, 1.0) * out.step.comm_ms;
     const double turns = w.compute_shares_cores ? 1 : turns_on_a_core(c, ranks);
     const double bound = out.step.data_ms + (compute + busy) * turns + out.step.straggler_ms;

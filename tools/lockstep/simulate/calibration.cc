@@ -192,6 +192,18 @@ std::vector<cli::BenchRow> rows_of(const std::vector<cli::BenchRow>& rows, const
   return out;
 }
 
+// A fitted link's note ("what: N rows: alpha, beta; errors") and, where
+// the fit is poor, its warning; the link itself as the cluster keeps it.
+Cluster::FittedLink noted_fit(const Fit& fit, const std::string& what, const std::string& poor_what,
+                              Calibration& c) {
+  c.notes.push_back(fmt::format("{}: {} rows: alpha {:.2f} us, beta {:.3f} GB/s; mean error {:.1f}%, max {:.1f}%",
+                                what, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(), 100 * fit.mean_error,
+                                100 * fit.max_error));
+  const std::string poor = poor_fit_warning(fit.mean_error, poor_what);
+  if (!poor.empty()) c.warnings.push_back(poor);
+  return {true, fit.link, fit.gamma_us_per_byte};
+}
+
 // The hook's 16-bit all-reduce and conversions from the rows of one
 // 16-bit type (bench -d half / -d bfloat16, ordinary buffers).
 void calibrate_hook(const std::vector<cli::BenchRow>& rows, const char* hook, Calibration& c) {
@@ -244,13 +256,7 @@ void calibrate_out_of_place(const std::vector<cli::BenchRow>& rows, Calibration&
     return;
   }
   const Fit fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
-  c.cluster.out_of_place = {true, fit.link, fit.gamma_us_per_byte};
-  c.notes.push_back(fmt::format("out of place (DDP's default reducer): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; "
-                                "mean error {:.1f}%, max {:.1f}%",
-                                fit.rows, fit.link.alpha_us, fit.link.gb_per_s(), 100 * fit.mean_error,
-                                100 * fit.max_error));
-  const std::string poor = poor_fit_warning(fit.mean_error, "fp32 all-reduce out of place");
-  if (!poor.empty()) c.warnings.push_back(poor);
+  c.cluster.out_of_place = noted_fit(fit, "out of place (DDP's default reducer)", "fp32 all-reduce out of place", c);
   c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
 }
 
@@ -275,13 +281,7 @@ void calibrate_sharded_collective(const std::vector<cli::BenchRow>& rows, const 
     return;
   }
   const Fit fit = fit_collective(rows, op, c.algorithm, c.min_bytes);
-  fitted = {true, fit.link, fit.gamma_us_per_byte};
-  c.notes.push_back(fmt::format("{} (fully sharded training): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; mean error "
-                                "{:.1f}%, max {:.1f}%",
-                                op, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(), 100 * fit.mean_error,
-                                100 * fit.max_error));
-  const std::string poor = poor_fit_warning(fit.mean_error, "fp32 " + op);
-  if (!poor.empty()) c.warnings.push_back(poor);
+  fitted = noted_fit(fit, op + " (fully sharded training)", "fp32 " + op, c);
   c.cluster.fit_error = std::max(c.cluster.fit_error, fit.mean_error);
 }
 
@@ -312,13 +312,8 @@ void calibrate_beside_compute(const std::vector<cli::BenchRow>& busy, Cluster& c
     if (rows.empty()) continue;
     any = true;
     const Fit fit = fit_collective(rows, op, c.algorithm, c.min_bytes);
-    *fitted = {true, fit.link, fit.gamma_us_per_byte};
-    c.notes.push_back(fmt::format("{} beside compute ({} busy processes): {} rows: alpha {:.2f} us, beta {:.3f} GB/s; "
-                                  "mean error {:.1f}%, max {:.1f}%",
-                                  op, rows.front().busy, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(),
-                                  100 * fit.mean_error, 100 * fit.max_error));
-    const std::string poor = poor_fit_warning(fit.mean_error, fmt::format("fp32 {} beside compute", op));
-    if (!poor.empty()) c.warnings.push_back(poor);
+    *fitted = noted_fit(fit, fmt::format("{} beside compute ({} busy processes)", op, rows.front().busy),
+                        fmt::format("fp32 {} beside compute", op), c);
   }
   // DDP's all-reduce: the rows of the buffers the links were fitted to (in
   // place where there are such rows).
@@ -328,13 +323,9 @@ void calibrate_beside_compute(const std::vector<cli::BenchRow>& busy, Cluster& c
     any = true;
     const std::vector<cli::BenchRow>& rows = in_place.empty() ? reduce : in_place;
     const Fit fit = fit_allreduce(rows, c.algorithm, c.min_bytes);
-    cl.allreduce_beside_compute = {true, fit.link, fit.gamma_us_per_byte};
-    c.notes.push_back(fmt::format("allreduce beside compute ({} busy processes): {} rows: alpha {:.2f} us, beta {:.3f} "
-                                  "GB/s; mean error {:.1f}%, max {:.1f}%",
-                                  rows.front().busy, fit.rows, fit.link.alpha_us, fit.link.gb_per_s(),
-                                  100 * fit.mean_error, 100 * fit.max_error));
-    const std::string poor = poor_fit_warning(fit.mean_error, "fp32 all-reduce beside compute");
-    if (!poor.empty()) c.warnings.push_back(poor);
+    cl.allreduce_beside_compute =
+        noted_fit(fit, fmt::format("allreduce beside compute ({} busy processes)", rows.front().busy),
+                  "fp32 all-reduce beside compute", c);
   }
   if (!any)
     c.notes.push_back("beside compute: no rows (bench --op allgather --busy N --json); where a rank has no spare core "
