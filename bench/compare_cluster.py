@@ -107,10 +107,11 @@ class OneRankPerHost:
             raise RuntimeError(f"{' '.join(program)} failed across the hosts (see above)")
         return out
 
-    def bench(self, flags, busy=0):
-        """`lockstep bench` across the hosts; with `busy`, that many spinning
-        processes on each host's cores beside its rank."""
-        self.run_ranks(self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags +
+    def bench(self, flags, busy=0, ranks=None):
+        """`lockstep bench` across the hosts (`ranks`, where given, must be
+        the hosts); with `busy`, that many spinning processes on each host's
+        cores beside its rank."""
+        self.run_ranks(ranks or self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags +
                        (["--busy", str(busy)] if busy else []))
 
 

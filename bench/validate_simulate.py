@@ -30,7 +30,9 @@ and the largest absolute error, and the mean over all places; the files are
 kept in --out.
 
 With --random N (and --seed S) it validates instead N configurations drawn
-at random on this machine, at --bench-ranks ranks over shm, and with
+at random on this machine, at --bench-ranks ranks over shm (or at a
+world size drawn from --random-ranks, e.g. 2,3,4: more ranks than cores,
+each world calibrated and profiled at its own size), and with
 --cluster-rates (as root) the same draw on the emulated cluster, one rank
 per host over tcp (--no-local: only there): model, batch per rank, bucket
 cap, hook (none, fp16, bf16) and gradient_as_bucket_view. It follows
@@ -48,7 +50,7 @@ interleaved; it prints the table, the mean and largest error, and the
 signed error per value of each option, so that a term charged in the wrong
 direction shows.
 
-Usage: bench/validate_simulate.py --random 12 --seed 7 [--steps 10] [--repeats 3]
+Usage: bench/validate_simulate.py --random 12 --seed 7 [--steps 10] [--repeats 3] [--random-ranks 2,3,4]
            [--cluster-rates 1gbit,10gbit [--no-local]]
        bench/validate_simulate.py [--build build] [--ranks 1,2] [--caps 1,5,25,100]
            [--models mlp,convnet] [--steps 15] [--repeats 3] [--bench-ranks 2]
@@ -108,8 +110,8 @@ class ThisMachine:
     def run_alone(self, program, env=None):
         return self.run_ranks(1, program, env)
 
-    def bench(self, flags, busy=0):
-        run([f"{self.a.build}/lockstep", "bench", "-np", str(self.a.bench_ranks)] + flags +
+    def bench(self, flags, busy=0, ranks=None):
+        run([f"{self.a.build}/lockstep", "bench", "-np", str(ranks or self.a.bench_ranks)] + flags +
             (["--busy", str(busy)] if busy else []))
 
 
@@ -223,34 +225,34 @@ def random_configs(a):
     rng = random.Random(a.seed)
     choices = {"model": a.models.split(","), "batch": [int(b) for b in a.batches.split(",")],
                "cap": parse_caps(a.random_caps), "hook": a.hooks.split(","), "view": [False, True]}
-    return [{k: rng.choice(v) for k, v in choices.items()} for _ in range(a.random)]
+    configs = [{k: rng.choice(v) for k, v in choices.items()} for _ in range(a.random)]
+    # The world size from a stream of its own, so that a seed's other
+    # options are what they were before world sizes were drawn.
+    ranks = [int(r) for r in (a.random_ranks or str(a.bench_ranks)).split(",")]
+    rng_ranks = random.Random(f"{a.seed}-ranks")
+    for c in configs:
+        c["ranks"] = rng_ranks.choice(ranks)
+    return configs
 
 
 def config_name(c):
-    return f"{c['model']} b{c['batch']} cap{c['cap']} {c['hook']}{' view' if c['view'] else ''}"
+    return f"{c['model']} b{c['batch']} cap{c['cap']} {c['hook']}{' view' if c['view'] else ''} x{c['ranks']}"
 
 
-def validate_random(a, place):
-    """Predicts every drawn configuration on `place`, then measures them all."""
+def calibrate_world(a, place, n, out_dir, per_host):
+    """The clusters to predict `n` ranks with: idle, and with --busy beside
+    compute too."""
     local = place.local
-    # Here --bench-ranks ranks on this host; on the cluster one per host.
-    n = a.bench_ranks if local else a.hosts
-    per_host = ["--ranks-per-host", str(n if local else 1)]
-    out_dir = os.path.join(a.out, f"random-seed{a.seed}" + ("" if local else f"-{place.tag}"))
-    os.makedirs(out_dir, exist_ok=True)
     lockstep = f"{a.build}/lockstep"
-    configs = random_configs(a)
-    for c in configs:
-        print(config_name(c), file=sys.stderr)
-
-    # 1. Calibration: fp32 on shared buffers (DDP's buckets) in place
+    os.makedirs(out_dir, exist_ok=True)
+    # fp32 on shared buffers (DDP's buckets) in place
     # (gradient_as_bucket_view) and out of place (the default reducer),
     # 16-bit on ordinary ones (the hooks reduce a copy in memory of their own).
     benches = []
     for dtype, flags in (("float", ["--shared-buffers"]), ("float", ["--shared-buffers", "--out-of-place"]),
                          ("half", []), ("bfloat16", [])):
         path = os.path.join(out_dir, f"bench-{dtype}{'-out-of-place' if '--out-of-place' in flags else ''}.json")
-        place.bench(bench_sizes() + ["-n", "20" if local else "5", "-d", dtype, "--json", path] + flags)
+        place.bench(bench_sizes() + ["-n", "20" if local else "5", "-d", dtype, "--json", path] + flags, ranks=n)
         benches.append(path)
     def calibrate(paths, where):
         proc = subprocess.run([lockstep, "simulate", "--calibrate", ",".join(paths), "--calibrate-min-bytes",
@@ -266,16 +268,43 @@ def validate_random(a, place):
         # ranks (on the cluster, on each host): its rate beside compute,
         # on the buckets' buffers; every configuration is predicted both ways.
         busy = os.path.join(out_dir, f"bench-float-busy{a.busy}.json")
-        place.bench(bench_sizes() + ["-n", "20" if local else "5", "--shared-buffers", "--json", busy], busy=a.busy)
+        place.bench(bench_sizes() + ["-n", "20" if local else "5", "--shared-buffers", "--json", busy], busy=a.busy,
+                    ranks=n)
         clusters.append(calibrate(benches + [busy], os.path.join(out_dir, "beside-compute")))
+    return clusters
 
-    # 2. Profiles per (model, batch): one rank (buckets) and N ranks under
-    # no_sync (compute), --profile-repeats times interleaved, the median run.
-    pairs = sorted({(c["model"], c["batch"]) for c in configs})
+
+def validate_random(a, place):
+    """Predicts every drawn configuration on `place`, then measures them all."""
+    local = place.local
+    out_dir = os.path.join(a.out, f"random-seed{a.seed}" + ("" if local else f"-{place.tag}"))
+    os.makedirs(out_dir, exist_ok=True)
+    lockstep = f"{a.build}/lockstep"
+    configs = random_configs(a)
+    if not local:
+        for c in configs:
+            c["ranks"] = a.hosts  # one rank per host
+    for c in configs:
+        print(config_name(c), file=sys.stderr)
+    worlds = sorted({c["ranks"] for c in configs})
+    # Every rank of a world on this one host; on the cluster one per host.
+    per_host = {n: ["--ranks-per-host", str(n if local else 1)] for n in worlds}
+    # 1. A calibration per world size (one directory each where there are
+    # several): the all-reduce's rows at the size the configurations run.
+    clusters = {n: calibrate_world(a, place, n, out_dir if len(worlds) == 1 else os.path.join(out_dir, f"ranks{n}"),
+                                   per_host[n])
+                for n in worlds}
+
+    # 2. Profiles per (model, batch, world): one rank (buckets) and N ranks
+    # under no_sync (compute), --profile-repeats times interleaved, the
+    # median run.
+    triples = sorted({(c["model"], c["batch"], c["ranks"]) for c in configs})
     runs = {}
     for repeat in range(a.profile_repeats):
-        for model, batch in pairs:
+        for model, batch, n in triples:
             for k in (1, n):
+                if k == 1 and (model, batch, 1) in runs and len(runs[(model, batch, 1)]) > repeat:
+                    continue  # the one-rank profile serves every world
                 prefix = os.path.join(out_dir, f"profile-{model}-b{batch}-{k}-{repeat}")
                 program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1) + ["--batch", str(batch)]
                 env = dict(os.environ, LOCKSTEP_TRACE=prefix)
@@ -289,8 +318,9 @@ def validate_random(a, place):
     # per calibration (idle; with --busy, beside compute too).
     predicted, beside = {}, {}
     for i, c in enumerate(configs):
+        n = c["ranks"]
         one, many = profile[(c["model"], c["batch"], 1)], profile[(c["model"], c["batch"], n)]
-        for k, cluster in enumerate(clusters):
+        for k, cluster in enumerate(clusters[n]):
             out = os.path.join(out_dir, f"predict-{i}{'-beside-compute' if k else ''}.json")
             # Every profiled run's compute: the prediction's run-to-run interval.
             computes = ",".join(prefix + ".rank0.json" for _, prefix in runs[(c["model"], c["batch"], n)])
@@ -298,7 +328,7 @@ def validate_random(a, place):
                  str(c["batch"]), "--compute-trace", computes,
                  "--jitter-from", ",".join(f"{many}.rank{r}.json" for r in range(n)), "--cluster", cluster,
                  "--world-sizes", str(n), "--bucket-cap-mb", str(c["cap"]), "--hook", c["hook"],
-                 "--out", os.path.join(out_dir, "simulate"), "--json", out] + per_host +
+                 "--out", os.path.join(out_dir, "simulate"), "--json", out] + per_host[n] +
                 (["--bucket-view"] if c["view"] else []))
             with open(out) as f:
                 (beside if k else predicted)[i] = json.load(f)["predictions"][0]
@@ -316,6 +346,7 @@ def validate_random(a, place):
     control = {i: [] for i in range(len(configs))}
     for _ in range(a.repeats):
         for i, c in enumerate(configs):
+            n = c["ranks"]
             batch = ["--batch", str(c["batch"])]
             text = place.run_ranks(n, throughput_program(a, c["model"], 25, no_sync=True) + batch)
             control[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
@@ -323,24 +354,25 @@ def validate_random(a, place):
             text = place.run_ranks(n, program + (["--bucket-view"] if c["view"] else []))
             measured[i].append(float(re.search(r"step_ms ([0-9.]+)", text).group(1)))
     errors, corrected = {}, {}
-    print(f"seed {a.seed}, {len(configs)} configurations, {place.name}, {n} ranks, {a.steps} steps x {a.repeats} runs; "
+    print(f"seed {a.seed}, {len(configs)} configurations, {place.name}, "
+          f"{'/'.join(str(n) for n in worlds)} ranks, {a.steps} steps x {a.repeats} runs; "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
     print()
-    print("| model | batch | cap (MB) | hook | bucket view | buckets | predicted (ms) | interval (ms) | measured (ms) | "
-          "runs (ms) | control: profiled, measured (ms) | drift | error | error at the control's speed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | batch | cap (MB) | hook | bucket view | ranks | buckets | predicted (ms) | interval (ms) | "
+          "measured (ms) | runs (ms) | control: profiled, measured (ms) | drift | error | error at the control's speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     inside = 0
     for i, c in enumerate(configs):
         step = statistics.median(measured[i])
         p = predicted[i]
         # Each run against its own control (the machine's speed at that
         # moment), the median over the runs.
-        profiled = profiled_step[(c["model"], c["batch"], n)]
+        profiled = profiled_step[(c["model"], c["batch"], c["ranks"])]
         drift = statistics.median(ctl / profiled for ctl in control[i])
         errors[i] = (p["step_ms"] - step) / step
         corrected[i] = statistics.median((p["step_ms"] * ctl / profiled - m) / m for ctl, m in zip(control[i], measured[i]))
         inside += p["step_ms_low"] <= step <= p["step_ms_high"]
-        print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | "
+        print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | {c['ranks']} | "
               f"{p['buckets']} | {p['step_ms']:.1f} | {p['step_ms_low']:.1f}-{p['step_ms_high']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
               f"{profiled:.0f}, {', '.join(f'{m:.0f}' for m in control[i])} | {drift:.2f} | {100 * errors[i]:+.1f}% | "
               f"{100 * corrected[i]:+.1f}% |")
@@ -365,7 +397,7 @@ def validate_random(a, place):
     print()
     print("Per option, at the control's speed (signed: + predicted slower than measured): value: mean signed error, "
           "mean |error|, count")
-    for key in ("model", "batch", "cap", "hook", "view"):
+    for key in ("model", "batch", "cap", "hook", "view", "ranks"):
         values = sorted({c[key] for c in configs}, key=str)
         parts = []
         for v in values:
@@ -404,6 +436,9 @@ def main():
     parser.add_argument("--batches", default="32,64,128", help="batches per rank --random draws from")
     parser.add_argument("--random-caps", default="2,5,25,50", help="bucket caps (MB) --random draws from")
     parser.add_argument("--hooks", default="none,fp16,bf16", help="hooks --random draws from")
+    parser.add_argument("--random-ranks", default="",
+                        help="world sizes --random draws from on this machine, e.g. 2,3,4 (default: --bench-ranks); "
+                             "each calibrated and profiled at its own size")
     parser.add_argument("--busy", type=int, default=0,
                         help="with --random: also calibrate the all-reduce beside compute with this many spinning "
                              "processes (lockstep bench --busy; on the cluster, on each host) and predict both ways")
