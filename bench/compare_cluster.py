@@ -111,7 +111,8 @@ class OneRankPerHost:
         """`lockstep bench` across the hosts (`ranks`, where given, must be
         the hosts); with `busy`, that many spinning processes on each host's
         cores beside its rank."""
-        self.run_ranks(ranks or self.a.hosts, [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags +
+        self.run_ranks(ranks or self.a.hosts,
+                       [os.path.join(self.a.build, "lockstep"), "bench", "--backend", "tcp"] + flags +
                        (["--busy", str(busy)] if busy else []))
 
 

@@ -359,7 +359,8 @@ def validate_random(a, place):
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at the end {os.getloadavg()[0]:.1f}")
     print()
     print("| model | batch | cap (MB) | hook | bucket view | ranks | buckets | predicted (ms) | interval (ms) | "
-          "measured (ms) | runs (ms) | control: profiled, measured (ms) | drift | error | error at the control's speed |")
+          "measured (ms) | runs (ms) | control: profiled, measured (ms) | drift | error | "
+          "error at the control's speed |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     inside = 0
     for i, c in enumerate(configs):
@@ -372,7 +373,8 @@ def validate_random(a, place):
         errors[i] = (p["step_ms"] - step) / step
         corrected[i] = statistics.median((p["step_ms"] * ctl / profiled - m) / m for ctl, m in zip(control[i], measured[i]))
         inside += p["step_ms_low"] <= step <= p["step_ms_high"]
-        print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | {c['ranks']} | "
+        print(f"| {c['model']} | {c['batch']} | {c['cap']} | {c['hook']} | {'yes' if c['view'] else 'no'} | "
+              f"{c['ranks']} | "
               f"{p['buckets']} | {p['step_ms']:.1f} | {p['step_ms_low']:.1f}-{p['step_ms_high']:.1f} | {step:.1f} | {', '.join(f'{m:.0f}' for m in measured[i])} | "
               f"{profiled:.0f}, {', '.join(f'{m:.0f}' for m in control[i])} | {drift:.2f} | {100 * errors[i]:+.1f}% | "
               f"{100 * corrected[i]:+.1f}% |")
