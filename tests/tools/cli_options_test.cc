@@ -189,6 +189,8 @@ TEST(CliOptions, SimulateGivesEachStepTheRangeOverProfiledRuns) {
                                       {}, 30s);
   ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
   EXPECT_TRUE(contains(r.output, "The compute of 3 profiled runs")) << r.output;
+  // Three runs alike hold a fourth one time in two: the report says so.
+  EXPECT_TRUE(contains(r.output, "probability 50%")) << r.output;
   EXPECT_TRUE(contains(r.output, "range over the runs (ms)")) << r.output;
   EXPECT_TRUE(contains(r.output, "forward 10.0 ms")) << r.output;
   const auto predicted = nlohmann::json::parse(std::ifstream(json));

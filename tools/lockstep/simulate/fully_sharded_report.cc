@@ -110,11 +110,16 @@ nlohmann::json totals_json(const sim::CollectiveTotals& t) {
 }  // namespace
 
 std::string interval_note(std::size_t profiled_runs) {
+  // Of k+1 runs alike, each is equally likely to be the lowest, the highest
+  // or any between, so a further run lands inside the range of the first k
+  // with probability (k-1)/(k+1): a third for two runs, half for three.
+  const double inside = (static_cast<double>(profiled_runs) - 1) / (static_cast<double>(profiled_runs) + 1);
   return fmt::format("The compute of {} profiled runs (--compute-trace or --sharded-trace files): the table is the "
-                     "run whose step is the "
-                     "median, the range beside it the step predicted from each run's. A measured step inside it is "
-                     "within the machine's run-to-run spread; outside it, the model missed.\n\n",
-                     profiled_runs);
+                     "run whose step is the median, the range beside it the step predicted from each run's. Were "
+                     "the model exact and the runs alike, a further run's step would fall inside that range with "
+                     "probability {:.0f}% ((runs - 1) / (runs + 1)): a step just outside it is the machine's "
+                     "spread as often as the model's miss; profile more runs for a sharper test.\n\n",
+                     profiled_runs, 100 * inside);
 }
 
 std::vector<ShardingAlternative> sharding_alternatives(const sim::ShardedWorkload& w, const sim::Scenario& s,
