@@ -231,7 +231,9 @@ setup(
             define_macros=[("LOCKSTEP_TORCH_WITH_CUDA", "1" if WITH_CUDA else "0")]
             + ([] if FMT_LINKED else [("FMT_HEADER_ONLY", "1")]),
             extra_compile_args=CXX_FLAGS,
-            extra_link_args=["-Wl,-rpath,$ORIGIN"],
+            # Exports PyInit__C alone (see the map for why).
+            extra_link_args=["-Wl,-rpath,$ORIGIN",
+                             f"-Wl,--version-script={HERE / 'lockstep_torch' / 'csrc' / 'extension.map'}"],
         )
     ],
     cmdclass={"build_ext": BuildWithLibraries},

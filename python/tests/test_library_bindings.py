@@ -13,7 +13,14 @@ extension or of liblockstep bound into a torch library: once with the
 extension opened by itself (nothing else has brought libstdc++ into the
 process, the case the GPU machine met), and once as users import it. For
 whichever build is installed (the CPU one, or the CUDA one: make test
-runs both)."""
+runs both).
+
+The crash the GPU machine met (2026-12-04) came from elsewhere: its
+compiler linked a static copy of libstdc++ into liblockstep and into the
+extension, both exported, and the ranks ran a mix of those copies and
+libstdc++.so.6. So the extension exports its module's init function alone,
+no call of liblockstep binds into it, and liblockstep exports no
+definition that libstdc++.so.6 also makes."""
 
 import glob
 import os
@@ -69,6 +76,55 @@ def test_libstdcxx_comes_before_the_torch_libraries_in_the_extensions_needs():
     assert needed.index("libstdc++.so.6") < min(torch_libs), needed
 
 
+def test_the_extension_exports_its_module_init_alone():
+    """Whatever else the extension defines (its instantiations of std::
+    templates, say) stays inside it (lockstep_torch/csrc/extension.map):
+    liblockstep, which the extension loads, would otherwise bind its
+    standard-library calls to those copies, which come first in its lookup
+    scope (a SIGSEGV at world 2 on a GPU machine's image)."""
+    symbols = subprocess.run(["nm", "-D", "--defined-only", EXTENSION], capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+    exported = [line.split()[-1] for line in symbols if len(line.split()) == 3 and line.split()[1].isupper()]
+    assert exported == ["PyInit__C"], f"the extension exports {len(exported)} symbols: {exported[:10]}"
+
+
+def libstdcxx_in_this_process() -> str:
+    """The path of the libstdc++.so.6 this interpreter (with torch) loaded."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith("libstdc++.so.6") or "libstdc++.so.6." in line:
+            return line.split()[-1]
+    pytest.skip("no libstdc++.so.6 in this process")
+
+
+def strong_exports(library: str) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+    # (nm names a versioned symbol name@@VERSION.)
+    return {fields[2].split("@")[0] for fields in map(str.split, out.splitlines())
+            if len(fields) == 3 and fields[1] == "T"}
+
+
+def test_liblockstep_exports_no_copy_of_libstdcxx():
+    """A toolchain that links libstdc++ statically (a GPU machine's image)
+    puts copies of its definitions (codecvt<char>::do_unshift, say) into
+    liblockstep; exported, they mix with the libstdc++.so.6 that torch
+    loads (a SIGSEGV in every rank of a world of 2). src/CMakeLists.txt
+    keeps them inside (--exclude-libs)."""
+    library = glob.glob(str(PACKAGE / "liblockstep.so*"))[0]
+    copies = sorted(strong_exports(library) & strong_exports(libstdcxx_in_this_process()))
+    assert not copies, f"{Path(library).name} exports {len(copies)} definitions of libstdc++: {copies[:5]}"
+
+
+def test_no_call_of_liblockstep_binds_into_the_extension():
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, LD_BIND_NOW="1", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=f"{tmp}/bindings")
+        subprocess.run([sys.executable, "-c", "import torch, lockstep_torch"], env=env, check=True, timeout=120)
+        lines = [line for f in glob.glob(f"{tmp}/bindings.*") for line in Path(f).read_text().splitlines()]
+    into_extension = [found.group(3) for found in map(BINDING.search, lines)
+                      if found and Path(found.group(1)).name.startswith("liblockstep")
+                      and Path(found.group(2)).name.startswith("_C")]
+    assert not into_extension, "liblockstep binds into the extension: " + ", ".join(into_extension[:10])
+
+
 def test_opened_alone_no_std_call_binds_into_torch():
     wrong = std_bindings_into_torch(f"import ctypes; ctypes.CDLL({EXTENSION!r})")
     assert not wrong, "\n".join(wrong[:20])
@@ -87,6 +143,10 @@ def test_the_check_sees_a_binding_into_torch_when_there_is_one():
                              text=True).stdout
     if "_ZNSt10filesystem" not in exports:
         pytest.skip("this torch's libtorch_cpu.so exports no std::filesystem: nothing to bind into")
+    imports = subprocess.run(["nm", "-D", "--undefined-only", library], capture_output=True, text=True).stdout
+    if "_ZNSt10filesystem" not in imports:
+        pytest.skip(f"{Path(library).name} calls no std::filesystem of another library (its toolchain linked "
+                    "libstdc++ statically, and the copy stays inside): nothing of it can bind into torch")
     wrong = std_bindings_into_torch(f"import ctypes; ctypes.CDLL({str(TORCH_LIB / 'libtorch_cpu.so')!r}, "
                                     f"mode=ctypes.RTLD_GLOBAL); ctypes.CDLL({library!r})")
     assert any("filesystem" in w for w in wrong), "the check missed liblockstep binding into libtorch_cpu"
