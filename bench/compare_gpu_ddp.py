@@ -13,6 +13,10 @@ SGD), batch per rank and steps in each:
   PyTorch, no DDP                     bench/pytorch_ddp.py -np 1
   PyTorch DDP nccl, 1 rank            PyTorch's DDP over NCCL, world of one
   PyTorch DDP gloo, 2 ranks           two processes sharing the GPU, Gloo on CUDA tensors
+With --lockstep-torch DIR (where lockstep's torch.distributed package, built
+for CUDA, is importable), two rows more: PyTorch's own DDP over the backend
+"lockstep" in a world of one and with 2 ranks sharing the GPU, each compared
+with PyTorch's DDP over NCCL and over Gloo in the same places.
 Every configuration is a fresh process (or pair) per run, and the runs are
 interleaved: run 1 of every row, then run 2 of every row (each starting one
 row further on), and so on, so that a drift of the machine (clocks,
@@ -24,6 +28,7 @@ each compute a full batch on it).
 
 Usage: bench/compare_gpu_ddp.py --build build-gpu --python python3 [--runs 5]
            [--steps 10] [--warmup 3] [--model wide-mlp] [--batch N] [--out FILE]
+           [--lockstep-torch build-gpu/python]
        bench/compare_gpu_ddp.py --device cpu --runs 2 --steps 3 --batch 4   # checks the driver on a CPU
 """
 import argparse
@@ -56,7 +61,7 @@ def peer_torch(python):
 
 
 def variants(args, lockstep, example, torch_ddp):
-    """The rows: name -> (command, ranks on the device, library)."""
+    """The rows: name -> (command, ranks on the device, library, environment or None)."""
     common = ["--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--device", args.device]
     # NCCL is the backend PyTorch users run on a GPU; it takes no CPU tensors.
@@ -69,39 +74,74 @@ def variants(args, lockstep, example, torch_ddp):
     def theirs(np, *flags):
         return torch_ddp + ["-np", str(np)] + common + list(flags)
 
-    return {
-        "lockstep, no DDP": (ours(1, "--no-ddp"), 1, "lockstep"),
-        "lockstep DDP, 1 rank": (ours(1), 1, "lockstep"),
-        f"lockstep DDP, 2 ranks{shared}": (ours(2), 2, "lockstep"),
-        "PyTorch, no DDP": (theirs(1), 1, "PyTorch"),
-        f"PyTorch DDP {one_rank_backend}, 1 rank": (theirs(1, "--ddp", "--backend", one_rank_backend), 1, "PyTorch"),
-        f"PyTorch DDP gloo, 2 ranks{shared}": (theirs(2, "--backend", "gloo"), 2, "PyTorch"),
+    rows = {
+        "lockstep, no DDP": (ours(1, "--no-ddp"), 1, "lockstep", None),
+        "lockstep DDP, 1 rank": (ours(1), 1, "lockstep", None),
+        f"lockstep DDP, 2 ranks{shared}": (ours(2), 2, "lockstep", None),
+        "PyTorch, no DDP": (theirs(1), 1, "PyTorch", None),
+        f"PyTorch DDP {one_rank_backend}, 1 rank": (theirs(1, "--ddp", "--backend", one_rank_backend), 1, "PyTorch", None),
+        f"PyTorch DDP gloo, 2 ranks{shared}": (theirs(2, "--backend", "gloo"), 2, "PyTorch", None),
     }
+    if args.lockstep_torch:
+        # PyTorch's own DDP, its buckets all-reduced by lockstep's backend: the
+        # plain loop it is measured against is PyTorch's.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [os.path.abspath(args.lockstep_torch), os.environ.get("PYTHONPATH")])))
+        rows["PyTorch DDP over lockstep, 1 rank"] = (theirs(1, "--ddp", "--backend", "lockstep"), 1, "PyTorch", env)
+        rows[f"PyTorch DDP over lockstep, 2 ranks{shared}"] = (theirs(2, "--backend", "lockstep"), 2, "PyTorch", env)
+    return rows
+
+
+def compared_with(configs):
+    """Row -> the row its last column divides by: lockstep's three rows by
+    PyTorch's matching three, PyTorch's DDP over lockstep by PyTorch's DDP
+    over its own backends at the same world size."""
+    names = list(configs)
+    pairs = dict(zip(names[:3], names[3:6]))
+    pairs.update(zip(names[6:], names[4:6]))
+    return pairs
 
 
 def measure(configs, runs):
-    """Per row, the step time of each run, the runs interleaved (see the module's text)."""
+    """Per row, the step time of each run, the runs interleaved (see the
+    module's text), and per row that failed, why: the first failure drops
+    the row from later runs, so that the other rows are still measured."""
     names = list(configs)
     samples = {name: [] for name in names}
+    failed = {}
     for run in range(runs):
         shift = run % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(step_ms(configs[name][0]))
+            if name in failed:
+                continue
+            command, _, _, env = configs[name]
+            try:
+                samples[name].append(step_ms(command, env=env))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                failed[name] = (lines[-1] if lines else type(e).__name__).replace("|", "/")
+                print(f"# run {run + 1}/{runs}, {name}: FAILED: {e}", file=sys.stderr, flush=True)
+                continue
             print(f"# run {run + 1}/{runs}, {name}: {samples[name][-1]:.2f} ms", file=sys.stderr, flush=True)
-    return samples
+    return samples, failed
 
 
-def table(configs, samples):
-    plain = {configs[name][2]: statistics.median(samples[name]) for name in configs if name.endswith("no DDP")}
-    # The matching rows of the two libraries, in order: plain, one rank, two ranks.
-    pairs = dict(zip(list(configs)[:3], list(configs)[3:]))
+def table(configs, samples, failed):
+    plain = {configs[name][2]: statistics.median(samples[name]) for name in configs
+             if name.endswith("no DDP") and samples[name]}
+    pairs = compared_with(configs)
     lines = ["| variant | median step (ms) | min–max (ms) | spread | vs plain loop | lockstep / PyTorch |",
              "|---|---|---|---|---|---|"]
-    for name, (_, ranks, library) in configs.items():
+    for name, (_, ranks, library, _) in configs.items():
         v = samples[name]
+        if name in failed:
+            lines.append(f"| {name} | failed: {failed[name]} | | | | |")
+            continue
         med = statistics.median(v)
-        vs_plain = "baseline" if name.endswith("no DDP") else f"{100 * (med / (ranks * plain[library]) - 1):+.1f}%"
-        ratio = f"{med / statistics.median(samples[pairs[name]]):.3f}" if name in pairs else ""
+        vs_plain = ("baseline" if name.endswith("no DDP") else
+                    f"{100 * (med / (ranks * plain[library]) - 1):+.1f}%" if library in plain else "")
+        ratio = (f"{med / statistics.median(samples[pairs[name]]):.3f}"
+                 if name in pairs and samples[pairs[name]] else "")
         lines.append(f"| {name} | {med:.2f} | {min(v):.2f}–{max(v):.2f} | {100 * (max(v) / min(v) - 1):.1f}% "
                      f"| {vs_plain} | {ratio} |")
     return lines
@@ -119,6 +159,9 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first in each run")
     parser.add_argument("--out", help="also write the markdown there")
+    parser.add_argument("--lockstep-torch", metavar="DIR",
+                        help="where lockstep_torch (python/, built for CUDA) is importable: adds PyTorch's DDP "
+                             "over the backend lockstep at 1 and 2 ranks")
     args = parser.parse_args()
     for name in ("batch", "runs", "steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -147,16 +190,14 @@ def main():
         gpu = "the CPU"
 
     configs = variants(args, lockstep, example, [args.python, os.path.join(here, "pytorch_ddp.py")])
-    try:
-        samples = measure(configs, args.runs)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        sys.exit(f"compare_gpu_ddp: {e}")
+    samples, failed = measure(configs, args.runs)
     lines = [f"PyTorch {peer_version}, lockstep built in {args.build}, on {gpu}; model {args.model}, batch "
              f"{args.batch} per rank, SGD; per run {args.warmup} warm-up and {args.steps} timed steps, the run's "
              f"step the median of its slowest rank; median of {args.runs} interleaved runs. vs plain loop = step / "
              "(ranks x the same library's step without DDP) - 1; spread = max / min - 1 over the runs.", ""]
-    lines += table(configs, samples)
+    lines += table(configs, samples, failed)
     print_table(lines, args.out)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
