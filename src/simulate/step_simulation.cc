@@ -136,8 +136,11 @@ CpuCosts cpu_costs(const Scenario& s, int ranks) {
   // its own memory on the compute thread before the all-reduce.
   if (const Cluster::Hook16* h = hook16(s)) cpu.copy_us_per_byte = us_per_byte(h->narrow_gb_per_s);
   cpu.comm_cpu_share = c.comm_cpu_share;
-  // A rank runs backward on one thread and its collectives on another.
-  cpu.shared_core = c.cores_per_rank > 0 && c.cores_per_rank < 2;
+  // A rank runs backward on one thread and its collectives on another; the
+  // cores it has are those at this world size (a calibration's cores per
+  // rank at 2 ranks on a host of 4 cores leaves 4 ranks there one each), as
+  // for a fully sharded step.
+  cpu.shared_core = without_spare_core(c, ranks);
   // The fp32 all-reduce as measured beside compute, against the idle rows
   // of the same buffers (the links' fit), where that applies
   // (beside_compute_applies); the hooks' 16-bit all-reduces, on memory of
@@ -303,7 +306,7 @@ std::string bottleneck(const Workload& w, const Scenario& s, const ScalePredicti
         "the compute thread ({:.1f} ms), and backward shares its core with the collectives ({:.1f} ms: {:.1f} cores "
         "per rank, and the collectives keep a core {:.0f}% busy; a spare core per rank, or a device that moves the "
         "data itself, takes this off the step).",
-        cpu_ms, step, pct(cpu_ms), s.hook, st.copy_ms, st.sharing_ms, s.cluster.cores_per_rank,
+        cpu_ms, step, pct(cpu_ms), s.hook, st.copy_ms, st.sharing_ms, cores_per_rank_at(s.cluster, p.ranks),
         100 * s.cluster.comm_cpu_share);
   if (biggest == st.straggler_ms)
     return fmt::format("Stragglers: with a {:.0f}% spread of compute, the slowest of {} ranks is {:.1f} ms late, "

@@ -55,8 +55,9 @@ struct CpuCosts {
   // (1 for shm, which copies and spins; less for tcp, which waits on the
   // link). Costs compute only where `shared_core`.
   double comm_cpu_share = 0;
-  // Fewer than two cores per rank: the communication thread and backward
-  // share one. The scheduler then gives the communication thread what it
+  // Fewer than two cores per rank at this world size (without_spare_core:
+  // the host's cores over the ranks on it, where known): the communication
+  // thread and backward share one. The scheduler then gives the communication thread what it
   // asks for up to half the core and backward the rest, so while a
   // collective overlaps backward, backward runs at 1 - min(share, 1/2) of
   // its speed and the collective at min(share, 1/2) / share of its own.

@@ -263,6 +263,22 @@ TEST(StepSimulation, CpuCostsComeFromTheClusterAndTheScenario) {
   EXPECT_FALSE(cpu_costs(s, 2).shared_core);
 }
 
+// The cores a rank has are those at the world size predicted: calibrated at
+// 2 ranks on a host of 4 cores (2 each, one spare), 4 and 8 ranks there have
+// one core or half of one, which backward shares with the collectives.
+TEST(StepSimulation, TheSharedCoreIsJudgedAtTheWorldSizePredicted) {
+  Scenario s;
+  s.cluster.comm_cpu_share = 1;
+  s.cluster.cores_per_rank = 2;
+  s.cluster.cores_per_host = 4;
+  s.cluster.ranks_per_host = 8;
+  EXPECT_FALSE(cpu_costs(s, 2).shared_core);
+  EXPECT_TRUE(cpu_costs(s, 4).shared_core);
+  EXPECT_TRUE(cpu_costs(s, 8).shared_core);
+  s.cluster.ranks_per_host = 2;  // 4 ranks on two such hosts: two cores each again
+  EXPECT_FALSE(cpu_costs(s, 4).shared_core);
+}
+
 // Four ranks on a host of two cores: a profile of one rank's compute alone
 // takes turns with another rank on its core, so the step is at least twice
 // its compute and the collectives' share of a core; a --compute-trace of the
