@@ -298,19 +298,17 @@ def validate_random(a, place):
     # 2. Profiles per (model, batch, world): one rank (buckets) and N ranks
     # under no_sync (compute), --profile-repeats times interleaved, the
     # median run.
-    triples = sorted({(c["model"], c["batch"], c["ranks"]) for c in configs})
+    # (The one-rank profile of a model and batch serves every world.)
+    profiled = sorted({(c["model"], c["batch"], k) for c in configs for k in (1, c["ranks"])})
     runs = {}
     for repeat in range(a.profile_repeats):
-        for model, batch, n in triples:
-            for k in (1, n):
-                if k == 1 and (model, batch, 1) in runs and len(runs[(model, batch, 1)]) > repeat:
-                    continue  # the one-rank profile serves every world
-                prefix = os.path.join(out_dir, f"profile-{model}-b{batch}-{k}-{repeat}")
-                program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1) + ["--batch", str(batch)]
-                env = dict(os.environ, LOCKSTEP_TRACE=prefix)
-                text = place.run_alone(program, env=env) if k == 1 else place.run_ranks(k, program, env=env)
-                runs.setdefault((model, batch, k), []).append(
-                    (float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
+        for model, batch, k in profiled:
+            prefix = os.path.join(out_dir, f"profile-{model}-b{batch}-{k}-{repeat}")
+            program = throughput_program(a, model, 25, steps=2 * a.steps, no_sync=k > 1) + ["--batch", str(batch)]
+            env = dict(os.environ, LOCKSTEP_TRACE=prefix)
+            text = place.run_alone(program, env=env) if k == 1 else place.run_ranks(k, program, env=env)
+            runs.setdefault((model, batch, k), []).append(
+                (float(re.search(r"step_ms ([0-9.]+)", text).group(1)), prefix))
     profile = {key: sorted(v)[len(v) // 2][1] for key, v in runs.items()}
     profiled_step = {key: sorted(v)[len(v) // 2][0] for key, v in runs.items()}
 
