@@ -45,10 +45,10 @@ STD_SYMBOL = re.compile(r"`_Z(T[IVS])?(N[KVRO]*)?S[tabsiod]")
 BINDING = re.compile(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: normal symbol (`\S+')")
 
 
-def std_bindings_into_torch(code: str) -> list[str]:
+def bindings(code: str) -> list[tuple[str, str, str]]:
     """Runs `code` in a fresh interpreter with every symbol bound at load,
-    and returns each binding of a std:: symbol from the extension or
-    liblockstep to a torch library."""
+    and returns each binding the loader reported: (the file whose reference
+    it is, the file that serves it, the symbol)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, LD_BIND_NOW="1", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=f"{tmp}/bindings",
                    LD_LIBRARY_PATH=f"{TORCH_LIB}:{os.environ.get('LD_LIBRARY_PATH', '')}")
@@ -56,16 +56,25 @@ def std_bindings_into_torch(code: str) -> list[str]:
         assert result.returncode == 0, result.stderr
         lines = [line for f in glob.glob(f"{tmp}/bindings.*") for line in Path(f).read_text().splitlines()]
     assert any("binding file" in line for line in lines), "LD_DEBUG reported no bindings: the check saw nothing"
+    return [found.groups() for found in map(BINDING.search, lines) if found]
+
+
+def std_bindings_into_torch(code: str) -> list[str]:
+    """Each binding of a std:: symbol from the extension or liblockstep to
+    a torch library while `code` runs."""
     wrong = []
-    for line in lines:
-        found = BINDING.search(line)
-        if not found:
-            continue
-        source, target, symbol = found.groups()
+    for source, target, symbol in bindings(code):
         ours = Path(source).name.startswith(("liblockstep", "_C")) and Path(source).parent == PACKAGE
         if ours and STD_SYMBOL.match(symbol) and re.match(r"lib(torch|c10)", Path(target).name):
             wrong.append(f"{Path(source).name} -> {Path(target).name}: {symbol}")
     return wrong
+
+
+def dynamic_symbols(library: str, *which: str) -> list[list[str]]:
+    """nm -D's lines for `library` (--defined-only, --undefined-only), split
+    into fields; a versioned name (name@@VERSION) without its version."""
+    out = subprocess.run(["nm", "-D", *which, library], capture_output=True, text=True, check=True).stdout
+    return [fields[:-1] + [fields[-1].split("@")[0]] for fields in map(str.split, out.splitlines()) if fields]
 
 
 def test_libstdcxx_comes_before_the_torch_libraries_in_the_extensions_needs():
@@ -82,9 +91,7 @@ def test_the_extension_exports_its_module_init_alone():
     liblockstep, which the extension loads, would otherwise bind its
     standard-library calls to those copies, which come first in its lookup
     scope (a SIGSEGV at world 2 on a GPU machine's image)."""
-    symbols = subprocess.run(["nm", "-D", "--defined-only", EXTENSION], capture_output=True, text=True,
-                             check=True).stdout.split("\n")
-    exported = [line.split()[-1] for line in symbols if len(line.split()) == 3 and line.split()[1].isupper()]
+    exported = [f[2] for f in dynamic_symbols(EXTENSION, "--defined-only") if len(f) == 3 and f[1].isupper()]
     assert exported == ["PyInit__C"], f"the extension exports {len(exported)} symbols: {exported[:10]}"
 
 
@@ -97,10 +104,7 @@ def libstdcxx_in_this_process() -> str:
 
 
 def strong_exports(library: str) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
-    # (nm names a versioned symbol name@@VERSION.)
-    return {fields[2].split("@")[0] for fields in map(str.split, out.splitlines())
-            if len(fields) == 3 and fields[1] == "T"}
+    return {f[2] for f in dynamic_symbols(library, "--defined-only") if len(f) == 3 and f[1] == "T"}
 
 
 def test_liblockstep_exports_no_copy_of_libstdcxx():
@@ -115,13 +119,8 @@ def test_liblockstep_exports_no_copy_of_libstdcxx():
 
 
 def test_no_call_of_liblockstep_binds_into_the_extension():
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, LD_BIND_NOW="1", LD_DEBUG="bindings", LD_DEBUG_OUTPUT=f"{tmp}/bindings")
-        subprocess.run([sys.executable, "-c", "import torch, lockstep_torch"], env=env, check=True, timeout=120)
-        lines = [line for f in glob.glob(f"{tmp}/bindings.*") for line in Path(f).read_text().splitlines()]
-    into_extension = [found.group(3) for found in map(BINDING.search, lines)
-                      if found and Path(found.group(1)).name.startswith("liblockstep")
-                      and Path(found.group(2)).name.startswith("_C")]
+    into_extension = [symbol for source, target, symbol in bindings("import torch, lockstep_torch")
+                      if Path(source).name.startswith("liblockstep") and Path(target).name.startswith("_C")]
     assert not into_extension, "liblockstep binds into the extension: " + ", ".join(into_extension[:10])
 
 
@@ -143,8 +142,7 @@ def test_the_check_sees_a_binding_into_torch_when_there_is_one():
                              text=True).stdout
     if "_ZNSt10filesystem" not in exports:
         pytest.skip("this torch's libtorch_cpu.so exports no std::filesystem: nothing to bind into")
-    imports = subprocess.run(["nm", "-D", "--undefined-only", library], capture_output=True, text=True).stdout
-    if "_ZNSt10filesystem" not in imports:
+    if not any(f[-1].startswith("_ZNSt10filesystem") for f in dynamic_symbols(library, "--undefined-only")):
         pytest.skip(f"{Path(library).name} calls no std::filesystem of another library (its toolchain linked "
                     "libstdc++ statically, and the copy stays inside): nothing of it can bind into torch")
     wrong = std_bindings_into_torch(f"import ctypes; ctypes.CDLL({str(TORCH_LIB / 'libtorch_cpu.so')!r}, "
