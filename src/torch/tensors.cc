@@ -40,20 +40,15 @@ Buffer buffer_of(const ::torch::Tensor& t, std::string_view what) {
   return b;
 }
 
-// A tensor of at least this many bytes is broadcast in its own memory: a
-// packed copy would cost two passes over it (the pack, then the copy out)
-// for a saving of one collective's fixed cost, which at this size is
-// already a small part of the broadcast.
-constexpr std::size_t kInPlaceBroadcastBytes = 1 << 20;
-
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root) {
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
+                         std::size_t in_place_bytes) {
   if (pg.size() == 1 || tensors.empty()) return;
   ::torch::NoGradGuard no_grad;
   std::vector<std::shared_ptr<Work>> in_place;
   std::map<::torch::ScalarType, std::vector<::torch::Tensor>> by_type;
   for (const auto& t : tensors) {
     if (t.numel() == 0) continue;
-    if (t.is_contiguous() && t.nbytes() >= kInPlaceBroadcastBytes)
+    if (t.is_contiguous() && t.nbytes() >= in_place_bytes)
       in_place.push_back(pg.broadcast(buffer_of(t, "a tensor of the model"), root));
     else
       by_type[t.scalar_type()].push_back(t);
@@ -76,7 +71,7 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
   // in its own memory must say so too, or a backward through a graph that
   // saved it would silently use the new values.
   for (const auto& t : tensors)
-    if (t.numel() != 0 && t.is_contiguous() && t.nbytes() >= kInPlaceBroadcastBytes)
+    if (t.numel() != 0 && t.is_contiguous() && t.nbytes() >= in_place_bytes)
       t.unsafeGetTensorImpl()->bump_version();
 }
 

@@ -82,7 +82,7 @@ std::vector<Case> cases() {
       // rank 1's replacement.
       {"joins_while_another_dies", {"1:10:reduce", "2:12:feed"}, {}, 2, 2},
       // ZeRO-1: the replacement takes its partition back from the backup
-      // that stepped it meanwhile (rank 0's is the largest).
+      // that stepped it meanwhile (each partition a quarter of the elements).
       {"sharded_kill_replace_kill_again", {"1:10:reduce"}, {"1:1:20:barrier", "1:2:20:forward"}, 3, 3, true},
       {"sharded_first_rank_replaced", {"0:10:commit"}, {"0:1:20:committed", "0:2:20:backward"}, 3, 3, true},
   };

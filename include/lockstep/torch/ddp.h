@@ -312,9 +312,17 @@ DType dtype_of(::torch::ScalarType type);
 // InvalidArgument naming `what`.
 Buffer buffer_of(const ::torch::Tensor& t, std::string_view what);
 
-// Broadcasts `tensors` from `root`: each contiguous tensor of 1 MiB or more
-// in its own memory, the others packed, one collective per dtype.
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root);
+// A tensor of at least this many bytes is broadcast in its own memory by
+// default: a packed copy would cost two passes over it (the pack, then the
+// copy out) for a saving of one collective's fixed cost, which at this
+// size is already a small part of the broadcast.
+constexpr std::size_t kInPlaceBroadcastBytes = 1 << 20;
+
+// Broadcasts `tensors` from `root`: each contiguous tensor of
+// `in_place_bytes` or more in its own memory, the others packed, one
+// collective per dtype.
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
+                         std::size_t in_place_bytes = kInPlaceBroadcastBytes);
 
 // Checks that every rank has the same named tensors (names, shapes,
 // dtypes); throws MismatchError listing the differences and the ranks.

@@ -101,10 +101,12 @@ struct ResilientOptions {
   // on the layout: each element is averaged over the shards in shard order.
   std::size_t bucket_cap_bytes = 25u << 20;
   // ZeRO-1: each rank keeps the optimizer state of its shards' partitions
-  // of the parameters only (libtorch's SGD, Adam, AdamW, Adagrad, RMSprop;
-  // ConfigError for another), and, with the backup, its ring
-  // predecessor's as well, so that one death, or several apart in the
-  // ring, loses nothing.
+  // of the parameters only (equal ranges of their elements, a tensor cut
+  // where a range ends; exactly libtorch's SGD, Adam, AdamW, Adagrad or
+  // RMSprop, ConfigError for another or a subclass), and, with the backup,
+  // its ring predecessor's as well, so that one death, or several apart in
+  // the ring, loses nothing. The user's optimizer holds no state meanwhile
+  // (consolidate_optimizer_state() gives the first rank's all of it).
   bool shard_optimizer_state = false;
   bool optimizer_state_backup = true;
   // Called at each phase of a step, for logs and for tests that kill a
