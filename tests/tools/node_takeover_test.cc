@@ -3,10 +3,14 @@
 // takes a lost node's place as its next generation, with starts numbered
 // after every one the loss covered, again after its own loss; it never
 // takes a node still heard from, nor one of a job that does not go on
-// without lost nodes; and it must run as many ranks as the lost node.
+// without lost nodes; and it must run as many ranks as the lost node. In
+// an elastic job, a launcher that arrives takes the place of the node the
+// running round lost, waiting for the loss where the round is full, and
+// none where nothing is lost and the round has room.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -14,6 +18,7 @@
 #include "lockstep/error.h"
 #include "lockstep/store.h"
 #include "run/failure_report.h"
+#include "run/elastic_rendezvous.h"
 #include "run/node_loss_watch.h"
 #include "run/node_takeover.h"
 
@@ -163,6 +168,60 @@ TEST(NodeTakeover, TheNodeTakingALostOnesPlaceMustRunAsManyRanks) {
               std::string::npos)
         << e.what();
   }
+}
+
+// An elastic round 0 of two nodes, running (closed), each node described
+// as publish_elastic_node does under --on-rank-failure continue.
+void elastic_round_running(Store& store) {
+  store.set("rdzv/round", "0");
+  store.set("rdzv/0/closed", std::to_string(kNodes));
+  for (int node = 0; node < kNodes; ++node) publish_elastic_node(store, node_round(node), kRanksPerNode);
+}
+
+ElasticOptions elastic_options(int max_nodes) {
+  ElasticOptions o;
+  o.min_nodes = kNodes;
+  o.max_nodes = max_nodes;
+  o.keep_alive = kKeepAlive;
+  return o;
+}
+
+TEST(NodeTakeover, InAnElasticJobALauncherThatArrivesTakesTheNodeTheRunningRoundLost) {
+  HashStore store;
+  elastic_round_running(store);
+  NodeLossWatch node0(store, node_round(0), kRanksPerNode, kKeepAlive);
+  auto node1 = std::make_unique<NodeLossWatch>(store, node_round(1), kRanksPerNode, kKeepAlive);
+  ElasticRendezvous arriving(store, elastic_options(kNodes), kRanksPerNode, "arriving", -1);
+  // The round is full and nothing is lost yet: the launcher waits for a loss.
+  auto taken = std::async(std::launch::async, [&] {
+    return take_over_a_lost_node(store, arriving, kRanksPerNode, milliseconds(200), -1);
+  });
+  EXPECT_EQ(taken.wait_for(milliseconds(500)), std::future_status::timeout) << "it did not wait for a loss";
+  node1.reset();  // killed
+  until_lost(node0, store, 0);
+  const auto t = taken.get();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->generation, 1);
+  EXPECT_EQ(t->round.number, 0);
+  EXPECT_EQ(t->round.node_rank, 1);
+  EXPECT_EQ(t->round.first_rank, 2);
+  EXPECT_EQ(t->round.world_size, 4);
+  EXPECT_EQ(t->incarnations, (std::vector<int>{1, 1}));
+  EXPECT_EQ(lost_node_count(store, 0), 0);
+}
+
+TEST(NodeTakeover, InAnElasticJobWithRoomAndNothingLostTheLauncherJoinsTheNextRound) {
+  HashStore store;
+  elastic_round_running(store);
+  NodeLossWatch node0(store, node_round(0), kRanksPerNode, kKeepAlive);
+  NodeLossWatch node1(store, node_round(1), kRanksPerNode, kKeepAlive);
+  ElasticRendezvous arriving(store, elastic_options(kNodes + 1), kRanksPerNode, "arriving", -1);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(take_over_a_lost_node(store, arriving, kRanksPerNode, milliseconds(300), -1), std::nullopt);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(300)) << "it did not wait for a loss first";
+  // No round runs (one forms): nothing to take, at once.
+  store.set("rdzv/round", "1");
+  EXPECT_EQ(take_over_a_lost_node(store, arriving, kRanksPerNode, milliseconds(300), -1), std::nullopt);
 }
 
 }  // namespace

@@ -176,6 +176,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   // it lost (node_takeover.h).
   const int first_attempt =
       single || elastic ? 0 : attempt_to_join(store, plan.node_rank, Deadline::after(plan.join_timeout), signal_fd);
+  // Under --on-rank-failure continue a node that stops beating is lost,
+  // not failed: the others go on without it (no new round, elastic or
+  // not), and a launcher that arrives later takes its place.
+  const bool nodes_lost_in_place = !single && o.on_rank_failure == "continue";
   int failures = first_attempt;
   int last_world = -1;
   const std::vector<std::string> command =
@@ -186,9 +190,14 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     RoundStore round_store;  // the ranks' store of this round, under etcd
     std::optional<NodeTakeover> takeover;
     try {
-      if (!single && !elastic && attempt == first_attempt && o.on_rank_failure == "continue")
-        takeover = take_over_lost_node(store, plan.node_rank, plan.nodes.min, nproc, attempt,
-                                       2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
+      if (!single && attempt == first_attempt && nodes_lost_in_place) {
+        if (!elastic)
+          takeover = take_over_lost_node(store, plan.node_rank, plan.nodes.min, nproc, attempt,
+                                         2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
+        else
+          takeover = take_over_a_lost_node(store, *elastic, nproc,
+                                           2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
+      }
       if (takeover) {
         round = takeover->round;
         std::fprintf(stderr,
@@ -203,6 +212,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
           return 0;
         }
         round = *next;
+        if (nodes_lost_in_place) publish_elastic_node(store, round, nproc);
       } else {
         round = rendezvous_static(store, o, plan.node_rank, plan.nodes.min, nproc, attempt, signal_fd);
       }
@@ -247,14 +257,18 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     const std::string failed_key = round_failed_key(round.number);
     StopReasons stop;
     if (!single)
-      sup.remote_failure = watch_other_nodes(store, elastic.get(), plan, job, store_name, round, round_store, stop);
+      sup.remote_failure =
+          watch_other_nodes(store, elastic.get(), plan, job, store_name, round, round_store, stop, nodes_lost_in_place);
     sup.continue_after_rank_failure = o.on_rank_failure == "continue";
-    // Nodes that stop beating are lost, not failed (a fixed node count;
-    // an elastic job re-forms its rounds without them instead).
     std::unique_ptr<NodeLossWatch> node_loss;
-    if (sup.continue_after_rank_failure && !single && !elastic) {
+    if (nodes_lost_in_place) {
+      NodeLossWatch::TellRanks tell_ranks;
+      if (plan.etcd)
+        tell_ranks = [&round_store](const std::string& key, const std::string& value) {
+          update_round_ranks(round_store, key, value);
+        };
       node_loss = std::make_unique<NodeLossWatch>(store, round, nproc, continue_keep_alive(o),
-                                                  takeover ? takeover->generation : 0);
+                                                  takeover ? takeover->generation : 0, std::move(tell_ranks));
       sup.remote_failure = [watch = std::move(sup.remote_failure), &node_loss,
                             &stop]() -> std::optional<std::string> {
         if (auto cut_off = node_loss->poll()) {
@@ -306,11 +320,12 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         if (elastic) elastic->mark_done(round);
         store.add(fmt::format("launcher/{}/done", round.number), 1);
         // Under etcd, node 0 of the round hosts its ranks' store instead.
-        if ((server || round_store.server) && elastic)
-          wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
-        else if (server && node_loss)
-          // A node that dies meanwhile is lost, not waited for.
+        if ((server || round_store.server) && node_loss)
+          // A node that dies meanwhile is lost, not waited for (and one
+          // taken over beats on NodeLossWatch's counter, not the elastic one).
           wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return node_loss->poll(); });
+        else if ((server || round_store.server) && elastic)
+          wait_for_nodes(store, round.nnodes, round.number, signal_fd, [&] { return elastic->silent_before_done(round); });
         else if (server)
           wait_for_nodes(store, round.nnodes, round.number, signal_fd);
       }

@@ -194,13 +194,23 @@ std::optional<std::string> ElasticRendezvous::lost_node(const Round& round) {
   return store_.get(key);
 }
 
-std::optional<std::string> ElasticRendezvous::watch(const Round& round) {
+std::optional<Round> ElasticRendezvous::running_round() {
+  const int r = current_round();
+  if (!store_.check({closed_key(r)}) || store_.check({kFinishedKey})) return std::nullopt;
+  Round round;
+  round.number = r;
+  round.nnodes = to_int(store_.get(closed_key(r)));
+  return round;
+}
+
+std::optional<std::string> ElasticRendezvous::watch(const Round& round, bool watch_peers) {
   const int r = round.number;
   const int open = current_round();
   if (open != r) {
     const std::string why = lost_node(round).value_or(fmt::format("another launcher opened round {}", open));
     return fmt::format("round {} of rendezvous '{}' is over: {}{}", r, options_.id, why, pause_note());
   }
+  if (!watch_peers) return std::nullopt;
   // A node whose ranks all finished stops beating when it leaves; one
   // whose ranks still run (a last checkpoint) must not take it for lost.
   const auto unfinished = [&](int node) { return !store_.check({done_key(r, node)}); };

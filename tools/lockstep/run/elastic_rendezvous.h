@@ -32,6 +32,10 @@
 //      everyone else sees the round move on, reads why, stops its ranks and
 //      joins r+1, without the silent node. A node that comes back (SIGCONT)
 //      finds its round over the same way and joins again as a new node.
+//      Under --on-rank-failure continue the launchers do not watch these
+//      beats while the round runs: NodeLossWatch counts a silent node lost
+//      and the round goes on without it (node_loss_watch.h), and a
+//      launcher that arrives takes its place (node_takeover.h).
 // Fewer than MIN by the join timeout: ConfigError naming who came. Not
 // thread-safe (one per launcher).
 #pragma once
@@ -94,8 +98,13 @@ class ElasticRendezvous {
   // goes on; otherwise why it is over for this node: a watched node stopped
   // beating (this launcher then opens the next round without it), or the
   // rendezvous moved on to another round (another launcher saw a node stop
-  // beating, or a node waits to join). Throws the store's Error.
-  std::optional<std::string> watch(const Round& round);
+  // beating, or a node waits to join). With `watch_peers` false (the job
+  // goes on without lost nodes, which NodeLossWatch marks), only the
+  // latter. Throws the store's Error.
+  std::optional<std::string> watch(const Round& round, bool watch_peers = true);
+  // The round running now (closed, the job not finished): its number and
+  // node count only. nullopt while a round forms or after the job ended.
+  std::optional<Round> running_round();
   // Notes, without a request to the store, that this launcher is polling
   // `round` now; call it before each poll's requests. If it did not poll
   // for longer than the keep-alive limit, or this poll has lasted longer

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -30,10 +31,12 @@ std::string losing_key(int round, int node, int generation) {
 
 }  // namespace
 
-NodeLossWatch::NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation)
+NodeLossWatch::NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation,
+                             TellRanks tell_ranks)
     : store_(store.clone()),
       round_(round),
       generation_(generation),
+      tell_ranks_(std::move(tell_ranks)),
       heartbeat_(store.clone(), keep_alive.interval),
       silence_(keep_alive.limit()) {
   store_->set_timeout(keep_alive.limit());
@@ -89,10 +92,14 @@ void NodeLossWatch::mark_lost(int node, int generation, Duration silent_for) {
   }
   const std::string me = fmt::format("node {} (generation {})", round_.node_rank, generation_);
   if (store_->compare_set(losing_key(round_.number, node, generation), "", me) == me) {
+    const auto tell = [&](const std::string& key, const std::string& value) {
+      store_->set(key, value);
+      if (tell_ranks_) tell_ranks_(key, value);
+    };
     for (int r = first; r >= 0 && r < first + count; ++r) {
-      store_->set(launcher_lost_key(round_.number, r), "node lost");
+      tell(launcher_lost_key(round_.number, r), "node lost");
       const std::int64_t last_start = store_->add(launcher_starts_key(round_.number, r), 0);
-      store_->set(launcher_node_lost_key(round_.number, r), std::to_string(last_start));  // its replacements too
+      tell(launcher_node_lost_key(round_.number, r), std::to_string(last_start));  // its replacements too
     }
     store_->set(node_keys::lost(round_.number, node, generation), fmt::format("node {} stopped beating in the store", node));
     store_->add(node_keys::lost_count(round_.number), 1);

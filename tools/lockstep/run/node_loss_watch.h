@@ -1,4 +1,5 @@
-// --on-rank-failure continue across nodes, in a job of a fixed node count:
+// --on-rank-failure continue across nodes, in a job of a fixed node count
+// or an elastic one (whose round then runs on without the lost node):
 // a node whose launcher stops beating in the store (killed with its ranks,
 // its host gone, or cut off from the store's host) is lost, not failed.
 // Its ranks are marked ended (launcher_lost_key), so that the survivors'
@@ -22,6 +23,7 @@
 // Not thread-safe: polled from the launcher's one thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,7 +40,12 @@ class NodeLossWatch {
   // Starts this node's heartbeat (on a clone of `store`) and publishes its
   // ranks. `generation`: 0 for the job's first launcher of the node, else
   // the one take_over_lost_node gave this launcher.
-  NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation = 0);
+  // `tell_ranks`: where the ranks read another store than `store` (under
+  // etcd, the round's own), also writes there the keys that mark a lost
+  // node's ranks ended.
+  using TellRanks = std::function<void(const std::string& key, const std::string& value)>;
+  NodeLossWatch(Store& store, const Round& round, int nproc, KeepAlive keep_alive, int generation = 0,
+                TellRanks tell_ranks = nullptr);
 
   // Marks the other nodes that have stopped beating lost, with a message
   // each. Returns why this node must stop its ranks: the store did not
@@ -54,6 +61,7 @@ class NodeLossWatch {
   std::shared_ptr<Store> store_;  // a clone that waits no longer than the silence limit
   Round round_;
   int generation_;
+  TellRanks tell_ranks_;
   Heartbeat heartbeat_;
   SilenceWatch silence_;
   std::map<int, int> gone_;  // node -> its generation lost or finished: not watched until taken over

@@ -51,6 +51,35 @@ int wait_until_lost(Store& store, int node, int attempt, Duration wait_for_loss,
   }
 }
 
+// Takes generation `lost` + 1 of the node, which the others counted lost;
+// nullopt if another launcher took it first.
+std::optional<NodeTakeover> claim_lost_node(Store& store, int node_rank, int nnodes, int nproc, int attempt,
+                                            int lost) {
+  NodeTakeover t;
+  t.generation = lost + 1;
+  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
+  const std::string key = fmt::format("{}.{}", node_key(attempt, node_rank), t.generation);
+  if (store.compare_set(key, "", me) != me) return std::nullopt;
+  t.round.number = attempt;
+  t.round.node_rank = node_rank;
+  t.round.nnodes = nnodes;
+  for (int n = 0; n < nnodes; ++n) {
+    const int count = static_cast<int>(parse_int(store.get(nproc_key(attempt, n))).value_or(0));
+    if (n == node_rank && count != nproc)
+      throw ConfigError(fmt::format("node {} ran {} rank(s) and this launcher was given --nproc-per-node {}: the "
+                                    "node that takes its place must run as many",
+                                    node_rank, count, nproc));
+    if (n < node_rank) t.round.first_rank += count;
+    t.round.world_size += count;
+  }
+  for (int local = 0; local < nproc; ++local)
+    t.incarnations.push_back(static_cast<int>(store.add(launcher_starts_key(attempt, t.round.first_rank + local), 1)));
+  // Last: once the generation moves on, the others watch the node again.
+  store.add(node_keys::lost_count(attempt), -1);
+  store.add(node_keys::generation(attempt, node_rank), 1);
+  return t;
+}
+
 }  // namespace
 
 int attempt_to_join(Store& store, int node_rank, Deadline deadline, int signal_fd) {
@@ -74,31 +103,45 @@ std::optional<NodeTakeover> take_over_lost_node(Store& store, int node_rank, int
   if (!store.check({node_key(attempt, node_rank)}) || !store.check({node_keys::beat(attempt, node_rank)}))
     return std::nullopt;
   const int lost = wait_until_lost(store, node_rank, attempt, wait_for_loss, signal_fd);
-  NodeTakeover t;
-  t.generation = lost + 1;
-  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
-  const std::string key = fmt::format("{}.{}", node_key(attempt, node_rank), t.generation);
-  const std::string holder = store.compare_set(key, "", me);
-  if (holder != me)
-    throw ConfigError(fmt::format("{} took the place of lost node {} first; this launcher stops", holder, node_rank));
-  t.round.number = attempt;
-  t.round.node_rank = node_rank;
-  t.round.nnodes = nnodes;
-  for (int n = 0; n < nnodes; ++n) {
-    const int count = static_cast<int>(parse_int(store.get(nproc_key(attempt, n))).value_or(0));
-    if (n == node_rank && count != nproc)
-      throw ConfigError(fmt::format("node {} ran {} rank(s) and this launcher was given --nproc-per-node {}: the "
-                                    "node that takes its place must run as many",
-                                    node_rank, count, nproc));
-    if (n < node_rank) t.round.first_rank += count;
-    t.round.world_size += count;
-  }
-  for (int local = 0; local < nproc; ++local)
-    t.incarnations.push_back(static_cast<int>(store.add(launcher_starts_key(attempt, t.round.first_rank + local), 1)));
-  // Last: once the generation moves on, the others watch the node again.
-  store.add(node_keys::lost_count(attempt), -1);
-  store.add(node_keys::generation(attempt, node_rank), 1);
+  auto t = claim_lost_node(store, node_rank, nnodes, nproc, attempt, lost);
+  if (!t)
+    throw ConfigError(fmt::format("{} took the place of lost node {} first; this launcher stops",
+                                  store.get(fmt::format("{}.{}", node_key(attempt, node_rank), lost + 1)), node_rank));
   return t;
+}
+
+void publish_elastic_node(Store& store, const Round& round, int nproc) {
+  store.set(node_key(round.number, round.node_rank), fmt::format("host {} (pid {})", host_name(), ::getpid()));
+  store.set(nproc_key(round.number, round.node_rank), std::to_string(nproc));
+}
+
+std::optional<NodeTakeover> take_over_a_lost_node(Store& store, ElasticRendezvous& elastic, int nproc,
+                                                  Duration wait_for_loss, int signal_fd) {
+  std::optional<Deadline> deadline;
+  for (;;) {
+    const std::optional<Round> running = elastic.running_round();
+    if (!running) return std::nullopt;
+    const int r = running->number;
+    for (int node = 0; node < running->nnodes && lost_node_count(store, r) > 0; ++node) {
+      const int generation = static_cast<int>(store.add(node_keys::generation(r, node), 0));
+      if (!store.check({node_keys::lost(r, node, generation)})) continue;
+      if (auto t = claim_lost_node(store, node, running->nnodes, nproc, r, generation)) return t;
+      // Another launcher took it first: the next one.
+    }
+    const bool full = running->nnodes >= elastic.options().max_nodes;
+    if (!deadline) {
+      const Duration wait = full ? elastic.options().join_timeout : wait_for_loss;
+      deadline = Deadline::after(wait);
+      std::fprintf(stderr,
+                   "lockstep run: the job runs round %d with %d node(s)%s; waiting up to %.0f s for a node it loses, "
+                   "to take its place (--on-rank-failure continue)\n",
+                   r, running->nnodes, full ? " (--nnodes maximum: full)" : "",
+                   std::chrono::duration<double>(wait).count());
+    }
+    if (deadline->expired()) return std::nullopt;
+    throw_if_interrupted(signal_fd, "a node of the running job to be lost, to take its place");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 }  // namespace lockstep::cli

@@ -9,6 +9,9 @@
 //     node's next generation, and its ranks start as replacements, which
 //     join the running group at its next step boundary and are fed their
 //     state from their peers' memory (docs/faults.md).
+// In an elastic job under --on-rank-failure continue, a launcher that
+// arrives while a round runs takes the place of a node of the round that
+// the others counted lost (take_over_a_lost_node), with no --node-rank.
 // A node still heard from is not taken: two launchers given one
 // --node-rank stop the job, as before. Free functions; not thread-safe
 // (they read the launcher's signalfd).
@@ -47,5 +50,25 @@ struct NodeTakeover {
 // signal.
 std::optional<NodeTakeover> take_over_lost_node(Store& store, int node_rank, int nnodes, int nproc, int attempt,
                                                 Duration wait_for_loss, int signal_fd);
+
+// An elastic job (--nnodes MIN:MAX) under --on-rank-failure continue: each
+// node of a round just formed says who holds it and how many ranks it runs,
+// under the keys take_over_lost_node reads (a fixed job's rendezvous_static
+// writes the same).
+void publish_elastic_node(Store& store, const Round& round, int nproc);
+
+// A launcher arriving at an elastic job under --on-rank-failure continue:
+// while `elastic` says a round runs, takes the place of a node of that
+// round that the others counted lost (the lowest), as take_over_lost_node
+// does. A node that just died is counted lost within the keep-alive limit,
+// so it waits for one: `wait_for_loss` where the round has room for this
+// node (nullopt after it: the launcher joins the next round, and the job
+// re-forms for it, as without continue), `join_timeout` where the round is
+// full. nullopt at once where no round runs (one forms, or the job ended).
+// Another launcher taking a node first is not an error: it tries the next.
+// Throws ConfigError where the lost node ran another number of ranks,
+// Interrupted on a signal.
+std::optional<NodeTakeover> take_over_a_lost_node(Store& store, ElasticRendezvous& elastic, int nproc,
+                                                  Duration wait_for_loss, int signal_fd);
 
 }  // namespace lockstep::cli

@@ -56,6 +56,14 @@ void tell_round_ranks(const RoundStore& store, const std::string& key, const std
   }
 }
 
+void update_round_ranks(const RoundStore& store, const std::string& key, const std::string& value) {
+  try {
+    briefly_connected(store)->set(key, value);
+  } catch (const Error&) {
+    // As tell_round_ranks.
+  }
+}
+
 bool round_store_has(const RoundStore& store, const std::string& key) {
   try {
     return briefly_connected(store)->check({key});

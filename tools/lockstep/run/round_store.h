@@ -38,6 +38,9 @@ RoundStore open_round_store(Store& control, const Round& round, const std::strin
 // launchers say (launcher_stop_key); best effort within a second: a store
 // whose host has gone has no ranks left to tell.
 void tell_round_ranks(const RoundStore& store, const std::string& key, const std::string& value);
+// The same, but the value replaces one already there (a lost node's last
+// start, which moves on with each of its generations).
+void update_round_ranks(const RoundStore& store, const std::string& key, const std::string& value);
 
 // Whether `key` is set in the round's store, where its ranks tell their
 // launchers something (launcher_dropped_key); false if it does not answer

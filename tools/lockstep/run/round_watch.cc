@@ -12,7 +12,8 @@ namespace lockstep::cli {
 std::function<std::optional<std::string>()> watch_other_nodes(Store& store, ElasticRendezvous* elastic,
                                                               const JobPlan& plan, const JobIdentity& job,
                                                               const std::string& store_name, const Round& round,
-                                                              const RoundStore& round_store, StopReasons& stop) {
+                                                              const RoundStore& round_store, StopReasons& stop,
+                                                              bool nodes_lost_in_place) {
   const auto store_gone = [&plan, &job, &store_name, elastic](const Error& e) {
     if (plan.etcd)
       return fmt::format("{} refused this launcher's request ({}), and the job cannot go on without it{}", store_name,
@@ -21,7 +22,7 @@ std::function<std::optional<std::string>()> watch_other_nodes(Store& store, Elas
                        "without it{}",
                        job.store_addr, job.store_port, e.what(), elastic ? elastic->pause_note() : "");
   };
-  return [&store, elastic, &plan, &round, &round_store, &stop, store_gone,
+  return [&store, elastic, &plan, &round, &round_store, &stop, store_gone, nodes_lost_in_place,
           failed_key = round_failed_key(round.number)]() -> std::optional<std::string> {
     if (elastic) elastic->note_poll(round);
     try {
@@ -36,7 +37,7 @@ std::function<std::optional<std::string>()> watch_other_nodes(Store& store, Elas
         return "a new node is waiting to join; re-forming the group";
       }
       if (elastic) {
-        if (auto over = elastic->watch(round)) {
+        if (auto over = elastic->watch(round, !nodes_lost_in_place)) {
           stop.round_over = true;
           return over;
         }

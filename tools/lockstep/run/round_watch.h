@@ -34,10 +34,15 @@ struct StopReasons {
 // reason noted in `stop`. `elastic`: null in a job with a fixed node count.
 // When a node waits to join, it first tells the ranks (launcher_stop_key)
 // that the stop is planned. `store_name` names etcd in messages; `job`
-// names the TcpStore. Every reference must outlive the returned function.
+// names the TcpStore. `nodes_lost_in_place`: under --on-rank-failure
+// continue an elastic job does not re-form its round for a silent node
+// (NodeLossWatch marks it lost and the others go on), so the watch leaves
+// the elastic heartbeats alone. Every reference must outlive the returned
+// function.
 std::function<std::optional<std::string>()> watch_other_nodes(Store& store, ElasticRendezvous* elastic,
                                                               const JobPlan& plan, const JobIdentity& job,
                                                               const std::string& store_name, const Round& round,
-                                                              const RoundStore& round_store, StopReasons& stop);
+                                                              const RoundStore& round_store, StopReasons& stop,
+                                                              bool nodes_lost_in_place = false);
 
 }  // namespace lockstep::cli
