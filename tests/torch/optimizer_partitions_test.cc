@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lockstep/error.h"
+#include "optimizer_state_checks.h"
 #include "thread_ranks.h"
 #include "torch/optimizer_partitions.h"
 #include "torch/optimizer_state.h"
@@ -29,6 +30,7 @@ namespace {
 namespace optim = ::torch::optim;
 namespace nn = ::torch::nn;
 using ::torch::Tensor;
+using testing::expect_same_state;
 using testing::TorchThreadWorld;
 
 constexpr int kRanks = 3;
@@ -82,27 +84,6 @@ void expect_same_parameters(nn::Module& model, const std::vector<Tensor>& want, 
     EXPECT_TRUE(::torch::equal(got[i], want[i])) << what << ": parameter " << i;
 }
 
-void expect_same_state(optim::Optimizer& a, optim::Optimizer& b, const std::string& what) {
-  const auto pa = params_of(a);
-  const auto pb = params_of(b);
-  ASSERT_EQ(pa.size(), pb.size());
-  for (std::size_t i = 0; i < pa.size(); ++i) {
-    auto* sa = state_of(a, pa[i]);
-    auto* sb = state_of(b, pb[i]);
-    ASSERT_EQ(sa == nullptr, sb == nullptr) << what << ": parameter " << i;
-    if (sa == nullptr) continue;
-    const auto ta = state_tensors(*sa);
-    const auto tb = state_tensors(*sb);
-    ASSERT_TRUE(ta && tb) << what;
-    EXPECT_EQ(ta->second, tb->second) << what << ": step of parameter " << i;
-    for (std::size_t k = 0; k < ta->first.size(); ++k) {
-      ASSERT_EQ(ta->first[k].defined(), tb->first[k].defined()) << what << ": parameter " << i << " tensor " << k;
-      if (!ta->first[k].defined()) continue;
-      EXPECT_EQ(ta->first[k].sizes(), tb->first[k].sizes()) << what << ": parameter " << i;
-      EXPECT_TRUE(::torch::equal(ta->first[k], tb->first[k])) << what << ": parameter " << i << " tensor " << k;
-    }
-  }
-}
 
 std::string saved(optim::Optimizer& optimizer) {
   std::ostringstream out;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lockstep/error.h"
+#include "optimizer_state_checks.h"
 #include "thread_ranks.h"
 #include "torch/optimizer_state.h"
 
@@ -24,6 +25,7 @@ namespace {
 
 namespace optim = ::torch::optim;
 namespace nn = ::torch::nn;
+using testing::expect_same_state;
 using testing::TorchThreadWorld;
 
 constexpr int kRanks = 3;
@@ -53,26 +55,6 @@ std::vector<Rank> ranks_with(const MakeOptimizer& make) {
   });
 }
 
-// Every state tensor and step of `a` equal to `b`'s, parameter by parameter.
-void expect_same_state(optim::Optimizer& a, optim::Optimizer& b, const std::string& what) {
-  const auto pa = a.param_groups()[0].params();
-  const auto pb = b.param_groups()[0].params();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (std::size_t i = 0; i < pa.size(); ++i) {
-    auto* sa = state_of(a, pa[i]);
-    auto* sb = state_of(b, pb[i]);
-    ASSERT_EQ(sa == nullptr, sb == nullptr) << what << ": parameter " << i;
-    if (sa == nullptr) continue;
-    const auto ta = state_tensors(*sa);
-    const auto tb = state_tensors(*sb);
-    ASSERT_TRUE(ta && tb) << what;
-    EXPECT_EQ(ta->second, tb->second) << what << ": step of parameter " << i;
-    for (std::size_t k = 0; k < ta->first.size(); ++k) {
-      ASSERT_EQ(ta->first[k].defined(), tb->first[k].defined()) << what << ": parameter " << i << " tensor " << k;
-      if (ta->first[k].defined()) EXPECT_TRUE(::torch::equal(ta->first[k], tb->first[k])) << what << ": " << i;
-    }
-  }
-}
 
 void check_broadcast(const MakeOptimizer& make, const std::function<void(optim::Optimizer&)>& after_training = {}) {
   std::vector<Rank> ranks = ranks_with(make);
