@@ -180,6 +180,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   // not failed: the others go on without it (no new round, elastic or
   // not), and a launcher that arrives later takes its place.
   const bool nodes_lost_in_place = !single && o.on_rank_failure == "continue";
+  // How long a launcher that arrives waits for the others to count a node
+  // lost, to take its place: the keep-alive limit twice, and 5 s.
+  const Duration wait_for_loss = 2 * continue_keep_alive(o).limit() + std::chrono::seconds(5);
   int failures = first_attempt;
   int last_world = -1;
   const std::vector<std::string> command =
@@ -190,13 +193,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
     RoundStore round_store;  // the ranks' store of this round, under etcd
     std::optional<NodeTakeover> takeover;
     try {
-      if (!single && attempt == first_attempt && nodes_lost_in_place) {
-        if (!elastic)
-          takeover = take_over_lost_node(store, plan.node_rank, plan.nodes.min, nproc, attempt,
-                                         2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
-        else
-          takeover = take_over_a_lost_node(store, *elastic, nproc,
-                                           2 * continue_keep_alive(o).limit() + std::chrono::seconds(5), signal_fd);
+      if (nodes_lost_in_place && attempt == first_attempt) {
+        takeover = elastic ? take_over_a_lost_node(store, *elastic, nproc, wait_for_loss, signal_fd)
+                           : take_over_lost_node(store, plan.node_rank, plan.nodes.min, nproc, attempt,
+                                                 wait_for_loss, signal_fd);
       }
       if (takeover) {
         round = takeover->round;
