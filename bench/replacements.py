@@ -15,7 +15,9 @@ this machine, and prints markdown for docs/performance.md:
      every digest compared, on the replacement), and the feeding's rate
      against `lockstep bench --op broadcast` at the state's size in the
      same run (its bus bandwidth: what one broadcast of that many bytes
-     moves per second on this transport).
+     moves per second on this transport), each run's broadcast measured
+     right after it; with --runs, medians (the ratio's of the per-run
+     ratios).
   2. A job whose rank 1 is killed every --interval seconds (each
      replacement killed --interval after it joined, by steps: the clean
      run's step time says how many): its steps per second over the whole
@@ -89,7 +91,8 @@ def broadcast_bus_gbps(o, size):
 
 
 def time_to_train(o):
-    print(f"### A replacement training after a death ({o.ranks} ranks, rank 1 killed at step {o.kill_step})\n")
+    print(f"### A replacement training after a death ({o.ranks} ranks, rank 1 killed at step {o.kill_step}"
+          f"{f'; medians of {o.runs} runs' if o.runs > 1 else ''})\n")
     print("| hidden | state fed (MB) | kill to training (s) | feeding (s) | feeding's rate (GB/s) "
           "| `lockstep bench` broadcast busbw (GB/s) | rate / busbw |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -100,18 +103,27 @@ def time_to_train(o):
         m = re.search(r"world rank 0: 30 steps in ([\d.]+) s", probe)
         step_s = float(m.group(1)) / 30
         steps = o.kill_step + max(40, int(o.after_kill / step_s))
-        _, out = job(o, ["--hidden", str(hidden), "--steps", str(steps), "--kill", f"1:{o.kill_step}:reduce"],
-                     ["--on-rank-failure", "continue", "--max-replacements", "1"])
-        killed = float(re.search(r"killing itself at step \d+, \w+, at ([\d.]+)", out).group(1))
-        training = re.search(r"replacement 1\): joined at step \d+.*training at ([\d.]+)", out)
-        if training is None:
-            sys.exit(f"replacements.py: the replacement did not join before step {steps}:\n{out[-3000:]}")
-        fed = float(re.search(r"\[1\] fed a replacement: ([\d.]+) s", out).group(1))
         size = state_bytes(hidden)
-        busbw = broadcast_bus_gbps(o, size)
-        rate = size / fed / 1e9
-        print(f"| {hidden} | {size / 1e6:.1f} | {float(training.group(1)) - killed:.2f} | {fed:.3f} | {rate:.2f} "
-              f"| {busbw:.2f} | {rate / busbw:.2f} |", flush=True)
+        # Each run's feeding against the broadcast measured right after it:
+        # the machine's speed moves between runs by more than the ratio's
+        # margin, so the ratio is taken per run and its median reported.
+        to_train, fed, busbw, ratio = [], [], [], []
+        for _ in range(o.runs):
+            _, out = job(o, ["--hidden", str(hidden), "--steps", str(steps), "--kill", f"1:{o.kill_step}:reduce"],
+                         ["--on-rank-failure", "continue", "--max-replacements", "1"])
+            killed = float(re.search(r"killing itself at step \d+, \w+, at ([\d.]+)", out).group(1))
+            training = re.search(r"replacement 1\): joined at step \d+.*training at ([\d.]+)", out)
+            if training is None:
+                sys.exit(f"replacements.py: the replacement did not join before step {steps}:\n{out[-3000:]}")
+            to_train.append(float(training.group(1)) - killed)
+            fed.append(float(re.search(r"\[1\] fed a replacement: ([\d.]+) s", out).group(1)))
+            busbw.append(broadcast_bus_gbps(o, size))
+            ratio.append(size / fed[-1] / 1e9 / busbw[-1])
+        med = statistics.median
+        print(f"| {hidden} | {size / 1e6:.1f} | {med(to_train):.2f} | {med(fed):.3f} | {size / med(fed) / 1e9:.2f} "
+              f"| {med(busbw):.2f} | {med(ratio):.2f} |", flush=True)
+        if o.runs > 1:
+            print(f"<!-- hidden {hidden}: rate / busbw per run {', '.join(f'{r:.2f}' for r in ratio)} -->", flush=True)
     print()
 
 
