@@ -9,9 +9,12 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "torch/state_digest.h"
