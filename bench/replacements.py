@@ -16,8 +16,8 @@ this machine, and prints markdown for docs/performance.md:
      against `lockstep bench --op broadcast` at the state's size in the
      same run (its bus bandwidth: what one broadcast of that many bytes
      moves per second on this transport), each run's broadcast measured
-     right after it; with --runs, medians (the ratio's of the per-run
-     ratios).
+     right after it; with --runs, medians (the ratio the median of the
+     per-run ratios).
   2. A job whose rank 1 is killed every --interval seconds (each
      replacement killed --interval after it joined, by steps: the clean
      run's step time says how many): its steps per second over the whole
