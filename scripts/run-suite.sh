@@ -4,6 +4,11 @@
 #   - every process the suite starts inherits LOCKSTEP_TEST_RUN, fresh for
 #     this run; once the suite ends, scripts/leftover-processes.sh finds any
 #     still running, names and kills them, and the suite fails;
+#   - the flight-recorder dumps its failure tests write (every group that
+#     fails writes one per rank) go to $LOCKSTEP_TEST_LOGS/flight/NAME,
+#     emptied when the suite starts, where a failed test's can be read
+#     beside its log, not to /tmp, where every run's would pile up; a test
+#     that names its own directory keeps it;
 #   - its results go to $LOCKSTEP_TEST_LOGS/NAME.junit.xml (ctest's
 #     --output-junit, pytest's --junitxml), from which every skipped test is
 #     listed with its reason (scripts/skipped-tests.py) in
@@ -27,8 +32,11 @@ case $kind in
   *) echo "run-suite: KIND must be ctest or pytest, not '$kind'" >&2; exit 2 ;;
 esac
 
+flight=$logs/flight/$name
+rm -rf "$flight" && mkdir -p "$flight"
+
 token=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
-(cd "$dir" && LOCKSTEP_TEST_RUN=$token "$@" "${extra[@]}")
+(cd "$dir" && LOCKSTEP_TEST_RUN=$token LOCKSTEP_FLIGHT_DIR=${LOCKSTEP_FLIGHT_DIR:-$flight} "$@" "${extra[@]}")
 status=$?
 
 python3 "$here/skipped-tests.py" "$name" "$junit" > "$logs/skipped/$name.txt"

@@ -155,6 +155,11 @@ ProcessRanks::ProcessRanks(int n, const std::function<EnvMap(int)>& env_for, con
       const int log = ::open(fmt::format("{}/rank{}.log", dir_, r).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(log, STDOUT_FILENO);
       ::dup2(log, STDERR_FILENO);
+      // A failing group writes its flight recorder to the temporary
+      // directory: here that is this run's own, which goes with it, where
+      // thousands of tests' dumps would otherwise pile up in /tmp. Where
+      // the environment or env_for names a directory, that one.
+      ::setenv("LOCKSTEP_FLIGHT_DIR", dir_.c_str(), /*overwrite=*/0);
       for (const auto& [k, v] : env_for(r)) ::setenv(k.c_str(), v.c_str(), 1);
       int code = kExitOk;
       try {
