@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "harness/launcher.h"
 #include "harness/manual_clock.h"
 #include "harness/process_ranks.h"
 #include "run/supervisor.h"
@@ -45,9 +46,8 @@ TEST(SupervisorClock, ARankIgnoringSigtermIsKilledWhenTheGracePeriodPassesOnItsC
   testing::ManualClock clock;
   QuietSignalFd signals;
   ASSERT_GE(signals.fd(), 0);
-  char dir[] = "/tmp/lockstep-supervisor-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string ready = std::string(dir) + "/ready";
+  const testing::TempDir dir;  // removed with the test, where a mkdtemp stayed behind
+  const std::string ready = dir.path() + "/ready";
   std::vector<RankProcess> ranks;
   // Marks that it ignores SIGTERM (an ignored signal stays ignored across
   // exec), then outlives any test.
