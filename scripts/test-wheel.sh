@@ -69,7 +69,8 @@ echo "test-wheel: $(basename "$package") loads only itself, torch's libraries an
 # that nothing but the installed package can be imported.
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cd "$work"
-output=$(timeout 300 "$work/venv/bin/torchrun" --nproc-per-node 2 --master-port "$port" \
+# (TMPDIR: torchrun's torchelastic_* log directory goes with $work.)
+output=$(TMPDIR=$work timeout 300 "$work/venv/bin/torchrun" --nproc-per-node 2 --master-port "$port" \
            "$repo/python/tests/workers.py" ddp default 2>&1) || fail "DDP over lockstep under torchrun failed:
 $output"
 # Counted as occurrences: the two ranks' lines may arrive run together.

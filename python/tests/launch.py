@@ -43,10 +43,14 @@ def run_world(case: str, world: int, *args: str, deadline_s: float = 120) -> lis
 
 
 def run_torchrun(case: str, world: int, *args: str, deadline_s: float = 120) -> Rank:
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-                             f"--master-port={free_port()}", str(WORKERS), case, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    return reap([proc], deadline_s)[0]
+    # torchrun keeps its ranks' logs in a torchelastic_* directory under
+    # TMPDIR that it never removes: one of this run's own, removed with it.
+    with tempfile.TemporaryDirectory(prefix="lockstep-torchrun-") as tmp:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+                                 f"--master-port={free_port()}", str(WORKERS), case, *args],
+                                env=dict(os.environ, TMPDIR=tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        return reap([proc], deadline_s)[0]
 
 
 def run_lockstep_run(cli: str, case: str, world: int, *args: str, deadline_s: float = 120) -> Rank:
