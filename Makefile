@@ -220,7 +220,9 @@ run-wheel-test:
 # them also in gloo's selection) at world 2. Tests lockstep does not pass
 # are listed with their reasons in python/battery/skips.txt; every other
 # test the battery does not skip by itself must pass. Each run is
-# SELECTION:WORLD.
+# SELECTION:WORLD. Each run's TMPDIR is its own, removed after it: the
+# battery's tests meet through a FileStore in a temporary file that a
+# test's ranks, terminated at its end, do not remove.
 BATTERY_RUNS ?= gloo:2 gloo:3 plugin:2
 test-battery: build-python
 	@$(MAKE) --no-print-directory run-battery
@@ -229,11 +231,11 @@ test-battery: build-python
 run-battery:
 	@for run in $(BATTERY_RUNS); do selection=$${run%%:*}; world=$${run##*:}; \
 	  echo "battery: PyTorch's distributed_test, $$selection's selection, world $$world"; \
-	  log=$(abspath $(PYTHON_DIR))/battery-$$selection-$$world.log; \
-	  PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_BATTERY_SELECTION=$$selection WORLD_SIZE=$$world \
+	  log=$(abspath $(PYTHON_DIR))/battery-$$selection-$$world.log; tmp=$$(mktemp -d); \
+	  PYTHONPATH=$(abspath $(PYTHON_DIR)) LOCKSTEP_BATTERY_SELECTION=$$selection WORLD_SIZE=$$world TMPDIR=$$tmp \
 	    scripts/run-suite.sh battery-$$selection-$$world-$(subst /,-,$(PYTHON_DIR)) pytest python/battery \
 	    timeout 1200 $(abspath $(TORCH2_PYTHON)) -m pytest -q -p no:cacheprovider -rfE pytorch_battery.py \
-	    > $$log 2>&1; status=$$?; \
+	    > $$log 2>&1; status=$$?; rm -rf $$tmp; \
 	  grep -v 'gpuGetDeviceCount failed' $$log; [ $$status -eq 0 ] || exit 1; done
 
 # Everything: worlds 4 and 8 run the tests that need them (8 ranks on two
