@@ -39,6 +39,7 @@ fi
 [ ${#torchruns[@]} -gt 0 ] || skip "no torchrun with an importable torch (python3-torch, or the project's .venv/torch2)"
 
 work=$(mktemp -d)
+export TMPDIR=$work  # torchrun's torchelastic_* log directories go with it
 source "$(dirname "$0")/hosts.sh"
 two_linked_hosts 10.218.0 900
 printf '127.0.0.1 localhost\n10.218.0.1 host0\n10.218.0.2 host1\n' > "$work/hosts"

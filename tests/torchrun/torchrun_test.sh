@@ -40,6 +40,7 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+export TMPDIR=$work  # torchrun's torchelastic_* log directories go with it
 # Rank 0 says which store torchrun told the ranks to use.
 cat > "$work/rank.sh" <<WRAPPER
 #!/bin/sh
