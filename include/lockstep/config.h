@@ -140,7 +140,7 @@ struct Config {
   DebugLevel debug = DebugLevel::off;
   std::string trace_prefix;  // LOCKSTEP_TRACE; empty: no timeline
   std::string stats_prefix;  // LOCKSTEP_STATS; empty: no statistics file
-  std::string flight_dir;    // LOCKSTEP_FLIGHT_DIR; empty: no flight record
+  std::string flight_dir;    // LOCKSTEP_FLIGHT_DIR; empty: the temporary directory
   std::optional<Duration> watchdog_settle;
   std::optional<Duration> stall_warning;
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/reference.h"
+#include "harness/bare_config.h"
 #include "harness/thread_world.h"
 #include "lockstep/config.h"
 #include "lockstep/error.h"
@@ -63,7 +64,7 @@ class NcclOnGpu : public ::testing::Test {
     if (status != cudaSuccess || devices == 0)
       GTEST_SKIP() << "no CUDA device (" << cudaGetErrorString(status) << "): the nccl backend needs a GPU";
     GroupOptions options;
-    options.config = Config{};
+    options.config = testing::bare_config();
     options.rank = 0;
     options.world_size = 1;
     options.backend = "nccl";
@@ -237,7 +238,7 @@ TEST(NcclOnOneGpu, TwoRanksAreAConfigErrorSayingOneGpuPerRank) {
   auto store = std::make_shared<HashStore>();
   const auto errors = testing::run_threads(2, [&](int rank) {
     GroupOptions options;
-    options.config = Config{};  // local rank 0 for both: both choose cuda:0
+    options.config = testing::bare_config();  // local rank 0 for both: both choose cuda:0
     options.rank = rank;
     options.world_size = 2;
     options.backend = "nccl";

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "harness/bare_config.h"
 #include "lockstep/config.h"
 #include "lockstep/error.h"
 #include "lockstep/process_group.h"
@@ -16,7 +17,7 @@ namespace {
 
 TEST(NcclBackend, WithoutADeviceOrNcclFormingAGroupIsAConfigErrorNamingTheCause) {
   GroupOptions options;
-  options.config = Config{};
+  options.config = testing::bare_config();
   options.rank = 0;
   options.world_size = 1;
   options.backend = "nccl";
@@ -39,7 +40,7 @@ TEST(NcclBackend, WithoutADeviceOrNcclFormingAGroupIsAConfigErrorNamingTheCause)
 
 TEST(NcclBackend, AutoNeverChoosesNccl) {
   GroupOptions options;
-  options.config = Config{};
+  options.config = testing::bare_config();
   options.rank = 0;
   options.world_size = 1;
   options.store = std::make_shared<HashStore>();

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "harness/bare_config.h"
 #include "harness/manual_clock.h"
 #include "harness/thread_world.h"
 #include "reference.h"
@@ -631,7 +632,7 @@ TEST_P(ProcessGroupTest, ACollectiveTimesOutOnTheGroupsClock) {
 TEST(Rendezvous, ARankThatNeverJoinsIsNamedOnceTheGroupsClockPassesTheTimeout) {
   testing::ManualClock clock;
   GroupOptions options;
-  options.config = Config{};
+  options.config = testing::bare_config();
   options.rank = 0;
   options.world_size = 2;
   options.backend = "tcp";

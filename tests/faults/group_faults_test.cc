@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "faults/faulty_os.h"
+#include "harness/bare_config.h"
 #include "harness/thread_world.h"
 #include "lockstep/error.h"
 #include "lockstep/process_group.h"
@@ -28,7 +29,7 @@ constexpr Duration kTimeout = 30s;
 
 GroupOptions options_for(int rank, const std::shared_ptr<Store>& store, const std::string& backend, Os* os) {
   GroupOptions options;
-  options.config = Config{};  // nothing from this process's environment
+  options.config = testing::bare_config();
   options.rank = rank;
   options.world_size = 2;
   options.store = store;
