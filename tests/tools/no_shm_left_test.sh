@@ -65,7 +65,8 @@ check "lockstep run" "$dir"
 
 if [ -n "$venv_bin" ] && [ -x "$venv_bin/torchrun" ]; then
   dir=$work/torchrun && mkdir -p "$dir"
-  PID_DIR=$dir timeout 180 "$venv_bin/torchrun" --no-python --nproc-per-node 2 --master-port "$(free_port)" \
+  # TMPDIR: torchrun's torchelastic_* log directory goes with the test's.
+  TMPDIR=$dir PID_DIR=$dir timeout 180 "$venv_bin/torchrun" --no-python --nproc-per-node 2 --master-port "$(free_port)" \
     "$program" die-in-shm-setup > "$dir/out.log" 2>&1
   check "torchrun" "$dir"
 else
