@@ -26,21 +26,6 @@ using ::torch::Tensor;
 // share their parameters (broadcast_coalesced packs the smaller ones).
 constexpr std::size_t kSharedInPlaceBytes = 64 << 10;
 
-// An optimizer of `user`'s type (one zero_pieces::steps_elementwise
-// accepts) over `groups`, with its defaults.
-std::unique_ptr<optim::Optimizer> same_type(const optim::Optimizer& user, std::vector<optim::OptimizerParamGroup> groups) {
-  const std::type_info& type = typeid(user);
-  const auto& d = user.defaults();
-  if (type == typeid(optim::SGD)) return std::make_unique<optim::SGD>(groups, static_cast<const optim::SGDOptions&>(d));
-  if (type == typeid(optim::Adam))
-    return std::make_unique<optim::Adam>(groups, static_cast<const optim::AdamOptions&>(d));
-  if (type == typeid(optim::AdamW))
-    return std::make_unique<optim::AdamW>(groups, static_cast<const optim::AdamWOptions&>(d));
-  if (type == typeid(optim::Adagrad))
-    return std::make_unique<optim::Adagrad>(groups, static_cast<const optim::AdagradOptions&>(d));
-  return std::make_unique<optim::RMSprop>(groups, static_cast<const optim::RMSpropOptions&>(d));
-}
-
 Tensor gradient_of(const Tensor& param, const detail::ZeroPiece& piece) {
   const Tensor& grad = param.grad();
   return grad.defined() ? grad.detach().reshape({-1}).narrow(0, piece.begin, piece.count) : Tensor();
@@ -83,7 +68,7 @@ OptimizerPartitions::OptimizerPartitions(optim::Optimizer& optimizer, int count,
     for (; k < pieces_.size() && pieces_[k].param < param; ++k) views.push_back(piece_tensors_[k]);
     groups.emplace_back(std::move(views), group.options().clone());
   }
-  inner_ = same_type(user_, std::move(groups));
+  inner_ = zero_pieces::same_type(user_, std::move(groups));
   kept_.assign(members_.size(), keeps_state);
   if (keeps_state) take_state_from_user_optimizer();
   user_.state().clear();
@@ -123,8 +108,7 @@ void OptimizerPartitions::give_whole_state_to_user_optimizer() {
 // The user's groups' options (a scheduler's learning rate) to the
 // optimizer that steps the pieces.
 void OptimizerPartitions::take_user_options() {
-  auto& groups = inner_->param_groups();
-  for (std::size_t g = 0; g < groups.size(); ++g) groups[g].set_options(user_.param_groups()[g].options().clone());
+  zero_pieces::copy_options(user_.param_groups(), inner_->param_groups());
 }
 
 std::vector<int> OptimizerPartitions::keeper_world_ranks(std::size_t p) const {

@@ -48,12 +48,6 @@ constexpr const char* kNotInTheJoin =
     "ZeroRedundancyOptimizer::step: the shards' all-gather did not pair with the other ranks' collectives. If a "
     "rank ran out of inputs under a Join, this optimizer must be in the Join too: Join({ddp, zero})";
 
-// Each group's options of `from`, into the same group of `to`.
-void copy_options(const std::vector<::torch::optim::OptimizerParamGroup>& from,
-                  std::vector<::torch::optim::OptimizerParamGroup>& to) {
-  for (std::size_t g = 0; g < from.size() && g < to.size(); ++g) to[g].set_options(from[g].options().clone());
-}
-
 // The parameters of a list of groups, refused if there are none or one is
 // undefined; then the defaults of the optimizer the factory makes.
 std::unique_ptr<::torch::optim::OptimizerOptions> checked_defaults(
@@ -350,7 +344,7 @@ void ZeroRedundancyOptimizer::step_shard_and_gather() {
     detail::ZeroOverlap::finish_step(*this);
   } else if (local_) {
     // A scheduler (or the user) changes the options of param_groups().
-    copy_options(param_groups_, local_->param_groups());
+    zero_pieces::copy_options(param_groups_, local_->param_groups());
     give_cut_pieces_their_gradients();
     local_->step();
     // Views of the gradients: kept, they would keep a gradient that
@@ -508,10 +502,10 @@ void ZeroRedundancyOptimizer::load(::torch::serialize::InputArchive& archive) {
   sync_groups();
   auto full = optimizer_over(-1);
   full->load(archive);
-  copy_options(full->param_groups(), param_groups_);
+  zero_pieces::copy_options(full->param_groups(), param_groups_);
   if (local_) {
     take_piece_states(*full);
-    copy_options(param_groups_, local_->param_groups());
+    zero_pieces::copy_options(param_groups_, local_->param_groups());
   }
 }
 

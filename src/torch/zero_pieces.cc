@@ -79,6 +79,23 @@ bool steps_elementwise(const optim::Optimizer& optimizer) {
          type == typeid(optim::Adagrad) || type == typeid(optim::RMSprop);
 }
 
+std::unique_ptr<optim::Optimizer> same_type(const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) {
+  const std::type_info& type = typeid(like);
+  const auto& d = like.defaults();
+  if (type == typeid(optim::SGD)) return std::make_unique<optim::SGD>(groups, static_cast<const optim::SGDOptions&>(d));
+  if (type == typeid(optim::Adam))
+    return std::make_unique<optim::Adam>(groups, static_cast<const optim::AdamOptions&>(d));
+  if (type == typeid(optim::AdamW))
+    return std::make_unique<optim::AdamW>(groups, static_cast<const optim::AdamWOptions&>(d));
+  if (type == typeid(optim::Adagrad))
+    return std::make_unique<optim::Adagrad>(groups, static_cast<const optim::AdagradOptions&>(d));
+  return std::make_unique<optim::RMSprop>(groups, static_cast<const optim::RMSpropOptions&>(d));
+}
+
+void copy_options(const std::vector<optim::OptimizerParamGroup>& from, std::vector<optim::OptimizerParamGroup>& to) {
+  for (std::size_t g = 0; g < from.size() && g < to.size(); ++g) to[g].set_options(from[g].options().clone());
+}
+
 std::unique_ptr<optim::OptimizerParamState> slice_state(const optim::OptimizerParamState& whole, std::int64_t begin,
                                                        std::int64_t count) {
   auto piece = whole.clone();

@@ -1,7 +1,8 @@
 // The pure parts of ZeroRedundancyOptimizer's balanced_elements partition:
 // where the equal ranges of elements cut the parameters, which optimizers
-// may step such cuts, and how the per-parameter state of a cut tensor is
-// split into its pieces' states and merged back. Stateless; thread-safe.
+// may step such cuts (and an optimizer of the same type to step them), and
+// how the per-parameter state of a cut tensor is split into its pieces'
+// states and merged back. Stateless; thread-safe.
 #pragma once
 
 #include <torch/torch.h>
@@ -31,6 +32,16 @@ std::int64_t balanced_chunk(std::int64_t total, int ranks);
 // only, so stepping the pieces of a tensor equals stepping the tensor.
 // Subclasses are not: their step() could look at whole tensors.
 bool steps_elementwise(const ::torch::optim::Optimizer& optimizer);
+
+// An optimizer of `like`'s type (one steps_elementwise accepts) over
+// `groups`, with `like`'s defaults: what steps pieces of its parameters.
+std::unique_ptr<::torch::optim::Optimizer> same_type(const ::torch::optim::Optimizer& like,
+                                                     std::vector<::torch::optim::OptimizerParamGroup> groups);
+
+// Each group's options of `from` (a scheduler's learning rate, say) into
+// the same group of `to`.
+void copy_options(const std::vector<::torch::optim::OptimizerParamGroup>& from,
+                  std::vector<::torch::optim::OptimizerParamGroup>& to);
 
 // The state of elements [begin, begin + count) of a parameter, from the
 // whole parameter's state: each tensor entry flattened and cut (a copy),
