@@ -10,7 +10,7 @@
 // sharded workload, default batch 32)
 // and "convnet" (the Fashion-MNIST net: Conv 1->32->64, MaxPool, Linear
 // 9216->128->10, cross-entropy). Batch is per rank (default 64, wide-mlp
-// 2048, deep-mlp 32); SGD. --fsdp trains an MLP fully sharded
+// 2048, deep-mlp 32); SGD (--optimizer adam: Adam). --fsdp trains an MLP fully sharded
 // (lockstep::torch::fully_shard: each Linear but the last a unit, then the
 // root, which holds the last) instead of under DDP: bench/compare_fsdp.py
 // measures it against PyTorch's FSDP2 and this program's DDP. --no-sync measures
@@ -35,6 +35,7 @@
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
 #include <lockstep/torch/fully_shard.h>
+#include <lockstep/torch/shard_backup.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -70,6 +71,8 @@ struct Options {
   bool no_ddp = false;
   bool fsdp = false;
   bool reshard_after_forward = true;  // --keep-after-forward: false (ZeRO-2)
+  bool shard_backup = false;          // --shard-backup: each rank keeps its predecessor's shards
+  std::string optimizer = "sgd";
   std::string device = "cpu";
   bool bucket_view = false;
   double bucket_cap_mb = 25;
@@ -107,7 +110,7 @@ struct StepTimes {
 // optimizer's step. exposed_ms() is read after each timed step.
 StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::optim::Optimizer& opt,
                      const std::function<torch::Tensor()>& forward_backward,
-                     const std::function<double()>& exposed_ms) {
+                     const std::function<double()>& exposed_ms, const std::function<void()>& after_step = [] {}) {
   // A step ends when the device is done with it, not when it is queued.
   const auto finish_step = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -118,6 +121,7 @@ StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::op
     opt.zero_grad();
     const torch::Tensor loss = forward_backward();
     opt.step();
+    after_step();
     finish_step();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     // Read after the step is timed, so the read (a copy from the GPU with
@@ -185,6 +189,11 @@ torch::Tensor loss_of(const Options& o, const torch::Tensor& out, const torch::T
   return o.model == "convnet" ? torch::cross_entropy_loss(out, y) : torch::mse_loss(out, y);
 }
 
+std::unique_ptr<torch::optim::Optimizer> optimizer_of(const Options& o, std::vector<torch::Tensor> params) {
+  if (o.optimizer == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-4));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.01));
+}
+
 // FSDP2's recipe for a model of blocks (each block a unit, then the whole
 // model), as bench/pytorch_ddp.py --fsdp applies it: each Linear but the
 // last a unit of its own, then the root, which holds the last.
@@ -205,17 +214,27 @@ int run_fully_sharded(const Options& o, const std::shared_ptr<lockstep::ProcessG
                       torch::Device device) {
   const std::size_t params = parameter_count(mlp);  // whole: sharding leaves this rank's pieces
   auto model = fully_sharded(mlp, pg, o.reshard_after_forward);
-  torch::optim::SGD opt(model->parameters(), 0.01);
+  const auto opt = optimizer_of(o, model->parameters());
+  std::unique_ptr<lockstep::torch::ShardBackup> backup;
+  if (o.shard_backup) backup = std::make_unique<lockstep::torch::ShardBackup>(*model, *opt);
   const Batch batch = rank_batch(o, pg->rank(), device);
   const StepTimes t = time_steps(
-      o, device, pg->rank(), opt,
+      o, device, pg->rank(), *opt,
       [&] {
         auto loss = loss_of(o, model->forward(batch.x), batch.y);
         loss.backward();
+        if (backup) backup->send_gradients();  // overlaps the optimizer's step
         return loss;
       },
-      [] { return 0.0; });
+      [] { return 0.0; },
+      [&] {
+        if (backup) backup->step();
+      });
   report(o, *pg, device, params, t);
+  if (backup) {
+    backup->verify();  // what was timed kept the copies exact
+    if (pg->rank() == 0) std::printf("shard_backup_bytes %zu\n", backup->bytes());
+  }
   return 0;
 }
 
@@ -244,7 +263,7 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
   }
   std::unique_ptr<lockstep::torch::DistributedDataParallel<Model>> ddp;
   if (!o.no_ddp) ddp = std::make_unique<lockstep::torch::DistributedDataParallel<Model>>(model, pg, ddp_options);
-  torch::optim::SGD opt(model->parameters(), 0.01);
+  const auto opt = optimizer_of(o, model->parameters());
   const Batch batch = rank_batch(o, pg->rank(), device);
   const auto forward_backward = [&] {
     auto loss = loss_of(o, ddp ? ddp->forward(batch.x) : model->forward(batch.x), batch.y);
@@ -252,7 +271,7 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
     return loss;
   };
   const StepTimes t = time_steps(
-      o, device, pg->rank(), opt,
+      o, device, pg->rank(), *opt,
       [&] {
         if (o.no_sync && ddp) {
           auto guard = ddp->no_sync();  // as in PyTorch, around the forward and the backward
@@ -304,6 +323,11 @@ int main(int argc, char** argv) {
   app.add_flag("!--keep-after-forward", o.reshard_after_forward,
                "With --fsdp: keep each unit's gathered parameters from its forward to its backward (ZeRO-2)")
       ->needs("--fsdp");
+  app.add_flag("--shard-backup", o.shard_backup,
+               "With --fsdp: each rank keeps a copy of its ring predecessor's shards and their optimizer state, "
+               "stepped with the gradients it sends (lockstep::torch::ShardBackup)")
+      ->needs("--fsdp");
+  app.add_option("--optimizer", o.optimizer, "sgd (lr 0.01) or adam (lr 1e-4)")->check(CLI::IsMember({"sgd", "adam"}));
   CLI11_PARSE(app, argc, argv);
   if (o.fsdp && o.model == "convnet") {
     std::fprintf(stderr, "ddp_throughput: --fsdp shards the MLPs (mlp, wide-mlp, deep-mlp), not the convnet\n");

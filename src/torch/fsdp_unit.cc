@@ -474,14 +474,18 @@ void FsdpUnit::return_to_shards() {
   if (state_ != State::sharded) use_sharded();
   if (stashed_) {
     const bool fresh = reduced_shard_.defined();
+    bool viewed = false;  // a gradient made a view of the reduced shard
     for (std::size_t i = 0; i < params_.size(); ++i) {
       Tensor grad = stash_[i];
       const ShardPiece& piece = pieces_[i];
-      if (fresh && piece.count > 0 && params_[i].requires_grad() && used_anywhere_.at(i))
+      if (fresh && piece.count > 0 && params_[i].requires_grad() && used_anywhere_.at(i)) {
+        viewed = viewed || !grad.defined();
         grad = grad.defined() ? grad.add_(reduced_shard_.narrow(0, piece.shard_offset, piece.count))
                               : piece_of(reduced_shard_, piece);
+      }
       params_[i].mutable_grad() = grad;
     }
+    if (viewed && keep_gradient_memory_) gradient_memory_ = reduced_shard_;
   }
   if (reduced_shard_.defined()) had_gradient_.assign(params_.size(), false);
   stash_.clear();

@@ -84,6 +84,12 @@ class FsdpUnit {
   // This unit and every unit inside it.
   std::vector<FsdpUnit*> units_within();
   void set_gradient_sync(bool sync) { gradient_sync_ = sync; }
+  // Keep the reduced shard that the parameters' gradients are views of
+  // (gradient_memory()), for a reader that sends them as one buffer
+  // (ShardBackup). The gradients keep it alive anyway; kept, it outlives
+  // gradients the user replaces, until the next step's.
+  void keep_gradient_memory() { keep_gradient_memory_ = true; }
+  const ::torch::Tensor& gradient_memory() const { return gradient_memory_; }
 
  private:
   enum class State { sharded, gathering, unsharded };
@@ -149,6 +155,8 @@ class FsdpUnit {
   ::torch::Tensor reduced_shard_;       // the finished reduce-scatter's result, dtype_
   ::torch::Tensor accumulated_;         // unsharded gradients kept while gradient sync is off
   bool gradient_sync_ = true;
+  bool keep_gradient_memory_ = false;
+  ::torch::Tensor gradient_memory_;
   std::shared_ptr<FsdpStep> step_;
   std::vector<std::shared_ptr<FsdpUnit>> nested_;  // kept alive with the root
 };

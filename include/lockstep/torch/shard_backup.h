@@ -1,0 +1,94 @@
+// Redundant shards for fully_shard (docs/fsdp.md, "Backup shards"): each
+// rank keeps a copy of its ring predecessor's shard of every unit of a
+// fully sharded model (rank r keeps rank r-1's, rank 0 the last rank's),
+// with that shard's optimizer state, kept current step by step. A rank's
+// shard then lives on two ranks, so that one death, or several apart in the
+// ring, loses no parameter or optimizer state.
+//
+//   auto model = lockstep::torch::fully_shard(net, pg);
+//   torch::optim::Adam opt(model->parameters(), 1e-3);
+//   lockstep::torch::ShardBackup backup(*model, opt);   // before the first step
+//   for (...) {
+//     opt.zero_grad();
+//     loss(model->forward(x), y).backward();
+//     backup.send_gradients();                          // optional: overlaps the optimizer's step
+//     opt.step();
+//     backup.step();                                    // after each step
+//   }
+//   backup.verify();                                    // every backup holds its predecessor's bytes
+//
+// How it stays current: step() sends this rank's reduced gradients (the
+// ones its optimizer just stepped with) to the next rank, and steps the
+// copy it keeps with those its predecessor sent, in an optimizer of the
+// same type and options. The optimizer must update each element from its
+// own gradient and state (exactly libtorch's SGD, Adam, AdamW, Adagrad or
+// RMSprop), so the copy's step gives its owner's bits: no parameter or
+// state is sent after the first. Per step that is one shard of gradients
+// sent and received (from the memory fully_shard left them in: no copy),
+// and one more shard stepped; in memory, one more shard of parameters, of
+// gradients and of optimizer state (bytes() says how many).
+//
+// Not yet: rebuilding a dead rank's shard from its backup in place (the
+// trainer that survives a death with fully_shard, docs/faults.md). Until
+// then a death falls back to the restart from a checkpoint.
+//
+// Collective: every rank makes one and calls step() and verify() at the
+// same points. Not thread-safe: the training thread.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "lockstep/torch/fully_shard.h"
+
+namespace lockstep::torch {
+
+class ShardBackup {
+ public:
+  // `model` is the root of a fully sharded model (its units' shards are
+  // kept) and `optimizer` steps its parameters and holds no state yet
+  // (InvalidArgument otherwise: a state loaded from a checkpoint is not
+  // sent). ConfigError for an optimizer that cannot be stepped in pieces;
+  // InvalidArgument in a group of one rank (no peer to keep a copy).
+  // Sends every rank's shards to the next rank.
+  ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& optimizer);
+  ~ShardBackup();
+  ShardBackup(const ShardBackup&) = delete;
+  ShardBackup& operator=(const ShardBackup&) = delete;
+
+  // Optional, after backward and before the optimizer's step: starts
+  // sending this step's gradients to the next rank (and receiving the
+  // previous rank's), so that the transfer overlaps the optimizer's step.
+  // The gradients must not change until step().
+  void send_gradients();
+  // After the optimizer's step: this step's gradients to the next rank
+  // (unless send_gradients() sent them), and the copy of the previous
+  // rank's shards stepped with its own.
+  void step();
+
+  // Whether every rank's copy holds its predecessor's bytes (parameters,
+  // then optimizer state), compared by digest on every rank. Throws Error
+  // naming the ranks whose copies differ.
+  void verify();
+
+  // The group rank whose shards this rank keeps.
+  int kept_rank() const;
+  // The bytes this rank keeps for it: the copy's parameters, gradients and
+  // optimizer state, and the buffer its own gradients leave from.
+  std::size_t bytes() const;
+  // For tests: the copy's parameter pieces, unit by unit in the model's
+  // order, each unit's pieces in the order of its parameters (those with
+  // elements in the kept rank's shard).
+  std::vector<::torch::Tensor> pieces() const;
+  // The copy's optimizer (its state; its groups mirror the user's).
+  ::torch::optim::Optimizer& optimizer();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep::torch

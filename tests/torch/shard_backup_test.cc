@@ -1,0 +1,307 @@
+// ShardBackup: every rank's copy of its ring predecessor's shards holds,
+// after every step, exactly the bytes its predecessor holds (parameters and
+// optimizer state), for 2, 3 and 4 thread ranks, SGD with momentum, Adam
+// and AdamW with a learning rate changed halfway; training is unchanged by
+// it; a copy that drifts is named; what cannot be copied is refused.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/fully_shard.h"
+#include "lockstep/torch/shard_backup.h"
+#include "torch/fsdp_fixtures.h"
+#include "torch/optimizer_state.h"
+#include "torch/thread_ranks.h"
+
+namespace lockstep::torch {
+namespace {
+
+using testing::per_rank;
+using testing::TorchThreadWorld;
+
+using namespace fsdp_fixtures;
+
+// A rank's parameter pieces with elements, then their optimizer state
+// tensors, all cloned: what its successor's copy must hold.
+struct Held {
+  std::vector<Tensor> params;
+  std::vector<Tensor> state;
+  std::vector<std::int64_t> steps;
+};
+
+void add_state(Held& held, ::torch::optim::Optimizer& optimizer, const Tensor& p) {
+  const auto* state = state_of(optimizer, p);
+  ASSERT_NE(state, nullptr) << "a piece with elements was never stepped";
+  const auto tensors = state_tensors(*state);
+  ASSERT_TRUE(tensors.has_value());
+  for (const auto& t : tensors->first)
+    if (t.defined()) held.state.push_back(t.clone());
+  held.steps.push_back(tensors->second);
+}
+
+Held own_of(::torch::optim::Optimizer& optimizer) {
+  Held held;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.numel() > 0) {
+        held.params.push_back(p.detach().clone());
+        add_state(held, optimizer, p);
+      }
+  return held;
+}
+
+Held copy_of(ShardBackup& backup) {
+  Held held;
+  for (const auto& group : backup.optimizer().param_groups())
+    for (const auto& p : group.params()) {
+      held.params.push_back(p.detach().clone());
+      add_state(held, backup.optimizer(), p);
+    }
+  return held;
+}
+
+void expect_same_bits(const Held& got, const Held& want, const std::string& what) {
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  ASSERT_EQ(got.state.size(), want.state.size()) << what;
+  EXPECT_EQ(got.steps, want.steps) << what;
+  for (std::size_t i = 0; i < want.params.size(); ++i)
+    EXPECT_TRUE(::torch::equal(got.params[i], want.params[i])) << what << ": parameter piece " << i;
+  for (std::size_t i = 0; i < want.state.size(); ++i)
+    EXPECT_TRUE(::torch::equal(got.state[i], want.state[i])) << what << ": state tensor " << i;
+}
+
+std::unique_ptr<::torch::optim::Optimizer> optimizer_for(const std::string& kind, std::vector<Tensor> params) {
+  if (kind == "adamw")
+    return std::make_unique<::torch::optim::AdamW>(params, ::torch::optim::AdamWOptions(0.02).weight_decay(0.1));
+  return make_optimizer(kind, std::move(params));
+}
+
+void set_learning_rate(::torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    auto& options = group.options();
+    if (auto* sgd = dynamic_cast<::torch::optim::SGDOptions*>(&options)) sgd->lr(lr);
+    if (auto* adam = dynamic_cast<::torch::optim::AdamOptions*>(&options)) adam->lr(lr);
+    if (auto* adamw = dynamic_cast<::torch::optim::AdamWOptions*>(&options)) adamw->lr(lr);
+  }
+}
+
+using Case = std::tuple<int, std::string>;  // ranks, optimizer
+
+class EveryCopy : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EveryCopy, HoldsItsPredecessorsPiecesAndStateBitForBitAfterEveryStep) {
+  const int ranks = std::get<0>(GetParam());
+  const std::string optimizer = std::get<1>(GetParam());
+  const auto data = batches(kWidths.front(), 21);
+  auto plains = per_rank(ranks, [](int) { return plain_mlp(); });
+  std::vector<Held> own(static_cast<std::size_t>(ranks)), copies(static_cast<std::size_t>(ranks));
+  std::vector<int> kept(static_cast<std::size_t>(ranks));
+  TorchThreadWorld world(ranks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = optimizer_for(optimizer, model->parameters());
+    ShardBackup backup(*model, *opt);
+    backup.verify();  // the parameters as sharded, before any step
+    for (std::size_t s = 0; s < data.size(); ++s) {
+      if (s == data.size() / 2) set_learning_rate(*opt, 0.005);  // a scheduler's change
+      opt->zero_grad();
+      ::torch::mse_loss(model->forward(shard_of(data[s].x, rank, ranks)), shard_of(data[s].y, rank, ranks))
+          .backward();
+      if (s % 2 == 1) backup.send_gradients();  // the transfer overlapping the optimizer's step
+      opt->step();
+      backup.step();
+      backup.verify();
+    }
+    own[static_cast<std::size_t>(rank)] = own_of(*opt);
+    copies[static_cast<std::size_t>(rank)] = copy_of(backup);
+    kept[static_cast<std::size_t>(rank)] = backup.kept_rank();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    const int predecessor = (r + ranks - 1) % ranks;
+    EXPECT_EQ(kept[static_cast<std::size_t>(r)], predecessor);
+    expect_same_bits(copies[static_cast<std::size_t>(r)], own[static_cast<std::size_t>(predecessor)],
+                     "rank " + std::to_string(r) + "'s copy of rank " + std::to_string(predecessor));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndOptimizers, EveryCopy,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values("sgd", "adam", "adamw")),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
+
+// Shards of megabytes: sends that wait for their receivers, around rings
+// of even and odd size (every rank sending first would wait forever).
+constexpr std::int64_t kWide = 1024;  // a block's weight: 4 MiB
+
+TEST(ShardBackup, MegabyteShardsGoAroundRingsOfEvenAndOddSize) {
+  for (const auto& backend : {"shm", "tcp"})
+    for (const int ranks : {2, 3}) {
+      SCOPED_TRACE(std::string(backend) + ", " + std::to_string(ranks) + " ranks");
+      const auto data = batches(kWide, 26);
+      auto plains = per_rank(ranks, [](int) {
+        nn::Sequential net(Block(kWide, kWide), Block(kWide, kWide), nn::Linear(kWide, kOutputs));
+        init_from(*net, 6);
+        return net;
+      });
+      TorchThreadWorld world(ranks, backend);
+      world.run([&](int rank, ProcessGroup& pg) {
+        auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+        auto opt = optimizer_for("adam", model->parameters());
+        ShardBackup backup(*model, *opt);
+        for (int s = 0; s < 2; ++s) {
+          opt->zero_grad();
+          ::torch::mse_loss(model->forward(shard_of(data[s].x, rank, ranks)), shard_of(data[s].y, rank, ranks))
+              .backward();
+          opt->step();
+          backup.step();
+        }
+        backup.verify();
+      });
+    }
+}
+
+// Gradients the user replaced after backward (new tensors, not views of
+// the reduced shard; one left without) go through a buffer, and the copy
+// still steps as its owner did.
+TEST(ShardBackup, GradientsTheUserReplacedAreSentToo) {
+  const auto data = batches(kWidths.front(), 27);
+  auto plains = per_rank(3, [](int) { return plain_mlp(); });
+  TorchThreadWorld world(3, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = optimizer_for("adam", model->parameters());
+    ShardBackup backup(*model, *opt);
+    for (const auto& [x, y] : data) {
+      opt->zero_grad();
+      ::torch::mse_loss(model->forward(shard_of(x, rank, 3)), shard_of(y, rank, 3)).backward();
+      auto params = model->parameters();
+      for (auto& p : params)
+        if (p.grad().defined()) p.mutable_grad() = p.grad().clone() * 0.5;
+      params.front().mutable_grad() = Tensor();  // not stepped this time
+      opt->step();
+      backup.step();
+      backup.verify();
+    }
+  });
+}
+
+// The copy only reads what the model and optimizer hold: training with it
+// gives the same bits as training without.
+TEST(ShardBackup, TrainingWithItEqualsTrainingWithout) {
+  const auto data = batches(kWidths.front(), 22);
+  std::vector<std::vector<State>> got(2, std::vector<State>(3));
+  for (const bool with_backup : {false, true}) {
+    auto plains = per_rank(3, [](int) { return plain_mlp(); });
+    TorchThreadWorld world(3, "shm");
+    world.run([&](int rank, ProcessGroup& pg) {
+      auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+      auto opt = optimizer_for("adam", model->parameters());
+      std::unique_ptr<ShardBackup> backup;
+      if (with_backup) backup = std::make_unique<ShardBackup>(*model, *opt);
+      for (const auto& [x, y] : data) {
+        opt->zero_grad();
+        ::torch::mse_loss(model->forward(shard_of(x, rank, 3)), shard_of(y, rank, 3)).backward();
+        opt->step();
+        if (backup) backup->step();
+      }
+      got[with_backup ? 1 : 0][static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
+    });
+  }
+  for (const auto& [name, want] : got[0][0]) EXPECT_TRUE(::torch::equal(got[1][0].at(name), want)) << name;
+}
+
+// A copy changed by one bit is found and its holder named, on every rank.
+TEST(ShardBackup, VerifyNamesTheRankWhoseCopyDiffers) {
+  const auto data = batches(kWidths.front(), 23);
+  auto plains = per_rank(3, [](int) { return plain_mlp(); });
+  std::vector<std::string> messages(3);
+  TorchThreadWorld world(3, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = optimizer_for("adam", model->parameters());
+    ShardBackup backup(*model, *opt);
+    opt->zero_grad();
+    ::torch::mse_loss(model->forward(shard_of(data[0].x, rank, 3)), shard_of(data[0].y, rank, 3)).backward();
+    opt->step();
+    backup.step();
+    if (rank == 2) {
+      ::torch::NoGradGuard no_grad;
+      Tensor piece = backup.pieces().back();
+      auto* bits = reinterpret_cast<std::int32_t*>(piece.data_ptr<float>());
+      bits[0] ^= 1;  // the last bit of one element
+    }
+    try {
+      backup.verify();
+    } catch (const Error& e) {
+      messages[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  for (const auto& message : messages) EXPECT_NE(message.find("rank(s) 2 differ"), std::string::npos) << message;
+}
+
+TEST(ShardBackup, RefusesWhatItCannotCopy) {
+  auto plains = per_rank(2, [](int) { return plain_mlp(); });
+  const auto data = batches(kWidths.front(), 24);
+  {
+    auto plain = plain_mlp();
+    TorchThreadWorld alone(1, "shm");
+    alone.run([&](int, ProcessGroup& pg) {
+      auto model = sharded_mlp(plain, borrow(pg), {});
+      auto opt = optimizer_for("sgd", model->parameters());
+      EXPECT_THROW((ShardBackup{*model, *opt}), InvalidArgument);
+    });
+  }
+  TorchThreadWorld world(2, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    ::torch::optim::LBFGS lbfgs(model->parameters());
+    EXPECT_THROW((ShardBackup{*model, lbfgs}), ConfigError);
+    auto opt = optimizer_for("adam", model->parameters());
+    ::torch::mse_loss(model->forward(shard_of(data[0].x, rank, 2)), shard_of(data[0].y, rank, 2)).backward();
+    opt->step();  // state the copies never saw
+    try {
+      ShardBackup late(*model, *opt);
+      ADD_FAILURE() << "an optimizer with state was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("before the first step"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// One more shard in memory: the copy's parameters, gradients and state are
+// its predecessor's own.
+TEST(ShardBackup, KeepsOneMoreShardOfParametersGradientsAndState) {
+  const auto data = batches(kWidths.front(), 25);
+  auto plains = per_rank(4, [](int) { return plain_mlp(); });
+  std::vector<std::size_t> copy_bytes(4), own_bytes(4), shard_bytes(4);
+  TorchThreadWorld world(4, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = optimizer_for("adam", model->parameters());
+    ShardBackup backup(*model, *opt);
+    opt->zero_grad();
+    ::torch::mse_loss(model->forward(shard_of(data[0].x, rank, 4)), shard_of(data[0].y, rank, 4)).backward();
+    opt->step();
+    backup.step();
+    for (const auto& m : model->modules())
+      if (auto* unit = dynamic_cast<FullyShardModule*>(m.get()))
+        shard_bytes[static_cast<std::size_t>(rank)] += static_cast<std::size_t>(unit->shard_elements()) * sizeof(float);
+    own_bytes[static_cast<std::size_t>(rank)] = state_bytes(*opt);
+    copy_bytes[static_cast<std::size_t>(rank)] = backup.bytes();
+  });
+  for (int r = 0; r < 4; ++r) {
+    const auto p = static_cast<std::size_t>((r + 3) % 4);
+    // Padded shards are the same size on every rank; the gradients leave
+    // from where fully_shard put them, with no buffer of their own.
+    EXPECT_EQ(copy_bytes[static_cast<std::size_t>(r)], 2 * shard_bytes[p] + own_bytes[p]) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::torch
