@@ -125,6 +125,12 @@ class Work {
   std::shared_ptr<const std::atomic<int>> source_;     // recv_any only; set before the Work is handed out
 };
 
+// Waits for every Work in `works`, even after one failed, and then
+// rethrows the first failure in their order. Waiting only up to the first
+// failure would return while later operations still write into the caller's
+// buffers.
+void wait_all(const std::vector<std::shared_ptr<Work>>& works);
+
 // How to form a group. Every field has a default taken from `config`, which
 // is read from the environment the launcher set (lockstep run, torchrun,
 // mpirun, srun) unless given; see docs/env.md.

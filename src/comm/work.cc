@@ -154,4 +154,16 @@ void Work::complete(std::exception_ptr error, std::int64_t finished) {
   for (auto& next : continuations) next(*this);
 }
 
+void wait_all(const std::vector<std::shared_ptr<Work>>& works) {
+  std::exception_ptr first_failure;
+  for (const auto& work : works) {
+    try {
+      work->wait();
+    } catch (...) {
+      if (!first_failure) first_failure = std::current_exception();
+    }
+  }
+  if (first_failure) std::rethrow_exception(first_failure);
+}
+
 }  // namespace lockstep

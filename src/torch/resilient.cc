@@ -372,15 +372,7 @@ std::vector<double> ResilientTrainer::State::run(const std::function<::torch::Te
   }
   // Every bucket's end is waited for, even after one failed: none may write
   // into the buffers while the step is redone.
-  std::exception_ptr failed;
-  for (const auto& work : in_flight) {
-    try {
-      work->wait();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
+  wait_all(in_flight);
   // The buffers shard 0's forward left, from its holder.
   pending_buffers = after_shard_0.empty() ? clones(start_buffers) : after_shard_0;
   observe("buffers");

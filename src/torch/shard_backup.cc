@@ -223,7 +223,7 @@ void ShardBackup::State::exchange_shards() {
     if (!copy.kept.empty()) in = buffer_of(copy.shard, "the copy of a unit's shard");
     exchange(works, out, in, kBackupFirstUnitTag + static_cast<int>(u));
   }
-  for (const auto& work : works) work->wait();
+  wait_all(works);  // every one, even after a failure: none may write into a shard later
 }
 
 // This rank's gradients (the ones its optimizer steps with) to the next
@@ -259,16 +259,10 @@ void ShardBackup::State::send_gradients() {
 }
 
 void ShardBackup::State::receive_gradients() {
-  std::exception_ptr failed;
-  for (const auto& work : in_flight) {  // every one waited for: none may write into a buffer later
-    try {
-      work->wait();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-  }
+  // Every one waited for, even after a failure: none may write into a buffer later.
+  const std::vector<std::shared_ptr<Work>> transfers = std::move(in_flight);
   in_flight.clear();
-  if (failed) std::rethrow_exception(failed);
+  wait_all(transfers);
   std::size_t flag = 0;
   for (UnitCopy& copy : units) {
     std::size_t next_kept = 0;

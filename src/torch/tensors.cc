@@ -44,29 +44,36 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
                          std::size_t in_place_bytes) {
   if (pg.size() == 1 || tensors.empty()) return;
   ::torch::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<Work>> in_place;
+  std::vector<std::shared_ptr<Work>> broadcasts;
   std::map<::torch::ScalarType, std::vector<::torch::Tensor>> by_type;
   for (const auto& t : tensors) {
     if (t.numel() == 0) continue;
     if (t.is_contiguous() && t.nbytes() >= in_place_bytes)
-      in_place.push_back(pg.broadcast(buffer_of(t, "a tensor of the model"), root));
+      broadcasts.push_back(pg.broadcast(buffer_of(t, "a tensor of the model"), root));
     else
       by_type[t.scalar_type()].push_back(t);
   }
+  std::vector<::torch::Tensor> packed_by_type;
   for (auto& [type, group] : by_type) {
     std::vector<::torch::Tensor> flat;
     for (const auto& t : group) flat.push_back(t.reshape({-1}));
-    ::torch::Tensor packed = ::torch::cat(flat).contiguous();
-    // On a GPU, wait() orders the current stream after the broadcast, so
-    // the copies out of `packed` below (queued there) see its result.
-    pg.broadcast(buffer_of(packed, "a tensor of the model"), root)->wait();
+    packed_by_type.push_back(::torch::cat(flat).contiguous());
+    broadcasts.push_back(pg.broadcast(buffer_of(packed_by_type.back(), "a tensor of the model"), root));
+  }
+  // Every broadcast waited for, even after one failed: none may write into
+  // a tensor once the caller has the error. On a GPU, waiting orders the
+  // current stream after the broadcasts, so the copies out of the packed
+  // tensors below (queued there) see their result.
+  wait_all(broadcasts);
+  auto packed = packed_by_type.begin();
+  for (auto& [type, group] : by_type) {
     std::int64_t offset = 0;
     for (auto& t : group) {
-      t.copy_(packed.slice(0, offset, offset + t.numel()).view_as(t));
+      t.copy_(packed->slice(0, offset, offset + t.numel()).view_as(t));
       offset += t.numel();
     }
+    ++packed;
   }
-  for (const auto& work : in_place) work->wait();
   // The packed tensors' copy_ told autograd they changed; a tensor written
   // in its own memory must say so too, or a backward through a graph that
   // saved it would silently use the new values.

@@ -543,6 +543,25 @@ TEST_P(ProcessGroupTest, AContinuationThatThrowsFailsOnlyItsOwnWork) {
   });
 }
 
+// Rank 1 issues the allreduce late, so a wait that stopped at the first
+// failure would return with the allreduce still writing into `v`.
+TEST_P(ProcessGroupTest, WaitAllWaitsForEveryWorkBeforeRethrowingTheFirstFailure) {
+  ThreadWorld world(2, GetParam());
+  world.run([](int rank, ProcessGroup& pg) {
+    std::vector<float> v(1 << 16, 1.0f);
+    std::vector<std::shared_ptr<Work>> works;
+    works.push_back(pg.barrier()->then([](const Work&) { throw InvalidArgument("the first failure"); }));
+    if (rank == 1) std::this_thread::sleep_for(200ms);
+    works.push_back(pg.allreduce(view(std::span(v))));
+    works.push_back(pg.barrier()->then([](const Work&) { throw TimeoutError("a later failure"); }));
+    EXPECT_THROW(wait_all(works), InvalidArgument);
+    for (const auto& work : works) EXPECT_TRUE(work->done()) << work->description();
+    EXPECT_EQ(v.front(), 2.0f);
+    EXPECT_EQ(v.back(), 2.0f);
+    wait_all({});  // nothing to wait for
+  });
+}
+
 // As above: rank 1 issues only once rank 0's short wait has given up.
 TEST_P(ProcessGroupTest, WaitingOnAContinuationHonoursItsTimeout) {
   ThreadWorld world(2, GetParam(), 60s);
