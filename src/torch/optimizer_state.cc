@@ -173,6 +173,17 @@ std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tenso
   return std::nullopt;
 }
 
+std::unique_ptr<optim::OptimizerParamState> make_state_for(optim::Optimizer& optimizer,
+                                                           const std::vector<::torch::Tensor>& tensors,
+                                                           std::int64_t step) {
+  const Kind kind = kind_of(optimizer);
+  if (kind == Kind::other)
+    throw ConfigError("an optimizer's state as tensors needs one of libtorch's optimizers (SGD, Adam, AdamW, Adagrad, "
+                      "RMSprop)");
+  LOCKSTEP_CHECK_ARG(tensors.size() == 3, "make_state_for: {} state tensors, not 3", tensors.size());
+  return make_state(kind, tensors, step);
+}
+
 optim::OptimizerParamState* state_of(optim::Optimizer& optimizer, const ::torch::Tensor& param) {
   auto& state = optimizer.state();
   const auto it = state.find(libtorch::optimizer_state_key(param));

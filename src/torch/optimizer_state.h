@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -20,6 +21,14 @@ namespace lockstep::torch {
 // its step count (0 for SGD). nullopt for an optimizer libtorch does not ship.
 std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
     const ::torch::optim::OptimizerParamState& state);
+
+// A new state for a parameter of `optimizer` (one of libtorch's) holding
+// `tensors` in state_tensors' order (undefined where it keeps none; three
+// entries) and `step`: what state_tensors read, made again elsewhere.
+// ConfigError for an optimizer libtorch does not ship.
+std::unique_ptr<::torch::optim::OptimizerParamState> make_state_for(::torch::optim::Optimizer& optimizer,
+                                                                    const std::vector<::torch::Tensor>& tensors,
+                                                                    std::int64_t step);
 
 // The state of `param` in `optimizer`, or nullptr where it has none yet.
 ::torch::optim::OptimizerParamState* state_of(::torch::optim::Optimizer& optimizer, const ::torch::Tensor& param);

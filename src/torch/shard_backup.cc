@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "fsdp_unit.h"
 #include "lockstep/error.h"
+#include "libtorch_version.h"
 #include "lockstep/torch/ddp.h"
 #include "optimizer_state.h"
 #include "state_digest.h"
@@ -27,9 +29,15 @@ namespace {
 using ::torch::Tensor;
 using detail::FsdpUnit;
 
-// Tags of the messages between neighbours: the flags, then one per unit.
+// Tags of the messages between neighbours: the flags, then one per unit;
+// at the start, the optimizer state's table and tensors.
 constexpr int kBackupFlagsTag = 0x5b00;
 constexpr int kBackupFirstUnitTag = 0x5b01;
+constexpr int kBackupStateTableTag = 0x5a00;
+constexpr int kBackupStateTensorTag = 0x5a01;
+// A parameter without optimizer state in the table (else: which of its
+// state tensors exist, one bit each).
+constexpr std::int64_t kNoState = -1;
 
 // A parameter's piece in a unit's shard: parameter `param` of the unit, elements
 // [offset, offset + count) of the shard.
@@ -97,6 +105,7 @@ struct ShardBackup::State {
   std::vector<std::shared_ptr<Work>> in_flight;
 
   void exchange_shards();
+  void exchange_optimizer_state();
   void send_gradients();
   void receive_gradients();
   void exchange(std::vector<std::shared_ptr<Work>>& works, std::optional<ConstBuffer> out, std::optional<Buffer> in,
@@ -140,9 +149,6 @@ ShardBackup::ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& opt
     throw ConfigError("ShardBackup: the copy of a shard is stepped as its owner steps it, which needs exactly one of "
                       "libtorch's SGD, Adam, AdamW, Adagrad or RMSprop (not a subclass): they update each element from "
                       "its own gradient and state");
-  if (!optimizer.state().empty())
-    throw InvalidArgument("ShardBackup: the optimizer already holds state (stepped, or loaded from a checkpoint), "
-                          "which is not sent to the copies; make the ShardBackup before the first step");
   s.kept_rank = (rank + size - 1) % size;
   s.next_rank = (rank + 1) % size;
 
@@ -198,6 +204,7 @@ ShardBackup::ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& opt
   s.flags_out.assign(params, 0);
   s.flags_in.assign(params, 0);
   s.exchange_shards();
+  s.exchange_optimizer_state();
 }
 
 ShardBackup::~ShardBackup() {
@@ -224,6 +231,61 @@ void ShardBackup::State::exchange_shards() {
     exchange(works, out, in, kBackupFirstUnitTag + static_cast<int>(u));
   }
   wait_all(works);  // every one, even after a failure: none may write into a shard later
+}
+
+// The optimizer state this rank's pieces have (a job resumed from a
+// checkpoint, or a backup made after the first steps) to the next rank's
+// copy: first a table (per piece: which state tensors it has, its step
+// count), then the tensors, each into one made for it beside the piece.
+void ShardBackup::State::exchange_optimizer_state() {
+  std::vector<std::int64_t> table_out(2 * own_params.size(), kNoState);
+  std::vector<Tensor> tensors_out;
+  for (std::size_t j = 0; j < own_params.size(); ++j) {
+    const auto* state = state_of(*user, own_params[j]);
+    if (state == nullptr) continue;
+    const auto known = state_tensors(*state);  // the optimizer is one of libtorch's: checked before
+    std::int64_t mask = 0;
+    for (std::size_t k = 0; k < known->first.size(); ++k)
+      if (known->first[k].defined()) {
+        mask |= std::int64_t{1} << k;
+        tensors_out.push_back(known->first[k].contiguous());
+      }
+    table_out[2 * j] = mask;
+    table_out[2 * j + 1] = known->second;
+  }
+  const std::vector<Tensor> pieces = params_of(*copy);
+  std::vector<std::int64_t> table_in(2 * pieces.size(), kNoState);
+  std::optional<ConstBuffer> table_to_next;
+  std::optional<Buffer> table_from_kept;
+  if (!table_out.empty()) table_to_next = ConstBuffer{table_out.data(), table_out.size(), DType::i64};
+  if (!table_in.empty()) table_from_kept = Buffer{table_in.data(), table_in.size(), DType::i64};
+  std::vector<std::shared_ptr<Work>> works;
+  exchange(works, table_to_next, table_from_kept, kBackupStateTableTag);
+  wait_all(works);
+  works.clear();
+
+  std::vector<Tensor> tensors_in;
+  auto& state = copy->state();
+  for (std::size_t j = 0; j < pieces.size(); ++j) {
+    if (table_in[2 * j] == kNoState) continue;
+    std::vector<Tensor> made(3);
+    for (std::size_t k = 0; k < made.size(); ++k)
+      if (table_in[2 * j] & (std::int64_t{1} << k)) {
+        made[k] = ::torch::empty_like(pieces[j], ::torch::MemoryFormat::Contiguous);
+        tensors_in.push_back(made[k]);
+      }
+    state[libtorch::optimizer_state_key(pieces[j])] = make_state_for(*copy, made, table_in[2 * j + 1]);
+  }
+  // As many out as the next rank's table says come in; a piece's tensor of
+  // another size than the copy's piece fails the receive, named.
+  for (std::size_t k = 0; k < std::max(tensors_out.size(), tensors_in.size()); ++k) {
+    std::optional<ConstBuffer> out;
+    std::optional<Buffer> in;
+    if (k < tensors_out.size()) out = buffer_of(tensors_out[k], "a piece's optimizer state");
+    if (k < tensors_in.size()) in = buffer_of(tensors_in[k], "the copy of a piece's optimizer state");
+    exchange(works, out, in, kBackupStateTensorTag);
+  }
+  wait_all(works);
 }
 
 // This rank's gradients (the ones its optimizer steps with) to the next

@@ -7,7 +7,7 @@
 //
 //   auto model = lockstep::torch::fully_shard(net, pg);
 //   torch::optim::Adam opt(model->parameters(), 1e-3);
-//   lockstep::torch::ShardBackup backup(*model, opt);   // before the first step
+//   lockstep::torch::ShardBackup backup(*model, opt);   // before the first step, or after a resume
 //   for (...) {
 //     opt.zero_grad();
 //     loss(model->forward(x), y).backward();
@@ -49,11 +49,11 @@ namespace lockstep::torch {
 class ShardBackup {
  public:
   // `model` is the root of a fully sharded model (its units' shards are
-  // kept) and `optimizer` steps its parameters and holds no state yet
-  // (InvalidArgument otherwise: a state loaded from a checkpoint is not
-  // sent). ConfigError for an optimizer that cannot be stepped in pieces;
-  // InvalidArgument in a group of one rank (no peer to keep a copy).
-  // Sends every rank's shards to the next rank.
+  // kept) and `optimizer` steps its parameters. ConfigError for an
+  // optimizer that cannot be stepped in pieces; InvalidArgument in a group
+  // of one rank (no peer to keep a copy). Sends every rank's shards, and
+  // the optimizer state it holds for them (after some steps, or loaded from
+  // a checkpoint), to the next rank.
   ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& optimizer);
   ~ShardBackup();
   ShardBackup(const ShardBackup&) = delete;
