@@ -2,14 +2,19 @@
 // after every step, exactly the bytes its predecessor holds (parameters and
 // optimizer state), for 2, 3 and 4 thread ranks, SGD with momentum, Adam
 // and AdamW with a learning rate changed halfway; training is unchanged by
-// it; a copy that drifts is named; what cannot be copied is refused.
+// it; a backup made after a resume from a checkpoint takes the loaded
+// optimizer state along; a copy that drifts is named; what cannot be
+// copied is refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 #include "lockstep/error.h"
 #include "lockstep/torch/fully_shard.h"
@@ -265,36 +270,47 @@ TEST(ShardBackup, RefusesWhatItCannotCopy) {
   });
 }
 
-// A backup made after training started (a job resumed from its checkpoint
-// makes one then): the copies take the optimizer state along, each rank's
-// step count included, and stay exact from there. Rank 0 steps alone
-// first, so the ranks' steps differ too.
+// A backup made after training started, as a job resumed from its sharded
+// checkpoint makes one: the copies take the loaded optimizer state along,
+// each rank's step count included, and stay exact from there. Rank 0
+// steps alone once before the checkpoint, so the ranks' counts differ.
 class MadeLate : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MadeLate, TakesTheOptimizerStateAlongAndStaysExact) {
   constexpr int kRanks = 3;
   const auto data = batches(kWidths.front(), 26);
+  const auto dir = std::filesystem::temp_directory_path() / ("shard_backup_ckpt." + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "model").string();
   auto plains = per_rank(kRanks, [](int) { return plain_mlp(); });
+  auto fresh = per_rank(kRanks, [](int) { return plain_mlp(); });
   std::vector<Held> own(kRanks), copies(kRanks), at_start(kRanks);
   TorchThreadWorld world(kRanks, "shm");
   world.run([&](int rank, ProcessGroup& pg) {
-    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
-    auto opt = optimizer_for(GetParam(), model->parameters());
-    const auto train = [&](std::size_t s) {
-      opt->zero_grad();
+    const auto train = [&](auto& model, std::size_t s) {
       ::torch::mse_loss(model->forward(shard_of(data[s].x, rank, kRanks)), shard_of(data[s].y, rank, kRanks))
           .backward();
     };
-    for (std::size_t s = 0; s < 3; ++s) {
-      train(s);
-      opt->step();
+    {
+      auto first = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+      auto opt = optimizer_for(GetParam(), first->parameters());
+      for (std::size_t s = 0; s < 3; ++s) {
+        opt->zero_grad();
+        train(first, s);
+        opt->step();
+      }
+      if (rank == 0) opt->step();  // once more on its own, with the last gradients
+      save_sharded_checkpoint(*first, path, opt.get());
     }
-    if (rank == 0) opt->step();  // once more on its own, with the last gradients
+    auto model = sharded_mlp(fresh[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto opt = optimizer_for(GetParam(), model->parameters());
+    ASSERT_TRUE(load_sharded_checkpoint(*model, path, opt.get()));
     ShardBackup backup(*model, *opt);
     at_start[static_cast<std::size_t>(rank)] = copy_of(backup);
     backup.verify();
     for (std::size_t s = 3; s < data.size(); ++s) {
-      train(s);
+      opt->zero_grad();
+      train(model, s);
       opt->step();
       backup.step();
       backup.verify();
@@ -302,6 +318,7 @@ TEST_P(MadeLate, TakesTheOptimizerStateAlongAndStaysExact) {
     own[static_cast<std::size_t>(rank)] = own_of(*opt);
     copies[static_cast<std::size_t>(rank)] = copy_of(backup);
   });
+  std::filesystem::remove_all(dir);
   EXPECT_EQ(at_start[1].steps.front(), GetParam() == "sgd" ? 0 : 4) << "rank 0's own count, as its copy holds it";
   for (int r = 0; r < kRanks; ++r) {
     const int predecessor = (r + kRanks - 1) % kRanks;
