@@ -8,11 +8,14 @@ this machine, a checkpoint every --checkpoint-every steps:
   2. calibration: rank 1 killed just after a checkpoint under
      --on-rank-failure restart (the restart's cost), and killed before the
      first step under continue (a step with a survivor holding two shards:
-     the compute share; and the time to re-form);
-  3. --runs jobs of each mode, restart and continue (both --max-restarts
-     100), while a killer sends SIGKILL to a random rank process at random
-     times, a Poisson process of --mean-interval seconds per rank divided
-     by the ranks running (each rank failing at the same rate);
+     the compute share; and the time to re-form), and killed in the run's
+     first quarter under continue with --max-replacements (from the death
+     to its replacement training);
+  3. --runs jobs of each mode, restart, continue and replace (continue
+     with --max-replacements; all with --max-restarts 100), while a killer
+     sends SIGKILL to a random rank process at random times, a Poisson
+     process of --mean-interval seconds per rank divided by the ranks
+     running (each rank failing at the same rate);
   4. the prediction: `lockstep simulate --step-ms` with the measured step,
      restart and re-form times and the same rate, written down before the
      jobs run; then the measured mean wall time against it.
@@ -20,7 +23,7 @@ The ranks stand for nodes (one rank a node). Prints a markdown table for
 docs/scaling.md.
 
 Usage: bench/validate_failures.py [--build build] [--ranks 4] [--steps 2000]
-           [--batch 64] [--mean-interval 40] [--checkpoint-every 100]
+           [--batch 64] [--hidden 128] [--mean-interval 40] [--checkpoint-every 100]
            [--runs 3] [--seed 1]
 """
 import argparse
@@ -45,16 +48,22 @@ def children(pid):
         return []
 
 
-def run_job(args, mode, kills=(), killer_rate=None, rng=None):
-    """One job: (wall seconds, output, kills sent)."""
+def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False, step_times=None):
+    """One job: (wall seconds, output, kills sent). With `step_times` (a list), world rank 0's committed
+    steps (step, wall-clock time) are appended to it."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [os.path.join(args.build, "lockstep"), "run", "--nproc-per-node", str(args.ranks),
-                   "--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1", "--",
+                   "--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1"]
+        if replacements:
+            command += ["--max-replacements", "1000"]
+        command += ["--",
                    os.path.join(args.build, "examples", "in_place_recovery"), "--steps", str(args.steps),
-                   "--batch", str(args.batch), "--subset", "6000", "--window", "5",
+                   "--batch", str(args.batch), "--hidden", str(args.hidden), "--subset", "6000", "--window", "5",
                    "--checkpoint", os.path.join(tmp, "job.ckpt"), "--checkpoint-every", str(args.checkpoint_every)]
         for k in kills:
             command += ["--kill", k]
+        if step_times is not None:
+            command += ["--step-times", os.path.join(tmp, "steps.txt")]
         env = dict(os.environ, LOCKSTEP_TIMEOUT="30")
         start = time.monotonic()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -113,6 +122,9 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None):
         wall = time.monotonic() - start
         if proc.returncode != 0:
             sys.exit(f"validate_failures.py: {' '.join(command)} failed ({proc.returncode}):\n{output[-3000:]}")
+        if step_times is not None:
+            with open(os.path.join(tmp, "steps.txt")) as f:
+                step_times += [(int(s), float(at)) for s, at, _ in (line.split() for line in f)]
         return wall, output, len(sent)
 
 
@@ -124,8 +136,28 @@ def training_seconds(output):
     return int(found[-1][0]), float(found[-1][1])
 
 
-def predict(args, step_s, compute_share, restart_s, detect_s, train_s):
-    """What `lockstep simulate` predicts: {mode: efficiency}."""
+def replacement_cost(output, steps, settle=1.0):
+    """One death and its replacement, from the run's own clock (one host): (the death to the replacement
+    training, the seconds of training lost from the death to `settle` s after it trained). The loss is the
+    window's length less the steps world rank 0 committed in it at the pace of the 2 s before the death;
+    it counts the replacement's process start taking CPU from the survivors, which a node of its own
+    would not."""
+    killed = re.search(r"killing itself at step \d+, \w+, at ([0-9.]+)", output)
+    training = re.search(r"training at ([0-9.]+)", output)
+    if not killed or not training:
+        sys.exit("validate_failures.py: no kill or no replacement training in:\n" + output[-2000:])
+    death, trained = float(killed.group(1)), float(training.group(1))
+    before = [at for _, at in steps if death - 2 <= at < death]
+    if len(before) < 5:
+        sys.exit("validate_failures.py: too few steps before the death to set the pace")
+    pace = (before[-1] - before[0]) / (len(before) - 1)
+    end = trained + settle
+    done = sum(1 for _, at in steps if death <= at < end)
+    return trained - death, (end - death) - done * pace
+
+
+def predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s):
+    """What `lockstep simulate` predicts: {mode: (efficiency, seconds lost per failure)}."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "failures.json")
         subprocess.run([os.path.join(args.build, "lockstep"), "simulate", "--step-ms", f"{1e3 * step_s:.4f}",
@@ -133,10 +165,11 @@ def predict(args, step_s, compute_share, restart_s, detect_s, train_s):
                         "--ranks-per-host", "1", "--node-mtbf-hours", f"{args.mean_interval / 3600:.6f}",
                         "--job-hours", f"{train_s / 3600:.6f}", "--checkpoint-every", str(args.checkpoint_every),
                         "--restart-seconds", f"{restart_s:.3f}", "--detect-seconds", f"{detect_s:.3f}",
+                        "--replace-seconds", f"{replace_s:.3f}",
                         "--out", tmp, "--json", out], check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             modes = json.load(f)["failures"][0]["modes"]
-        return {m: v["efficiency"] for m, v in modes.items()}
+        return {m: (v["efficiency"], v["lost_per_failure_s"]) for m, v in modes.items()}
 
 
 def main():
@@ -145,6 +178,7 @@ def main():
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=128, help="the MLP's hidden width (4096: a step of tens of ms)")
     p.add_argument("--mean-interval", type=float, default=40, help="seconds between one rank's failures, on average")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--runs", type=int, default=3)
@@ -161,40 +195,69 @@ def main():
           f"start-up and end {startup_s:.2f} s", flush=True)
 
     # Just after the checkpoint of the run's middle: almost nothing to redo.
+    # The restart's cost on the run's own clock, from the victim's death to
+    # the restarted job's first committed step less one step: not against
+    # the clean run's wall, nor the pace of the run's two halves, which
+    # move by more than a restart costs.
     at = (args.steps // 2 // args.checkpoint_every) * args.checkpoint_every
-    wall, _, _ = run_job(args, "restart", kills=[f"1:{at}:forward"])
-    restart_s = max(0.0, wall - clean_wall - step_s)
+    restarted_steps = []
+    _, out, _ = run_job(args, "restart", kills=[f"1:{at}:forward"], step_times=restarted_steps)
+    killed = re.search(r"killing itself at step \d+, \w+, at ([0-9.]+)", out)
+    if not killed or not restarted_steps:
+        sys.exit("validate_failures.py: the restart's calibration printed no kill or no steps:\n" + out[-2000:])
+    death = float(killed.group(1))
+    restart_s = max(0.0, min(t for _, t in restarted_steps if t > death) - death - step_s)
     wall, out, _ = run_job(args, "continue", kills=["1:0:forward"])
     _, slowed_s = training_seconds(out)
     compute_share = min(1.0, max(0.0, slowed_s / train_s - 1))
     reformed = [float(x) for x in re.findall(r"re-formed in ([0-9.]+) s", out)]
     detect_s = statistics.median(reformed) if reformed else 0.1
+    steps_seen = []
+    _, out, _ = run_job(args, "continue", kills=[f"1:{args.steps // 4}:forward"], replacements=True,
+                        step_times=steps_seen)
+    to_training_s, lost_s = replacement_cost(out, steps_seen)
+    # The model's replacement: the job a node short (slower by short_by)
+    # for replace_s after the detection and half a step. replace_s is set
+    # so that one death costs what this one did.
+    short_by = 1 - 1 / (1 + compute_share)
+    replace_s = max(0.0, (lost_s - detect_s - step_s / 2) / short_by) if short_by > 0 else to_training_s
     print(f"calibration: a restart costs {restart_s:.2f} s; a survivor holding two shards makes a step "
-          f"{slowed_s / train_s:.2f}x (compute share {compute_share:.2f}); re-formed in {detect_s:.3f} s", flush=True)
+          f"{slowed_s / train_s:.2f}x (compute share {compute_share:.2f}); re-formed in {detect_s:.3f} s; "
+          f"a replacement trains {to_training_s:.2f} s after the death, which cost {lost_s:.2f} s of training "
+          f"(the model's replace time: {replace_s:.2f} s a node short)", flush=True)
 
-    predicted = predict(args, step_s, compute_share, restart_s, detect_s, train_s)
-    expected = {m: startup_s + train_s / e for m, e in predicted.items()}
+    predicted = predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s)
+    expected = {m: startup_s + train_s / e for m, (e, _) in predicted.items()}
     print("predicted (before the runs): " + ", ".join(f"{m} {t:.1f} s" for m, t in expected.items()), flush=True)
 
     rows = []
-    for mode, model_mode in (("restart", "restart"), ("continue", "in-place")):
+    for mode, model_mode in (("restart", "restart"), ("continue", "in-place"), ("replace", "replace")):
         walls, kills = [], []
         for _ in range(args.runs):
-            wall, _, sent = run_job(args, mode, killer_rate=1 / args.mean_interval, rng=rng)
+            wall, _, sent = run_job(args, "continue" if mode == "replace" else mode,
+                                    killer_rate=1 / args.mean_interval, rng=rng, replacements=mode == "replace")
             walls.append(wall)
             kills.append(sent)
             print(f"{mode}: {wall:.2f} s, {sent} kill(s)", flush=True)
         measured = statistics.mean(walls)
         error = expected[model_mode] / measured - 1
-        rows.append((mode, measured, statistics.mean(kills), expected[model_mode], error))
+        # Per kill, pooled over the runs: what a death cost against the
+        # clean run, beside what the model charges one. Free of how many
+        # deaths the Poisson process happened to give, not of the pace
+        # moving between runs.
+        per_kill = (sum(walls) - len(walls) * clean_wall) / max(1, sum(kills))
+        rows.append((mode, measured, statistics.mean(kills), expected[model_mode], error, per_kill,
+                     predicted[model_mode][1]))
 
-    print(f"\n{args.ranks} ranks, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
+    print(f"\n{args.ranks} ranks, hidden {args.hidden}, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
           f"{args.mean_interval:g} s on average, checkpoint every {args.checkpoint_every} steps, "
           f"{args.runs} run(s) each; clean {clean_wall:.1f} s\n")
-    print("| mode | measured wall (mean) | kills (mean) | predicted | error |")
-    print("|---|---|---|---|---|")
-    for mode, measured, kills, expected_s, error in rows:
-        print(f"| {mode} | {measured:.1f} s | {kills:.1f} | {expected_s:.1f} s | {100 * error:+.1f}% |")
+    print("| mode | measured wall (mean) | kills (mean) | predicted | error | lost per kill: measured (pooled) | "
+          "predicted |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, measured, kills, expected_s, error, per_kill, predicted_per_failure in rows:
+        print(f"| {mode} | {measured:.1f} s | {kills:.1f} | {expected_s:.1f} s | {100 * error:+.1f}% | "
+              f"{per_kill:.2f} s | {predicted_per_failure:.2f} s |")
 
 
 if __name__ == "__main__":
