@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "fsdp_unit.h"
-#include "lockstep/error.h"
 #include "libtorch_version.h"
+#include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "optimizer_state.h"
 #include "state_digest.h"
