@@ -6,8 +6,8 @@
 //   2. the groups' options, serialized (a few numbers each; libtorch
 //      1.13's optimizers leave them out of what they load from a checkpoint);
 //   then, for an optimizer libtorch does not ship, its serialized state;
-//   else 3. a table: for each parameter in the groups' order, which of its
-//      state tensors exist (-1: no state yet) and its step count;
+//   else 3. a StateTable's entries: for each parameter in the groups'
+//      order, which of its state tensors exist (or none yet) and its step;
 //   4. the state tensors themselves, each rank's own (created for the
 //      table's entries where it had none), by broadcast_coalesced.
 #include "optimizer_state.h"
@@ -78,7 +78,7 @@ std::unique_ptr<optim::OptimizerParamState> make_state(Kind kind, const std::vec
     }
     case Kind::other: break;
   }
-  throw Error("broadcast_optimizer_state: no state tensors for an optimizer libtorch does not ship");
+  throw Error("no state tensors for an optimizer libtorch does not ship");
 }
 
 bool shaped_like(const ::torch::Tensor& t, const ::torch::Tensor& param) {
@@ -173,15 +173,63 @@ std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tenso
   return std::nullopt;
 }
 
-std::unique_ptr<optim::OptimizerParamState> make_state_for(optim::Optimizer& optimizer,
-                                                           const std::vector<::torch::Tensor>& tensors,
-                                                           std::int64_t step) {
+Kind libtorch_kind(optim::Optimizer& optimizer) {
   const Kind kind = kind_of(optimizer);
   if (kind == Kind::other)
     throw ConfigError("an optimizer's state as tensors needs one of libtorch's optimizers (SGD, Adam, AdamW, Adagrad, "
                       "RMSprop)");
-  LOCKSTEP_CHECK_ARG(tensors.size() == 3, "make_state_for: {} state tensors, not 3", tensors.size());
-  return make_state(kind, tensors, step);
+  return kind;
+}
+
+StateTable state_table(optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params) {
+  libtorch_kind(optimizer);
+  StateTable table;
+  table.entries.assign(2 * params.size(), StateTable::kNoState);
+  for (std::size_t j = 0; j < params.size(); ++j) {
+    const auto* state = state_of(optimizer, params[j]);
+    if (state == nullptr) continue;
+    const auto known = state_tensors(*state);
+    std::int64_t mask = 0;
+    for (std::size_t k = 0; k < known->first.size(); ++k)
+      if (known->first[k].defined()) {
+        mask |= std::int64_t{1} << k;
+        table.tensors.push_back(known->first[k].contiguous());
+      }
+    table.entries[2 * j] = mask;
+    table.entries[2 * j + 1] = known->second;
+  }
+  return table;
+}
+
+std::vector<::torch::Tensor> states_from_table(optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params,
+                                               const std::vector<std::int64_t>& entries) {
+  const Kind kind = libtorch_kind(optimizer);
+  LOCKSTEP_CHECK_ARG(entries.size() == 2 * params.size(), "states_from_table: {} entries for {} parameters",
+                     entries.size(), params.size());
+  ::torch::NoGradGuard no_grad;
+  auto& state = optimizer.state();
+  std::vector<::torch::Tensor> to_fill;
+  for (std::size_t j = 0; j < params.size(); ++j) {
+    const auto& param = params[j];
+    const auto key = libtorch::optimizer_state_key(param);
+    const std::int64_t mask = entries[2 * j];
+    if (mask == StateTable::kNoState) {
+      state.erase(key);
+      continue;
+    }
+    auto* held = state_of(optimizer, param);
+    const auto current = held != nullptr ? state_tensors(*held) : std::nullopt;
+    std::vector<::torch::Tensor> made(3);
+    for (std::size_t k = 0; k < made.size(); ++k)
+      if (mask & (std::int64_t{1} << k)) {
+        const bool fits = current && k < current->first.size() && current->first[k].defined() &&
+                          shaped_like(current->first[k], param);
+        made[k] = fits ? current->first[k] : ::torch::empty(param.sizes(), param.options());
+        to_fill.push_back(made[k]);
+      }
+    state[key] = make_state(kind, made, entries[2 * j + 1]);
+  }
+  return to_fill;
 }
 
 optim::OptimizerParamState* state_of(optim::Optimizer& optimizer, const ::torch::Tensor& param) {
@@ -231,52 +279,19 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
     return;
   }
 
-  // 3. The table of which tensors each parameter has.
-  constexpr std::int64_t kNoState = -1;
-  std::vector<std::int64_t> table(2 * indices.size(), kNoState);
-  std::vector<::torch::Tensor> tensors;
+  // 3. The table of which tensors each parameter has; 4. the tensors,
+  // into states made for them on the receivers.
+  std::vector<::torch::Tensor> selected;
+  for (std::size_t i : indices) selected.push_back(params[i]);
+  StateTable table;
   if (sending)
-    for (std::size_t j = 0; j < indices.size(); ++j) {
-      auto* state = state_of(optimizer, params[indices[j]]);
-      if (state == nullptr) continue;
-      const auto known = state_tensors(*state);
-      std::int64_t mask = 0;
-      for (std::size_t k = 0; k < known->first.size(); ++k)
-        if (known->first[k].defined()) {
-          mask |= std::int64_t{1} << k;
-          tensors.push_back(known->first[k]);
-        }
-      table[2 * j] = mask;
-      table[2 * j + 1] = known->second;
-    }
-  if (!table.empty()) group.broadcast(Buffer{table.data(), table.size(), DType::i64}, root)->wait();
-
-  // 4. The tensors, into states made for them on the receivers.
-  if (!sending) {
-    ::torch::NoGradGuard no_grad;
-    auto& state = optimizer.state();
-    for (std::size_t j = 0; j < indices.size(); ++j) {
-      const std::size_t i = indices[j];
-      const auto key = libtorch::optimizer_state_key(params[i]);
-      if (table[2 * j] == kNoState) {
-        state.erase(key);
-        continue;
-      }
-      // The tensors this rank holds where they fit (a survivor's: memory
-      // already touched), new ones where not (a replacement's).
-      auto* held = state_of(optimizer, params[i]);
-      const auto current = held != nullptr ? state_tensors(*held) : std::nullopt;
-      std::vector<::torch::Tensor> made(3);
-      for (std::size_t k = 0; k < made.size(); ++k)
-        if (table[2 * j] & (std::int64_t{1} << k)) {
-          const bool fits = current && k < current->first.size() && current->first[k].defined() &&
-                            shaped_like(current->first[k], params[i]);
-          made[k] = fits ? current->first[k] : ::torch::empty(params[i].sizes(), params[i].options());
-          tensors.push_back(made[k]);
-        }
-      state[key] = make_state(kind, made, table[2 * j + 1]);
-    }
-  }
+    table = state_table(optimizer, selected);
+  else
+    table.entries.assign(2 * selected.size(), StateTable::kNoState);
+  if (!table.entries.empty())
+    group.broadcast(Buffer{table.entries.data(), table.entries.size(), DType::i64}, root)->wait();
+  const std::vector<::torch::Tensor> tensors =
+      sending ? table.tensors : states_from_table(optimizer, selected, table.entries);
   broadcast_coalesced(group, tensors, root);
 }
 

@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -22,13 +21,28 @@ namespace lockstep::torch {
 std::optional<std::pair<std::vector<::torch::Tensor>, std::int64_t>> state_tensors(
     const ::torch::optim::OptimizerParamState& state);
 
-// A new state for a parameter of `optimizer` (one of libtorch's) holding
-// `tensors` in state_tensors' order (undefined where it keeps none; three
-// entries) and `step`: what state_tensors read, made again elsewhere.
-// ConfigError for an optimizer libtorch does not ship.
-std::unique_ptr<::torch::optim::OptimizerParamState> make_state_for(::torch::optim::Optimizer& optimizer,
-                                                                    const std::vector<::torch::Tensor>& tensors,
-                                                                    std::int64_t step);
+// The state of some parameters as it travels as tensors: per parameter a
+// mask of the state tensors it has (bit k: state_tensors' k-th; kNoState:
+// no state yet) and its step count, then the tensors the masks name, in
+// order, each contiguous.
+struct StateTable {
+  static constexpr std::int64_t kNoState = -1;
+  std::vector<std::int64_t> entries;  // two per parameter: mask, step
+  std::vector<::torch::Tensor> tensors;
+};
+
+// The table of `params`' state in `optimizer`, one of libtorch's
+// (is_libtorch_optimizer; ConfigError otherwise).
+StateTable state_table(::torch::optim::Optimizer& optimizer, const std::vector<::torch::Tensor>& params);
+
+// The other end: `params`' state in `optimizer` made as `entries` (a
+// state_table's, for these parameters) says, erased where it says none.
+// Returns the tensors to fill, in the table's order: those the state holds
+// where they fit (a survivor's, memory already touched), new ones where
+// not. ConfigError for an optimizer libtorch does not ship.
+std::vector<::torch::Tensor> states_from_table(::torch::optim::Optimizer& optimizer,
+                                               const std::vector<::torch::Tensor>& params,
+                                               const std::vector<std::int64_t>& entries);
 
 // The state of `param` in `optimizer`, or nullptr where it has none yet.
 ::torch::optim::OptimizerParamState* state_of(::torch::optim::Optimizer& optimizer, const ::torch::Tensor& param);

@@ -35,9 +35,6 @@ constexpr int kBackupFlagsTag = 0x5b00;
 constexpr int kBackupFirstUnitTag = 0x5b01;
 constexpr int kBackupStateTableTag = 0x5a00;
 constexpr int kBackupStateTensorTag = 0x5a01;
-// A parameter without optimizer state in the table (else: which of its
-// state tensors exist, one bit each).
-constexpr std::int64_t kNoState = -1;
 
 // A parameter's piece in a unit's shard: parameter `param` of the unit, elements
 // [offset, offset + count) of the shard.
@@ -235,47 +232,24 @@ void ShardBackup::State::exchange_shards() {
 
 // The optimizer state this rank's pieces have (a job resumed from a
 // checkpoint, or a backup made after the first steps) to the next rank's
-// copy: first a table (per piece: which state tensors it has, its step
-// count), then the tensors, each into one made for it beside the piece.
+// copy: first a StateTable's entries (per piece: which state tensors it
+// has, its step count), then the tensors, each into one made for it
+// beside the piece.
 void ShardBackup::State::exchange_optimizer_state() {
-  std::vector<std::int64_t> table_out(2 * own_params.size(), kNoState);
-  std::vector<Tensor> tensors_out;
-  for (std::size_t j = 0; j < own_params.size(); ++j) {
-    const auto* state = state_of(*user, own_params[j]);
-    if (state == nullptr) continue;
-    const auto known = state_tensors(*state);  // the optimizer is one of libtorch's: checked before
-    std::int64_t mask = 0;
-    for (std::size_t k = 0; k < known->first.size(); ++k)
-      if (known->first[k].defined()) {
-        mask |= std::int64_t{1} << k;
-        tensors_out.push_back(known->first[k].contiguous());
-      }
-    table_out[2 * j] = mask;
-    table_out[2 * j + 1] = known->second;
-  }
+  const StateTable mine = state_table(*user, own_params);
   const std::vector<Tensor> pieces = params_of(*copy);
-  std::vector<std::int64_t> table_in(2 * pieces.size(), kNoState);
+  std::vector<std::int64_t> table_in(2 * pieces.size(), StateTable::kNoState);
   std::optional<ConstBuffer> table_to_next;
   std::optional<Buffer> table_from_kept;
-  if (!table_out.empty()) table_to_next = ConstBuffer{table_out.data(), table_out.size(), DType::i64};
+  if (!mine.entries.empty()) table_to_next = ConstBuffer{mine.entries.data(), mine.entries.size(), DType::i64};
   if (!table_in.empty()) table_from_kept = Buffer{table_in.data(), table_in.size(), DType::i64};
   std::vector<std::shared_ptr<Work>> works;
   exchange(works, table_to_next, table_from_kept, kBackupStateTableTag);
   wait_all(works);
   works.clear();
 
-  std::vector<Tensor> tensors_in;
-  auto& state = copy->state();
-  for (std::size_t j = 0; j < pieces.size(); ++j) {
-    if (table_in[2 * j] == kNoState) continue;
-    std::vector<Tensor> made(3);
-    for (std::size_t k = 0; k < made.size(); ++k)
-      if (table_in[2 * j] & (std::int64_t{1} << k)) {
-        made[k] = ::torch::empty_like(pieces[j], ::torch::MemoryFormat::Contiguous);
-        tensors_in.push_back(made[k]);
-      }
-    state[libtorch::optimizer_state_key(pieces[j])] = make_state_for(*copy, made, table_in[2 * j + 1]);
-  }
+  const std::vector<Tensor>& tensors_out = mine.tensors;
+  const std::vector<Tensor> tensors_in = states_from_table(*copy, pieces, table_in);
   // As many out as the next rank's table says come in; a piece's tensor of
   // another size than the copy's piece fails the receive, named.
   for (std::size_t k = 0; k < std::max(tensors_out.size(), tensors_in.size()); ++k) {
