@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+import recovery_jobs
+
 
 def timed(command, timeout):
     """Runs the arguments command(tmp, params) gives: (wall seconds, output, parameters' bytes)."""
@@ -47,7 +49,7 @@ def timed(command, timeout):
         args = command(tmp, params)
         start = time.monotonic()
         proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                              start_new_session=True)
+                              start_new_session=True, env=recovery_jobs.job_env(tmp))
         wall = time.monotonic() - start
         if proc.returncode != 0:
             sys.exit(f"in_place_recovery.py: {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
@@ -80,11 +82,11 @@ def training_seconds(output):
 
 def kill_to_reformed(output):
     """Seconds from the victim's death to the last survivor's re-formed group."""
-    killed = re.search(r"killing itself at step \d+, \w+, at ([0-9.]+)", output)
-    reformed = [float(t) for t in re.findall(r"re-formed at ([0-9.]+)", output)]
-    if not killed or not reformed:
+    death = recovery_jobs.first_death(output)
+    reformed = recovery_jobs.reformed(output)
+    if death is None or not reformed:
         return None
-    return max(reformed) - float(killed.group(1))
+    return max(reformed) - death
 
 
 def main():

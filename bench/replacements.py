@@ -48,10 +48,12 @@ import sys
 import tempfile
 import time
 
+import recovery_jobs
 
-def run(args, timeout):
+
+def run(args, timeout, env=None):
     proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                          start_new_session=True)
+                          start_new_session=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"replacements.py: {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
     return proc.stdout
@@ -67,7 +69,7 @@ def job(o, example_args, launcher_args, timeout=900, step_times=None):
         if step_times is not None:
             args += ["--step-times", os.path.join(tmp, "steps.txt")]
         start = time.monotonic()
-        out = run(args + [a.replace("{tmp}", tmp) for a in example_args], timeout)
+        out = run(args + [a.replace("{tmp}", tmp) for a in example_args], timeout, recovery_jobs.job_env(tmp))
         wall = time.monotonic() - start
         if step_times is not None:
             with open(os.path.join(tmp, "steps.txt")) as f:
@@ -111,7 +113,7 @@ def time_to_train(o):
         for _ in range(o.runs):
             _, out = job(o, ["--hidden", str(hidden), "--steps", str(steps), "--kill", f"1:{o.kill_step}:reduce"],
                          ["--on-rank-failure", "continue", "--max-replacements", "1"])
-            killed = float(re.search(r"killing itself at step \d+, \w+, at ([\d.]+)", out).group(1))
+            killed = recovery_jobs.first_death(out)
             training = re.search(r"replacement 1\): joined at step \d+.*training at ([\d.]+)", out)
             if training is None:
                 sys.exit(f"replacements.py: the replacement did not join before step {steps}:\n{out[-3000:]}")
@@ -127,10 +129,10 @@ def time_to_train(o):
     print()
 
 
-def deaths(out, pattern=r"killing itself at step \d+, \w+, at ([\d.]+)"):
+def deaths(out, pattern=recovery_jobs.DEATH):
     """How many deaths a run printed, and the mean seconds between them (one clock: one host; nan for
     fewer than two)."""
-    times = sorted({float(t) for t in re.findall(pattern, out)})
+    times = sorted(set(recovery_jobs.times(out, pattern)))
     return len(times), (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
 
 
@@ -203,10 +205,9 @@ def trace_deaths(out, steps, settle):
     length less the steps it committed at the pace of the seconds before the death. Returns one row of
     floats per death: (phase lengths..., losses..., the replacement's start after the death, its start
     to training, the pace)."""
-    killed = sorted(float(t) for t in re.findall(r"killing itself at step \d+, \w+, at ([\d.]+)", out))
-    reformed = sorted(float(t) for t in re.findall(r"re-formed at ([\d.]+)", out))
-    joined = sorted((float(t), float(p)) for t, p in
-                    re.findall(r"training at ([\d.]+) \(process started at ([\d.]+)\)", out))
+    killed = recovery_jobs.times(out)
+    reformed = recovery_jobs.reformed(out)
+    joined = recovery_jobs.replacements_training(out)
     rows = []
     for death in killed:
         before = [at for _, at, _ in steps if death - 2 <= at < death]

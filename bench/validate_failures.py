@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 
+import recovery_jobs
+
 
 def children(pid):
     """The launcher's rank processes."""
@@ -64,7 +66,7 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
             command += ["--kill", k]
         if step_times is not None:
             command += ["--step-times", os.path.join(tmp, "steps.txt")]
-        env = dict(os.environ, LOCKSTEP_TIMEOUT="30")
+        env = recovery_jobs.job_env(tmp, LOCKSTEP_TIMEOUT="30")
         start = time.monotonic()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -142,11 +144,11 @@ def replacement_cost(output, steps, settle=1.0):
     window's length less the steps world rank 0 committed in it at the pace of the 2 s before the death;
     it counts the replacement's process start taking CPU from the survivors, which a node of its own
     would not."""
-    killed = re.search(r"killing itself at step \d+, \w+, at ([0-9.]+)", output)
-    training = re.search(r"training at ([0-9.]+)", output)
-    if not killed or not training:
+    death = recovery_jobs.first_death(output)
+    training = [t for t, _ in recovery_jobs.replacements_training(output) if death is not None and t > death]
+    if death is None or not training:
         sys.exit("validate_failures.py: no kill or no replacement training in:\n" + output[-2000:])
-    death, trained = float(killed.group(1)), float(training.group(1))
+    trained = training[0]
     before = [at for _, at in steps if death - 2 <= at < death]
     if len(before) < 5:
         sys.exit("validate_failures.py: too few steps before the death to set the pace")
@@ -202,10 +204,9 @@ def main():
     at = (args.steps // 2 // args.checkpoint_every) * args.checkpoint_every
     restarted_steps = []
     _, out, _ = run_job(args, "restart", kills=[f"1:{at}:forward"], step_times=restarted_steps)
-    killed = re.search(r"killing itself at step \d+, \w+, at ([0-9.]+)", out)
-    if not killed or not restarted_steps:
+    death = recovery_jobs.first_death(out)
+    if death is None or not restarted_steps:
         sys.exit("validate_failures.py: the restart's calibration printed no kill or no steps:\n" + out[-2000:])
-    death = float(killed.group(1))
     restart_s = max(0.0, min(t for _, t in restarted_steps if t > death) - death - step_s)
     wall, out, _ = run_job(args, "continue", kills=["1:0:forward"])
     _, slowed_s = training_seconds(out)
