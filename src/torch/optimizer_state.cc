@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -124,10 +125,53 @@ void load_options(optim::Optimizer& optimizer, const std::string& bytes) {
   }
 }
 
-void broadcast_bytes(ProcessGroup& group, std::string& bytes, std::int64_t length, int root) {
-  bytes.resize(static_cast<std::size_t>(length));
-  if (length > 0) group.broadcast(Buffer{bytes.data(), bytes.size(), DType::u8}, root)->wait();
-}
+// Where the state goes: to every rank by broadcast, or from the root to
+// some ranks alone by sends (the others hold it already and take no part
+// past the agreement).
+class Route {
+ public:
+  Route(ProcessGroup& group, int root, const std::vector<int>* receivers)
+      : group_(group), root_(root), receivers_(receivers) {
+    if (receivers_ != nullptr)
+      for (int r : *receivers_)
+        LOCKSTEP_CHECK_ARG(r >= 0 && r < group.size() && r != root,
+                           "broadcast_optimizer_state: receiver {} of a group of {} with root {}", r, group.size(),
+                           root);
+  }
+  bool sending() const { return group_.rank() == root_; }
+  bool receiving() const {
+    if (receivers_ == nullptr) return !sending();
+    return std::find(receivers_->begin(), receivers_->end(), group_.rank()) != receivers_->end();
+  }
+  void move(Buffer b) const {
+    if (receivers_ == nullptr) {
+      group_.broadcast(b, root_)->wait();
+      return;
+    }
+    std::vector<std::shared_ptr<Work>> works;
+    if (receiving())
+      works.push_back(group_.recv(b, root_, kStateTag));
+    else if (sending())
+      for (int r : *receivers_) works.push_back(group_.send(b, r, kStateTag));
+    wait_all(works);
+  }
+  void move_bytes(std::string& bytes, std::int64_t length) const {
+    bytes.resize(static_cast<std::size_t>(length));
+    if (length > 0) move(Buffer{bytes.data(), bytes.size(), DType::u8});
+  }
+  void move_tensors(const std::vector<::torch::Tensor>& tensors) const {
+    if (receivers_ == nullptr)
+      broadcast_coalesced(group_, tensors, root_);
+    else
+      send_coalesced(group_, tensors, root_, *receivers_);
+  }
+
+ private:
+  static constexpr int kStateTag = 0x5c01;
+  ProcessGroup& group_;
+  int root_;
+  const std::vector<int>* receivers_;
+};
 
 }  // namespace
 
@@ -239,8 +283,9 @@ optim::OptimizerParamState* state_of(optim::Optimizer& optimizer, const ::torch:
 }
 
 void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer, int root,
-                               const std::vector<std::size_t>* only) {
-  const bool sending = group.rank() == root;
+                               const std::vector<std::size_t>* only, const std::vector<int>* receivers) {
+  const Route route(group, root, receivers);
+  const bool sending = route.sending();
   const std::vector<::torch::Tensor> params = params_of(optimizer);
   const Kind kind = kind_of(optimizer);
   const std::vector<std::size_t> indices = only != nullptr ? *only : all_indices(params.size());
@@ -258,7 +303,7 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
   std::int64_t header[5] = {static_cast<std::int64_t>(mode), static_cast<std::int64_t>(kind),
                             static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(options.size()),
                             static_cast<std::int64_t>(serialized_state.size())};
-  group.broadcast(Buffer{header, 5, DType::i64}, root)->wait();
+  route.move(Buffer{header, 5, DType::i64});  // a rank that receives nothing checks its own
   std::int64_t agrees = header[1] == static_cast<std::int64_t>(kind) &&
                                 header[2] == static_cast<std::int64_t>(params.size())
                             ? 1
@@ -269,12 +314,13 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
                                   "of parameters (this rank: {} parameters); every rank must build the same optimizer "
                                   "over the same model",
                                   params.size()));
+  if (!sending && !route.receiving()) return;
   // 2. The options: libtorch 1.13's optimizers do not load them with
   // their serialized state.
-  broadcast_bytes(group, options, header[3], root);
+  route.move_bytes(options, header[3]);
   if (!sending) load_options(optimizer, options);
   if (static_cast<Mode>(header[0]) == Mode::serialized) {
-    broadcast_bytes(group, serialized_state, header[4], root);
+    route.move_bytes(serialized_state, header[4]);
     if (!sending) load_serialized(optimizer, serialized_state);
     return;
   }
@@ -288,11 +334,10 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
     table = state_table(optimizer, selected);
   else
     table.entries.assign(2 * selected.size(), StateTable::kNoState);
-  if (!table.entries.empty())
-    group.broadcast(Buffer{table.entries.data(), table.entries.size(), DType::i64}, root)->wait();
+  if (!table.entries.empty()) route.move(Buffer{table.entries.data(), table.entries.size(), DType::i64});
   const std::vector<::torch::Tensor> tensors =
       sending ? table.tensors : states_from_table(optimizer, selected, table.entries);
-  broadcast_coalesced(group, tensors, root);
+  route.move_tensors(tensors);
 }
 
 }  // namespace lockstep::torch

@@ -57,9 +57,12 @@ std::vector<::torch::Tensor> states_from_table(::torch::optim::Optimizer& optimi
 // must be of the same type over parameters of the same shapes (the same
 // program), or it throws. With `only`, the state of those parameters alone
 // (indices in the groups' order) goes, and the others' is left as it is;
-// libtorch's optimizers only (ConfigError otherwise).
+// libtorch's optimizers only (ConfigError otherwise). With `receivers`
+// (group ranks), only they get it, by sends from `root` (send_coalesced);
+// the others, which hold it already, only join the check of the types.
 void broadcast_optimizer_state(ProcessGroup& group, ::torch::optim::Optimizer& optimizer, int root,
-                               const std::vector<std::size_t>* only = nullptr);
+                               const std::vector<std::size_t>* only = nullptr,
+                               const std::vector<int>* receivers = nullptr);
 
 // Whether the optimizer is one libtorch ships, whose state state_tensors reads.
 bool is_libtorch_optimizer(::torch::optim::Optimizer& optimizer);

@@ -179,7 +179,7 @@ struct ResilientTrainer::State {
   std::vector<int> admit(StepOutcome& outcome);
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
-  void feed(int source);
+  void feed(int source, const std::vector<int>& receivers);
   void share_parameters();
   template <typename Body>
   void surviving(Body body);
@@ -554,8 +554,10 @@ void ResilientTrainer::State::settle() {
     }
   }
   const auto source = std::find_if(committed_of.begin(), committed_of.end(), [](std::int64_t c) { return c >= 0; });
-  if (std::find(committed_of.begin(), committed_of.end(), -1) != committed_of.end())
-    feed(static_cast<int>(source - committed_of.begin()));
+  std::vector<int> lacking;  // the replacements
+  for (std::size_t r = 0; r < size; ++r)
+    if (committed_of[r] < 0) lacking.push_back(static_cast<int>(r));
+  if (!lacking.empty()) feed(static_cast<int>(source - committed_of.begin()), lacking);
   reassign();
   if (options.shard_optimizer_state) {
     // Only a replacement has none yet: it keeps no state until placed.
@@ -572,22 +574,25 @@ void ResilientTrainer::State::share_parameters() {
   if (partitions) partitions->share_parameters(*group);
 }
 
-// The training state from rank `source` to every member: the step count,
-// the shards and the world's size at start, the parameters and buffers,
-// the optimizer's state and options (broadcast_optimizer_state). Then every
-// member compares a digest of what it holds: a replacement holds exactly
-// its peers' bytes, or the job stops here, naming who differs.
-void ResilientTrainer::State::feed(int source) {
+// The training state from rank `source` to the members in `receivers`
+// (those without it: replacements): the step count, the shards and the
+// world's size at start (to every member), the parameters and buffers,
+// the optimizer's state and options (broadcast_optimizer_state), by sends
+// from `source` to them alone; the other members hold the same bytes and
+// neither copy nor take the cores the copies need. Then every member
+// compares a digest of what it holds: a replacement holds exactly its
+// peers' bytes, or the job stops here, naming who differs.
+void ResilientTrainer::State::feed(int source, const std::vector<int>& receivers) {
   observe("feed");
   std::int64_t header[3] = {static_cast<std::int64_t>(committed), shards, world_size};
   group->broadcast(Buffer{header, 3, DType::i64}, source)->wait();
   std::vector<::torch::Tensor> tensors = params;
   tensors.insert(tensors.end(), buffers.begin(), buffers.end());
-  broadcast_coalesced(*group, tensors, source);
+  send_coalesced(*group, tensors, source, receivers);
   // Sharded, the optimizer's options only: its state is placed by partition.
   const std::vector<std::size_t> no_parameters;
   const std::vector<std::size_t>* state_of_parameters = options.shard_optimizer_state ? &no_parameters : nullptr;
-  broadcast_optimizer_state(*group, *optimizer, source, state_of_parameters);
+  broadcast_optimizer_state(*group, *optimizer, source, state_of_parameters, &receivers);
   if (!has_state) {
     committed = static_cast<std::uint64_t>(header[0]);
     shards = static_cast<int>(header[1]);

@@ -1,11 +1,14 @@
 // Tensor helpers for the libtorch frontend: dtype mapping, coalesced
-// broadcast, and the cross-rank check that replicas have the same tensors.
+// broadcast (or sends to some ranks), and the cross-rank check that replicas have the same tensors.
 // Stateless; thread-safe as far as the group is.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <sstream>
 
+#include "common/enforce.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "cuda_stream.h"
@@ -40,16 +43,20 @@ Buffer buffer_of(const ::torch::Tensor& t, std::string_view what) {
   return b;
 }
 
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
-                         std::size_t in_place_bytes) {
-  if (pg.size() == 1 || tensors.empty()) return;
+namespace {
+
+// `tensors` moved by `issue` (a broadcast, or sends and receives), each
+// contiguous tensor of `in_place_bytes` or more in its own memory, the
+// others packed, one transfer per dtype.
+void move_coalesced(const std::vector<::torch::Tensor>& tensors, std::size_t in_place_bytes,
+                    const std::function<void(Buffer, std::vector<std::shared_ptr<Work>>&)>& issue) {
   ::torch::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<Work>> broadcasts;
+  std::vector<std::shared_ptr<Work>> transfers;
   std::map<::torch::ScalarType, std::vector<::torch::Tensor>> by_type;
   for (const auto& t : tensors) {
     if (t.numel() == 0) continue;
     if (t.is_contiguous() && t.nbytes() >= in_place_bytes)
-      broadcasts.push_back(pg.broadcast(buffer_of(t, "a tensor of the model"), root));
+      issue(buffer_of(t, "a tensor of the model"), transfers);
     else
       by_type[t.scalar_type()].push_back(t);
   }
@@ -58,13 +65,13 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
     std::vector<::torch::Tensor> flat;
     for (const auto& t : group) flat.push_back(t.reshape({-1}));
     packed_by_type.push_back(::torch::cat(flat).contiguous());
-    broadcasts.push_back(pg.broadcast(buffer_of(packed_by_type.back(), "a tensor of the model"), root));
+    issue(buffer_of(packed_by_type.back(), "a tensor of the model"), transfers);
   }
-  // Every broadcast waited for, even after one failed: none may write into
+  // Every transfer waited for, even after one failed: none may write into
   // a tensor once the caller has the error. On a GPU, waiting orders the
-  // current stream after the broadcasts, so the copies out of the packed
+  // current stream after the transfers, so the copies out of the packed
   // tensors below (queued there) see their result.
-  wait_all(broadcasts);
+  wait_all(transfers);
   auto packed = packed_by_type.begin();
   for (auto& [type, group] : by_type) {
     std::int64_t offset = 0;
@@ -80,6 +87,35 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
   for (const auto& t : tensors)
     if (t.numel() != 0 && t.is_contiguous() && t.nbytes() >= in_place_bytes)
       t.unsafeGetTensorImpl()->bump_version();
+}
+
+// The tag of send_coalesced's messages.
+constexpr int kSendCoalescedTag = 0x5c00;
+
+}  // namespace
+
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
+                         std::size_t in_place_bytes) {
+  if (pg.size() == 1 || tensors.empty()) return;
+  move_coalesced(tensors, in_place_bytes, [&](Buffer b, std::vector<std::shared_ptr<Work>>& transfers) {
+    transfers.push_back(pg.broadcast(b, root));
+  });
+}
+
+void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
+                    const std::vector<int>& receivers, std::size_t in_place_bytes) {
+  for (int r : receivers)
+    LOCKSTEP_CHECK_ARG(r >= 0 && r < pg.size() && r != root, "send_coalesced: receiver {} of a group of {} with root {}",
+                       r, pg.size(), root);
+  const bool receiving = std::find(receivers.begin(), receivers.end(), pg.rank()) != receivers.end();
+  if (tensors.empty() || receivers.empty() || (pg.rank() != root && !receiving)) return;
+  move_coalesced(tensors, in_place_bytes, [&](Buffer b, std::vector<std::shared_ptr<Work>>& transfers) {
+    if (receiving) {
+      transfers.push_back(pg.recv(b, root, kSendCoalescedTag));
+      return;
+    }
+    for (int r : receivers) transfers.push_back(pg.send(b, r, kSendCoalescedTag));
+  });
 }
 
 namespace {

@@ -2,10 +2,12 @@
 // the rest packed by dtype; either way every rank ends with the root's
 // values, and autograd learns that each tensor changed, so a backward
 // through a graph that saved one fails loudly instead of using new values.
+// send_coalesced: the same to some ranks alone; the others keep theirs.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "lockstep/torch/ddp.h"
@@ -38,6 +40,34 @@ TEST(BroadcastCoalesced, EveryRankEndsWithTheRootsTensors) {
   for (int rank = 0; rank < kRanks; ++rank)
     for (std::size_t i = 0; i < expected.size(); ++i)
       EXPECT_TRUE(::torch::equal(mine[rank][i], expected[i])) << "rank " << rank << " tensor " << i;
+}
+
+// Over shm and tcp (sends and receives in place of a broadcast), to one
+// rank and to two: the receivers end with the root's tensors, the root and
+// the rest keep their own, untouched.
+TEST(SendCoalesced, OnlyTheReceiversEndWithTheRootsTensors) {
+  for (const char* backend : {"shm", "tcp"})
+    for (const std::vector<int>& receivers : {std::vector<int>{2}, std::vector<int>{0, 2}}) {
+      auto mine = testing::per_rank(kRanks, tensors_of);
+      TorchThreadWorld world(kRanks, backend);
+      world.run([&](int rank, ProcessGroup& pg) { send_coalesced(pg, mine[rank], kRoot, receivers); });
+      for (int rank = 0; rank < kRanks; ++rank) {
+        const bool receives = std::find(receivers.begin(), receivers.end(), rank) != receivers.end();
+        const auto expected = tensors_of(receives ? kRoot : rank);
+        for (std::size_t i = 0; i < expected.size(); ++i)
+          EXPECT_TRUE(::torch::equal(mine[rank][i], expected[i]))
+              << backend << ", " << receivers.size() << " receiver(s): rank " << rank << " tensor " << i;
+      }
+    }
+}
+
+TEST(SendCoalesced, TheRootAsAReceiverIsRefused) {
+  auto mine = testing::per_rank(kRanks, tensors_of);
+  TorchThreadWorld world(kRanks, "shm");
+  const std::vector<int> receivers = {kRoot};
+  const auto errors =
+      world.run_collecting([&](int rank, ProcessGroup& pg) { send_coalesced(pg, mine[rank], kRoot, receivers); });
+  for (int rank = 0; rank < kRanks; ++rank) EXPECT_TRUE(errors[static_cast<std::size_t>(rank)] != nullptr) << rank;
 }
 
 TEST(BroadcastCoalesced, AutogradSeesEveryTensorChange) {

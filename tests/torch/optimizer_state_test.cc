@@ -170,6 +170,57 @@ TEST(BroadcastOptimizerState, SomeParametersAlone) {
   }
 }
 
+// To some ranks alone (a replacement fed while its peers keep theirs):
+// rank 2 gets rank 0's state and options; rank 1 keeps its own stale
+// state and learning rate, untouched. As tensors, and serialized.
+void check_sent_to_rank_2(const MakeOptimizer& make, const std::function<void(optim::Optimizer&)>& after_training = {}) {
+  std::vector<Rank> ranks = ranks_with(make);
+  for (int step = 0; step < 3; ++step) {
+    set_gradients(*ranks[0].model, step);
+    ranks[0].optimizer->step();
+  }
+  ranks[0].optimizer->param_groups()[0].options().set_lr(0.0125);
+  if (after_training) after_training(*ranks[0].optimizer);
+  set_gradients(*ranks[1].model, 9);
+  ranks[1].optimizer->step();
+  std::vector<std::vector<::torch::Tensor>> rank1_before;
+  for (const auto& p : ranks[1].model->parameters()) {
+    std::vector<::torch::Tensor> copies;
+    const auto held = state_tensors(*state_of(*ranks[1].optimizer, p));
+    for (const auto& t : held->first) copies.push_back(t.defined() ? t.clone() : t);
+    rank1_before.push_back(copies);
+  }
+  const double rank1_lr = ranks[1].optimizer->param_groups()[0].options().get_lr();
+
+  const std::vector<int> receivers = {2};
+  TorchThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    broadcast_optimizer_state(pg, *ranks[rank].optimizer, 0, nullptr, &receivers);
+  });
+
+  expect_same_state(*ranks[0].optimizer, *ranks[2].optimizer, "rank 2");
+  EXPECT_EQ(ranks[2].optimizer->param_groups()[0].options().get_lr(), 0.0125);
+  EXPECT_EQ(ranks[1].optimizer->param_groups()[0].options().get_lr(), rank1_lr);
+  const auto params = ranks[1].model->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto now = state_tensors(*state_of(*ranks[1].optimizer, params[i]))->first;
+    for (std::size_t k = 0; k < now.size(); ++k)
+      EXPECT_TRUE(now[k].defined() == rank1_before[i][k].defined() &&
+                  (!now[k].defined() || ::torch::equal(now[k], rank1_before[i][k])))
+          << "rank 1 (not a receiver), parameter " << i << ", state tensor " << k;
+  }
+}
+
+TEST(BroadcastOptimizerState, ToSomeRanksAlone) { check_sent_to_rank_2(make<optim::Adam>(optim::AdamOptions(0.01))); }
+
+TEST(BroadcastOptimizerState, ToSomeRanksAloneSerialized) {
+  check_sent_to_rank_2(make<optim::Adam>(optim::AdamOptions(0.01)), [](optim::Optimizer& adam) {
+    auto* state = dynamic_cast<optim::AdamParamState*>(state_of(adam, adam.param_groups()[0].params()[0]));
+    ASSERT_NE(state, nullptr);
+    state->exp_avg(state->exp_avg().t().contiguous().t());  // not laid out like its parameter
+  });
+}
+
 // Some parameters alone go as tensors, so an optimizer libtorch does not
 // ship is refused, on every rank, before anything is sent.
 TEST(BroadcastOptimizerState, SomeParametersAloneNeedLibtorchsOptimizers) {

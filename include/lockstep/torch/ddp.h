@@ -324,6 +324,15 @@ constexpr std::size_t kInPlaceBroadcastBytes = 1 << 20;
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
                          std::size_t in_place_bytes = kInPlaceBroadcastBytes);
 
+// What broadcast_coalesced does, for the group ranks in `receivers` alone
+// (`root` sends each of them every transfer): where the other ranks hold
+// the bytes already (a replacement fed by a peer while the rest keep
+// theirs), they neither copy nor take cores from those that do, and
+// return at once, as the receivers and the root do with nobody to send to.
+// Every receiver and the root must call it with the same tensors' shapes.
+void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
+                    const std::vector<int>& receivers, std::size_t in_place_bytes = kInPlaceBroadcastBytes);
+
 // Checks that every rank has the same named tensors (names, shapes,
 // dtypes); throws MismatchError listing the differences and the ranks.
 // Collective (uses the group's store). `what` names them ("parameters").
