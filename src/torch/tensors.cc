@@ -1,5 +1,6 @@
 // Tensor helpers for the libtorch frontend: dtype mapping, coalesced
-// broadcast (or sends to some ranks), and the cross-rank check that replicas have the same tensors.
+// broadcast (or sends to some ranks alone), and the cross-rank check that
+// replicas have the same tensors.
 // Stateless; thread-safe as far as the group is.
 #include <fmt/format.h>
 
