@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -23,6 +23,7 @@
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
 #include "optimizer_bytes.h"
+#include "receivers.h"
 
 namespace lockstep::torch {
 namespace {
@@ -130,29 +131,18 @@ void load_options(optim::Optimizer& optimizer, const std::string& bytes) {
 // past the agreement).
 class Route {
  public:
-  Route(ProcessGroup& group, int root, const std::vector<int>* receivers)
-      : group_(group), root_(root), receivers_(receivers) {
-    if (receivers_ != nullptr)
-      for (int r : *receivers_)
-        LOCKSTEP_CHECK_ARG(r >= 0 && r < group.size() && r != root,
-                           "broadcast_optimizer_state: receiver {} of a group of {} with root {}", r, group.size(),
-                           root);
+  Route(ProcessGroup& group, int root, const std::vector<int>* receivers) : group_(group), root_(root) {
+    if (receivers != nullptr) receivers_.emplace(group, root, *receivers, "broadcast_optimizer_state");
   }
   bool sending() const { return group_.rank() == root_; }
-  bool receiving() const {
-    if (receivers_ == nullptr) return !sending();
-    return std::find(receivers_->begin(), receivers_->end(), group_.rank()) != receivers_->end();
-  }
+  bool receiving() const { return receivers_ ? receivers_->receiving(group_) : !sending(); }
   void move(Buffer b) const {
-    if (receivers_ == nullptr) {
+    if (!receivers_) {
       group_.broadcast(b, root_)->wait();
       return;
     }
     std::vector<std::shared_ptr<Work>> works;
-    if (receiving())
-      works.push_back(group_.recv(b, root_, kStateTag));
-    else if (sending())
-      for (int r : *receivers_) works.push_back(group_.send(b, r, kStateTag));
+    receivers_->issue(group_, b, kStateTag, works);
     wait_all(works);
   }
   void move_bytes(std::string& bytes, std::int64_t length) const {
@@ -160,17 +150,17 @@ class Route {
     if (length > 0) move(Buffer{bytes.data(), bytes.size(), DType::u8});
   }
   void move_tensors(const std::vector<::torch::Tensor>& tensors) const {
-    if (receivers_ == nullptr)
+    if (!receivers_)
       broadcast_coalesced(group_, tensors, root_);
     else
-      send_coalesced(group_, tensors, root_, *receivers_);
+      send_coalesced(group_, tensors, root_, receivers_->ranks());
   }
 
  private:
   static constexpr int kStateTag = 0x5c01;
   ProcessGroup& group_;
   int root_;
-  const std::vector<int>* receivers_;
+  std::optional<Receivers> receivers_;
 };
 
 }  // namespace

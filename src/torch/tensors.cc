@@ -4,7 +4,6 @@
 // Stateless; thread-safe as far as the group is.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -13,6 +12,7 @@
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
 #include "cuda_stream.h"
+#include "receivers.h"
 
 namespace lockstep::torch {
 
@@ -105,17 +105,10 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
 
 void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
                     const std::vector<int>& receivers, std::size_t in_place_bytes) {
-  for (int r : receivers)
-    LOCKSTEP_CHECK_ARG(r >= 0 && r < pg.size() && r != root, "send_coalesced: receiver {} of a group of {} with root {}",
-                       r, pg.size(), root);
-  const bool receiving = std::find(receivers.begin(), receivers.end(), pg.rank()) != receivers.end();
-  if (tensors.empty() || receivers.empty() || (pg.rank() != root && !receiving)) return;
+  const Receivers to(pg, root, receivers, "send_coalesced");
+  if (tensors.empty() || to.empty() || !(to.sending(pg) || to.receiving(pg))) return;
   move_coalesced(tensors, in_place_bytes, [&](Buffer b, std::vector<std::shared_ptr<Work>>& transfers) {
-    if (receiving) {
-      transfers.push_back(pg.recv(b, root, kSendCoalescedTag));
-      return;
-    }
-    for (int r : receivers) transfers.push_back(pg.send(b, r, kSendCoalescedTag));
+    to.issue(pg, b, kSendCoalescedTag, transfers);
   });
 }
 
