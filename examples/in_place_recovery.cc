@@ -102,6 +102,7 @@ struct Options {
   std::vector<std::string> replacement_kills;  // "rank:incarnation:steps:phase"
   std::string kill_each_round;       // "rank:steps:rounds": a steady schedule under the restart
   double step_ms = 0;                // a pause after each step (a slower model, for demonstrations)
+  double shard_ms = 0;               // a pause in each shard's computation (a step that takes longer)
   int hidden = 128;                  // the MLP's hidden width (a bigger model: more state to feed a replacement)
   std::string step_times;            // world rank 0 writes each committed step's time and group size here
 };
@@ -426,6 +427,7 @@ int run(const Options& o) {
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
     const auto outcome = trainer.step([&](const lockstep::torch::Shard& shard) {
       kill_here("forward", shard.step);
+      if (o.shard_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.shard_ms));
       auto [x, y] = batches.batch(shard.index, shard.step);
       torch::Tensor logits = model->forward(x);
       if (killed_at("backward", shard.step))  // inside backward: at the logits' gradient
@@ -515,6 +517,10 @@ int main(int argc, char** argv) {
                  "STEPS steps after the round's first step (a steady kill schedule under --on-rank-failure restart)");
   app.add_option("--hidden", o.hidden, "The MLP's hidden width (a bigger model)")->check(CLI::PositiveNumber);
   app.add_option("--step-ms", o.step_ms, "Pause this long after each step (a slower model, for demonstrations)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--shard-ms", o.shard_ms,
+                 "Pause this long in each shard's computation: a step that takes longer, as a bigger model's (a rank "
+                 "holding two shards after a death takes twice as long)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--step-times", o.step_times,
                  "World rank 0 writes each committed step's wall-clock time and its group's size here, one line a "

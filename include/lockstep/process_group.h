@@ -333,6 +333,14 @@ class ProcessGroup {
   // launcher's store: one counter while no replacement is new. Any rank
   // may call it; grow adopts its rank 0's answer.
   std::vector<int> replacements_waiting();
+  // The world ranks outside this group whose latest start the launcher
+  // has made and that have neither been admitted nor ended: those waiting
+  // and those still starting (loading, connecting), which ask to join in
+  // moments. Reads the launcher's store, a few keys per world rank outside
+  // the group (empty where the ranks cannot read it); for the moment after
+  // a loss, when waiting briefly for a replacement can cost less than a
+  // step without it.
+  std::vector<int> replacements_started();
   // Collective over every rank of this group: the group grown by
   // replacements, its members in world-rank order. Rank 0 passes the
   // replacements to admit (replacements_waiting()); the others' lists are

@@ -105,6 +105,24 @@ std::vector<int> ProcessGroup::replacements_waiting() {
   return waiting;
 }
 
+std::vector<int> ProcessGroup::replacements_started() {
+  const GroupSpec& spec = impl_->spec;
+  if (spec.join_board.empty() || spec.job_size <= 0 || !spec.diagnostics.launcher_store) return {};
+  Store& launcher = *spec.diagnostics.launcher_store;
+  std::vector<int> started;
+  for (int r = 0; r < spec.job_size; ++r) {
+    if (is_member(spec, r)) continue;
+    // The first start is incarnation 0, counted nowhere: a rank outside
+    // the group with no later start has no replacement.
+    const auto latest = static_cast<int>(launcher.add(launcher_starts_key(spec.launcher_round, r), 0));
+    if (latest <= 0 || launcher_saw_end(spec, r, latest) ||
+        spec.root_store->check({join_board::admit(spec.join_board, r, latest)}))
+      continue;
+    started.push_back(r);
+  }
+  return started;
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::grow(const std::vector<int>& replacements, Duration window) {
   const GroupSpec& spec = impl_->spec;
   if (spec.join_board.empty())

@@ -25,6 +25,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,6 +44,14 @@
 
 namespace lockstep::torch {
 namespace {
+
+// The most logical shards any member holds (holder[s]: shard s's member).
+int most_shards_held(const std::vector<int>& holder) {
+  std::map<int, int> held;
+  int most = 0;
+  for (int member : holder) most = std::max(most, ++held[member]);
+  return most;
+}
 
 // A generator seed of its own for each (seed, step, shard).
 std::uint64_t mix(std::uint64_t seed, std::uint64_t step, int shard) {
@@ -165,6 +174,13 @@ struct ResilientTrainer::State {
   // group grows once the step has committed.
   bool admit_pending = false;
   std::chrono::steady_clock::time_point next_replacement_look{};
+  // Set by every re-form: before the next step (or the redo), the members
+  // look for a replacement on its way (replacement_arrives).
+  bool look_for_replacements = false;
+  // The last step that committed without a loss: how long it took, and the
+  // most shards a rank held in it.
+  double step_seconds = 0;
+  int most_held_when_timed = 0;
 
   std::vector<int> held() const { return shards_held(holder, group->rank()); }
   void observe(std::string_view phase) const {
@@ -176,6 +192,7 @@ struct ResilientTrainer::State {
   void commit();
   std::vector<int> recover(const std::exception_ptr& failure);
   std::int64_t replacements_seen();
+  bool replacement_arrives();
   std::vector<int> admit(StepOutcome& outcome);
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
@@ -297,12 +314,25 @@ StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Sha
   for (;;) {
     std::exception_ptr failure;
     try {
+      if (s.look_for_replacements && s.replacement_arrives()) {
+        std::vector<int> joined = s.admit(outcome);
+        outcome.joined.insert(outcome.joined.end(), joined.begin(), joined.end());
+      }
       if (s.committed < target) {
+        const auto started = std::chrono::steady_clock::now();
+        const int most_held = most_shards_held(s.holder);
         outcome.losses = s.run(loss_of, start_buffers);
         s.commit();
+        if (outcome.lost.empty()) {
+          s.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          s.most_held_when_timed = most_held;
+        }
       }
       s.share_parameters();
-      if (s.admit_pending) outcome.joined = s.admit(outcome);
+      if (s.admit_pending) {
+        std::vector<int> joined = s.admit(outcome);
+        outcome.joined.insert(outcome.joined.end(), joined.begin(), joined.end());
+      }
       return outcome;
     } catch (const PeerError&) {
       failure = std::current_exception();  // only valid inside the handler
@@ -451,6 +481,7 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
       lost_here.clear();
     }
   }
+  look_for_replacements = true;
   const std::vector<int>& after = group->world_ranks();
   std::vector<int> lost;
   for (int w : before)
@@ -469,6 +500,38 @@ std::int64_t ResilientTrainer::State::replacements_seen() {
   } catch (const Error&) {
     return 0;  // the store does not answer now: looked at again later
   }
+}
+
+// After a re-form, before the step is redone (or the next one runs): a
+// replacement already started (a local rank the launcher started again)
+// is worth waiting for while it costs less than the step without it. A
+// rank that holds more shards now makes the step last longer by the ratio
+// of the shards held; the replacement admitted at once would be fed and
+// take its shard back, so waiting pays while it is shorter than that extra
+// time (the last clean step's, scaled). Rank 0 looks and waits; the
+// members agree on its answer. Collective.
+bool ResilientTrainer::State::replacement_arrives() {
+  look_for_replacements = false;
+  std::int64_t arrived = 0;
+  if (group->rank() == 0 && most_held_when_timed > 0) {
+    const double slower = static_cast<double>(most_shards_held(holder)) / most_held_when_timed - 1;
+    const auto worth = std::min(std::chrono::duration<double>(step_seconds * slower),
+                                std::chrono::duration<double>(options.window) / 2);
+    const auto deadline = std::chrono::steady_clock::now() + worth;
+    try {
+      if (worth.count() > 0 && !group->replacements_started().empty()) {
+        // Until it asks, ends (its launcher marks it), or the wait stops paying.
+        while (group->replacements_waiting().empty() && std::chrono::steady_clock::now() < deadline &&
+               !group->replacements_started().empty())
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        arrived = group->replacements_waiting().empty() ? 0 : 1;
+      }
+    } catch (const Error&) {
+      arrived = 0;  // the store does not answer now: the next commit point looks again
+    }
+  }
+  group->allreduce(Buffer{&arrived, 1, DType::i64}, ReduceOp::max)->wait();
+  return arrived > 0;
 }
 
 // After a committed step that saw a replacement waiting: the group grows

@@ -10,7 +10,8 @@
 // itself compares every rank's state by digest once a replacement is fed,
 // and stops the job if one differs), and the launcher must exit 0; the
 // same with the optimizer's state sharded (ZeRO-1, each partition backed
-// up on the next rank), against the unsharded clean run.
+// up on the next rank), against the unsharded clean run. A replacement
+// already started when a long step must be redone joins before the redo.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -114,6 +115,50 @@ TEST_P(Replacements, TheGroupGrowsBackAndEndsWithTheCleanRunsParametersOnEveryRa
 
 INSTANTIATE_TEST_SUITE_P(Backends, Replacements, ::testing::Values("shm", "tcp", "hier"),
                          [](const auto& info) { return std::string(info.param); });
+
+// After a death, a replacement already started is worth waiting for when
+// the step without it would take longer than its start: here each shard's
+// computation takes 4 s (--shard-ms), so a survivor holding two shards
+// would redo the step in 8 s, and the first rank waits up to 4 s for the
+// replacement to ask (a process start, even on a loaded machine; the
+// window of 20 s lets it wait that long). The replacement joins before
+// the step is redone (at step 1, the step the death interrupted, not at
+// the commit point after it), computes its own shard in the redo, and the
+// job ends with the clean run's parameters on every rank (the clean run's
+// of the same trainer: ZeRO-1's or not).
+class LongSteps : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LongSteps, AReplacementAlreadyStartedJoinsBeforeTheStepIsRedone) {
+  const bool zero = GetParam();
+  const auto train = [zero](const std::string& dir, const std::vector<std::string>& kill) {
+    std::vector<std::string> args{"--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
+                                  "--max-replacements", "1", "--grace-period", "2", "--", IN_PLACE_RECOVERY,
+                                  "--steps", "3", "--batch", "64", "--subset", "1200", "--shard-ms", "4000", "--window", "20",
+                                  "--save-params", dir + "/params.bin", "--save-params-of-each-rank", dir + "/each"};
+    args.insert(args.end(), kill.begin(), kill.end());
+    if (zero) args.push_back("--zero");
+    testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_TIMEOUT", "30"}});
+    return launcher.wait(120s);
+  };
+  TempDir clean_dir;
+  const testing::RankResult clean = train(clean_dir.path(), {});
+  ASSERT_EQ(clean.exit_code, 0) << describe(clean);
+  const std::string clean_params = read_bytes(clean_dir.path() + "/params.bin");
+  ASSERT_FALSE(clean_params.empty()) << "the clean run wrote no parameters";
+  TempDir dir;
+  const testing::RankResult run = train(dir.path(), {"--kill", "1:1:reduce"});
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_TRUE(contains(run.output, "(replacement 1): joined at step 1, fed by its peers")) << run.output;
+  EXPECT_TRUE(contains(run.output, "step 1: world rank(s) 1 joined as replacements; 4 ranks")) << run.output;
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_TRUE(read_bytes(fmt::format("{}/each.{}", dir.path(), r)) == clean_params)
+        << "world rank " << r << " ended with other parameters than the clean run's";
+}
+
+// Plain, and ZeRO-1 with its backups: the replacement takes its partition
+// back before the redo, from the backup that kept it.
+INSTANTIATE_TEST_SUITE_P(Trainers, LongSteps, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "zero" : "plain"); });
 
 // A replacement that starts as the job ends finds it finished: it exits 0
 // without joining, and the job is still a success.

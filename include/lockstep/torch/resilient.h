@@ -118,7 +118,8 @@ struct ResilientOptions {
   // (past it, before the optimizer step), "committed", "re-form" (before
   // the group re-forms after a loss), "re-formed" (once it stands and
   // the survivors agree on the committed steps), "admit" (after a committed
-  // step, before the group grows by replacements), "feed" and "fed" (on
+  // step, or after a re-form that a replacement on its way reached in
+  // time, before the group grows by replacements), "feed" and "fed" (on
   // every member, around a replacement's feeding), "admitted" (the grown
   // group stands), and "joined" (a replacement's, once it is fed).
   std::function<void(std::string_view phase, std::uint64_t step)> observer;
@@ -132,7 +133,9 @@ struct StepOutcome {
   std::vector<int> lost;         // world ranks lost while it ran
   // From each failure seen to the group re-formed and agreed, summed.
   double recovery_seconds = 0;
-  // World ranks whose replacements joined the group after it committed.
+  // World ranks whose replacements joined the group during it: after a
+  // re-form, before the step ran again (one already started that asked in
+  // time: ResilientTrainer::step), or after it committed.
   std::vector<int> joined;
 };
 
@@ -145,7 +148,12 @@ class ResilientTrainer {
   ResilientTrainer& operator=(const ResilientTrainer&) = delete;
 
   // Runs and commits the next step: `loss_of` once per held shard,
-  // ascending; repeated after a loss until the step commits. Throws what
+  // ascending; repeated after a loss until the step commits. After a
+  // loss, where the launcher has already started a replacement, the
+  // members wait for it to ask as long as the step without it would take
+  // longer (the last clean step's time, scaled by the most shards a rank
+  // now holds), then grow and feed it before the step runs again; one
+  // that asks later joins at a commit point. Throws what
   // cannot be survived: this rank left out of the re-formed group, no
   // majority, the backend cannot re-form (mpi, nccl), or an error of the
   // user's function.
