@@ -5,6 +5,7 @@
 // setup.py) takes CUDA tensors on their current streams; the CPU build
 // refuses them, naming that variable (cuda_support.h).
 #include "torch/distributed.cc"
+#include "torch/receivers.cc"
 #include "torch/tensors.cc"
 
 #if LOCKSTEP_TORCH_WITH_CUDA
