@@ -153,7 +153,7 @@ class Route {
     if (!receivers_)
       broadcast_coalesced(group_, tensors, root_);
     else
-      send_coalesced(group_, tensors, root_, receivers_->ranks());
+      send_coalesced(group_, tensors, *receivers_);
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/process_group.h"
+#include "lockstep/torch/ddp.h"
 
 namespace lockstep::torch {
 
@@ -31,5 +32,9 @@ class Receivers {
   int root_;
   std::vector<int> ranks_;
 };
+
+// send_coalesced (lockstep/torch/ddp.h) to receivers already checked.
+void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, const Receivers& to,
+                    std::size_t in_place_bytes = kInPlaceBroadcastBytes);
 
 }  // namespace lockstep::torch

@@ -105,7 +105,11 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& t
 
 void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, int root,
                     const std::vector<int>& receivers, std::size_t in_place_bytes) {
-  const Receivers to(pg, root, receivers, "send_coalesced");
+  send_coalesced(pg, tensors, Receivers(pg, root, receivers, "send_coalesced"), in_place_bytes);
+}
+
+void send_coalesced(ProcessGroup& pg, const std::vector<::torch::Tensor>& tensors, const Receivers& to,
+                    std::size_t in_place_bytes) {
   if (tensors.empty() || to.empty() || !(to.sending(pg) || to.receiving(pg))) return;
   move_coalesced(tensors, in_place_bytes, [&](Buffer b, std::vector<std::shared_ptr<Work>>& transfers) {
     to.issue(pg, b, kSendCoalescedTag, transfers);
