@@ -193,7 +193,7 @@ struct ResilientTrainer::State {
   std::vector<int> recover(const std::exception_ptr& failure);
   std::int64_t replacements_seen();
   bool replacement_arrives();
-  std::vector<int> admit(StepOutcome& outcome);
+  void admit(StepOutcome& outcome);
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
   void feed(int source, const std::vector<int>& receivers);
@@ -314,10 +314,7 @@ StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Sha
   for (;;) {
     std::exception_ptr failure;
     try {
-      if (s.look_for_replacements && s.replacement_arrives()) {
-        std::vector<int> joined = s.admit(outcome);
-        outcome.joined.insert(outcome.joined.end(), joined.begin(), joined.end());
-      }
+      if (s.look_for_replacements && s.replacement_arrives()) s.admit(outcome);
       if (s.committed < target) {
         const auto started = std::chrono::steady_clock::now();
         const int most_held = most_shards_held(s.holder);
@@ -329,10 +326,7 @@ StepOutcome ResilientTrainer::step(const std::function<::torch::Tensor(const Sha
         }
       }
       s.share_parameters();
-      if (s.admit_pending) {
-        std::vector<int> joined = s.admit(outcome);
-        outcome.joined.insert(outcome.joined.end(), joined.begin(), joined.end());
-      }
+      if (s.admit_pending) s.admit(outcome);
       return outcome;
     } catch (const PeerError&) {
       failure = std::current_exception();  // only valid inside the handler
@@ -519,12 +513,15 @@ bool ResilientTrainer::State::replacement_arrives() {
                                 std::chrono::duration<double>(options.window) / 2);
     const auto deadline = std::chrono::steady_clock::now() + worth;
     try {
-      if (worth.count() > 0 && !group->replacements_started().empty()) {
-        // Until it asks, ends (its launcher marks it), or the wait stops paying.
-        while (group->replacements_waiting().empty() && std::chrono::steady_clock::now() < deadline &&
-               !group->replacements_started().empty())
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        arrived = group->replacements_waiting().empty() ? 0 : 1;
+      // Until it asks, ends (its launcher marks it), or the wait stops paying.
+      bool on_its_way = worth.count() > 0 && !group->replacements_started().empty();
+      while (on_its_way) {
+        if (!group->replacements_waiting().empty()) {
+          arrived = 1;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        on_its_way = std::chrono::steady_clock::now() < deadline && !group->replacements_started().empty();
       }
     } catch (const Error&) {
       arrived = 0;  // the store does not answer now: the next commit point looks again
@@ -534,11 +531,6 @@ bool ResilientTrainer::State::replacement_arrives() {
   return arrived > 0;
 }
 
-// After a committed step that saw a replacement waiting: the group grows
-// (ProcessGroup::grow), the members agree on the old group that it stands,
-// and the replacements are fed (settle). A replacement that did not come
-// leaves the old group in use; a member lost meanwhile is recovered from
-// as in a step. Returns the world ranks that joined.
 // A loss while replacements were admitted: recovered from as in a step
 // (the step has committed: nothing is redone).
 void ResilientTrainer::State::recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome) {
@@ -548,7 +540,13 @@ void ResilientTrainer::State::recover_during_admission(const std::exception_ptr&
   outcome.lost.insert(outcome.lost.end(), gone.begin(), gone.end());
 }
 
-std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
+// After a committed step that saw a replacement waiting (or a re-form that
+// waited for one): the group grows (ProcessGroup::grow), the members agree
+// on the old group that it stands, and the replacements are fed (settle).
+// A replacement that did not come leaves the old group in use; a member
+// lost meanwhile is recovered from as in a step. The world ranks that
+// joined go into `outcome.joined`.
+void ResilientTrainer::State::admit(StepOutcome& outcome) {
   admit_pending = false;
   observe("admit");
   const std::vector<int> waiting = group->rank() == 0 ? group->replacements_waiting() : std::vector<int>{};
@@ -564,12 +562,12 @@ std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
     group->allreduce(Buffer{&formed, 1, DType::i64}, ReduceOp::min)->wait();
   } catch (const PeerError&) {
     recover_during_admission(std::current_exception(), outcome);
-    return {};
+    return;
   } catch (const TimeoutError&) {
     recover_during_admission(std::current_exception(), outcome);
-    return {};
+    return;
   }
-  if (formed == 0) return {};  // its launcher starts another once the process ends
+  if (formed == 0) return;  // its launcher starts another once the process ends
   const std::vector<int> before = group->world_ranks();
   superseded.push_back(std::move(group));
   group = std::move(grown);
@@ -581,11 +579,9 @@ std::vector<int> ResilientTrainer::State::admit(StepOutcome& outcome) {
   } catch (const TimeoutError&) {
     recover_during_admission(std::current_exception(), outcome);
   }
-  std::vector<int> joined;
   for (int w : group->world_ranks())
-    if (std::find(before.begin(), before.end(), w) == before.end()) joined.push_back(w);
+    if (std::find(before.begin(), before.end(), w) == before.end()) outcome.joined.push_back(w);
   observe("admitted");
-  return joined;
 }
 
 // On a group just formed (shrunk or grown): the members agree on the
