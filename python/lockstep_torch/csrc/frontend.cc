@@ -3,7 +3,9 @@
 // the extension against the PyTorch it runs with, rather than linked from a
 // build against another libtorch. The CUDA build (LOCKSTEP_WITH_CUDA=1, see
 // setup.py) takes CUDA tensors on their current streams; the CPU build
-// refuses them, naming that variable (cuda_support.h).
+// refuses them, naming that variable (cuda_support.h). A source here that
+// calls a function of another src/torch file needs that file here too:
+// checked by tests/lint/python_unit_sources.sh.
 #include "torch/distributed.cc"
 #include "torch/receivers.cc"
 #include "torch/tensors.cc"
