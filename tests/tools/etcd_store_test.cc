@@ -2,13 +2,9 @@
 // here): the Store contract, the job's lease, a three-member cluster losing
 // members, TLS with client certificates and authentication, and
 // --rdzv-endpoint's parsing. Skips where etcd-server is not installed.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +16,7 @@
 
 #include "common/clock.h"
 #include "harness/blocking_call.h"
+#include "harness/etcd_process.h"
 #include "harness/reserved_port.h"
 #include "lockstep/error.h"
 #include "run/etcd_store.h"
@@ -28,6 +25,8 @@ namespace lockstep::cli {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::EtcdProcess;
+using testing::kEtcd;
 
 // Whether `text` (an error message) mentions `part`, saying what it does say.
 ::testing::AssertionResult mentions(const std::string& text, const std::string& part) {
@@ -35,7 +34,6 @@ using namespace std::chrono_literals;
   return ::testing::AssertionFailure() << "'" << text << "' does not mention '" << part << "'";
 }
 
-constexpr const char* kEtcd = "/usr/bin/etcd";
 constexpr const char* kEtcdctl = "/usr/bin/etcdctl";
 constexpr const char* kOpenssl = "/usr/bin/openssl";
 
@@ -46,47 +44,6 @@ std::string tail_of(const std::string& path) {
   const std::string all = text.str();
   return all.substr(all.size() > 2000 ? all.size() - 2000 : 0);
 }
-
-// One etcd process, killed (and reaped) by stop() or the destructor; it
-// dies with the test too (PR_SET_PDEATHSIG), so none is left behind.
-class EtcdProcess {
- public:
-  EtcdProcess(const std::vector<std::string>& args, const std::string& log) : log_(log) {
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(kEtcd));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);  // the test died before the prctl
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::execv(kEtcd, argv.data());
-      ::_exit(127);
-    }
-  }
-  ~EtcdProcess() { stop(); }
-  EtcdProcess(const EtcdProcess&) = delete;
-  EtcdProcess& operator=(const EtcdProcess&) = delete;
-
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  const std::string& log() const { return log_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_;
-};
 
 // The certificates of a TLS cluster, made with openssl: a CA; the members'
 // certificate for IP 127.0.0.1; a client certificate without a Common Name

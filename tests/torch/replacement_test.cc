@@ -11,15 +11,19 @@
 // and stops the job if one differs), and the launcher must exit 0; the
 // same with the optimizer's state sharded (ZeRO-1, each partition backed
 // up on the next rank), against the unsharded clean run. A replacement
-// already started when a long step must be redone joins before the redo.
+// already started when a long step must be redone joins before the redo,
+// with the launchers' rendezvous in a static store or in etcd.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "harness/etcd_process.h"
 #include "harness/launcher.h"
+#include "harness/reserved_port.h"
 
 namespace lockstep {
 namespace {
@@ -159,6 +163,40 @@ TEST_P(LongSteps, AReplacementAlreadyStartedJoinsBeforeTheStepIsRedone) {
 // back before the redo, from the backup that kept it.
 INSTANTIATE_TEST_SUITE_P(Trainers, LongSteps, ::testing::Values(false, true),
                          [](const auto& info) { return std::string(info.param ? "zero" : "plain"); });
+
+// The same with the launchers meeting in etcd: the ranks read the round's
+// store, where the launcher copies each replacement's start, not etcd; so
+// the replacement is seen on its way and joins before the redo there too.
+TEST(LongStepsUnderEtcd, AReplacementAlreadyStartedJoinsBeforeTheStepIsRedone) {
+  if (!std::filesystem::exists(testing::kEtcd))
+    GTEST_SKIP() << "etcd-server is not installed (apt-get install etcd-server)";
+  TempDir dir;
+  testing::ReservedPort client, peer;
+  const std::string client_url = "http://127.0.0.1:" + client.text();
+  const std::string peer_url = "http://127.0.0.1:" + peer.text();
+  testing::EtcdProcess etcd({"--data-dir", dir.path() + "/etcd", "--listen-client-urls", client_url,
+                             "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
+                             "--initial-advertise-peer-urls", peer_url, "--initial-cluster", "default=" + peer_url,
+                             "--log-level", "warn"},
+                            dir.path() + "/etcd.log");
+  etcd.wait_listening(client.number(), 30s);
+  testing::Launcher launcher(
+      LOCKSTEP_CLI,
+      {"--nnodes", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:" + client.text(), "--rdzv-id",
+       "long-steps", "--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
+       "--max-replacements", "1", "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", "3", "--batch", "64",
+       "--subset", "1200", "--shard-ms", "4000", "--window", "20", "--kill", "1:1:reduce",
+       "--save-params-of-each-rank", dir.path() + "/each"},
+      {{"LOCKSTEP_TIMEOUT", "30"}});
+  const testing::RankResult run = launcher.wait(120s);
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_TRUE(contains(run.output, "(replacement 1): joined at step 1, fed by its peers")) << run.output;
+  const std::string first = read_bytes(dir.path() + "/each.0");
+  ASSERT_FALSE(first.empty()) << "rank 0 wrote no parameters";
+  for (int r = 1; r < kWorld; ++r)
+    EXPECT_TRUE(read_bytes(fmt::format("{}/each.{}", dir.path(), r)) == first)
+        << "world rank " << r << " ended with other parameters than rank 0's";
+}
 
 // A replacement that starts as the job ends finds it finished: it exits 0
 // without joining, and the job is still a success.

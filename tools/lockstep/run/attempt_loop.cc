@@ -127,6 +127,14 @@ KeepAlive continue_keep_alive(const RunOptions& o) {
   return k;
 }
 
+// Under etcd the ranks read the round's store, not the launchers': a start
+// of `rank` beyond its first is copied there, so that a trainer that has
+// just re-formed sees a replacement on its way and waits for it
+// (ProcessGroup::replacements_started) instead of redoing the step short.
+void tell_ranks_of_start(const RoundStore& round_store, const Round& round, int rank, int incarnation) {
+  update_round_ranks(round_store, launcher_starts_key(round.number, rank), std::to_string(incarnation));
+}
+
 SupervisorOptions supervisor_options(const RunOptions& o, const JobIdentity& job, const Round& round) {
   SupervisorOptions sup;
   sup.prefix_output = !o.no_prefix;
@@ -223,6 +231,10 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         job.store_addr = round_store.host;
         job.store_port = round_store.port;
         job.token = round_store.token;
+        if (takeover)
+          for (int local = 0; local < nproc; ++local)
+            tell_ranks_of_start(round_store, round, round.first_rank + local,
+                                takeover->incarnations[static_cast<std::size_t>(local)]);
       }
     } catch (const Interrupted& e) {
       if (elastic) elastic->stop_beating();  // its connection is not a reader to wait for
@@ -296,7 +308,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
       };
       sup.replacements = o.max_replacements;
       sup.next_incarnation = [&](int rank) {
-        return static_cast<int>(store.add(launcher_starts_key(round.number, rank), 1));
+        const int incarnation = static_cast<int>(store.add(launcher_starts_key(round.number, rank), 1));
+        if (plan.etcd) tell_ranks_of_start(round_store, round, rank, incarnation);
+        return incarnation;
       };
       sup.joined = [&](int rank, int incarnation) {
         const std::string key = launcher_joined_key(round.number, rank, incarnation);
