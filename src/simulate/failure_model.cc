@@ -44,8 +44,11 @@ double checkpoints_s(const FailureScenario& s) {
   return std::ceil(work_s(s) / (static_cast<double>(interval_of(s)) * s.step_s)) * s.checkpoint_s;
 }
 
-// In place, a re-formed group needs a majority of the nodes.
-bool has_majority(const FailureScenario& s, int lost) { return 2 * (s.nodes - lost) > s.nodes; }
+// In place, the survivors go on while any node is left: a node the
+// launchers saw die counts as gone, not as the other side of a partition,
+// so no majority is needed (docs/faults.md, "No split brain"). The job
+// restarts from its checkpoint once the last one fails.
+bool goes_on(const FailureScenario& s, int lost) { return lost < s.nodes; }
 
 FailureCost finish(const FailureScenario& s, Recovery recovery, double wall_s, double failures) {
   FailureCost c;
@@ -136,11 +139,10 @@ FailureCost predict_failures(const FailureScenario& s, Recovery recovery) {
   // Kolmogorov equations of the chain, in work rather than wall time, where
   // state k runs at speed v_k and loses its next node at rate
   // (nodes - k) / node MTBF per wall second), integrated over the job. A
-  // failure costs the detection and half a step; one that leaves no
-  // majority, the restart and half an interval, back at full size.
+  // failure costs the detection and half a step; the last node's, the
+  // restart and half an interval, back at full size.
   const double tau = static_cast<double>(interval_of(s)) * s.step_s;
-  int most_lost = 0;
-  while (has_majority(s, most_lost + 1)) ++most_lost;
+  const int most_lost = s.nodes - 1;
   std::vector<double> speed, rate;  // per state: work per wall second; failures per work second
   for (int k = 0; k <= most_lost; ++k) {
     speed.push_back(s.step_s / slowed_step_s(s, k));
@@ -149,12 +151,18 @@ FailureCost predict_failures(const FailureScenario& s, Recovery recovery) {
   const double fastest = *std::max_element(rate.begin(), rate.end());
   const auto pieces = static_cast<std::int64_t>(std::clamp(std::ceil(w * fastest / 0.01), 2000.0, 2e6));
   const double dp = w / static_cast<double>(pieces);
-  std::vector<double> chance(speed.size(), 0.0), next(speed.size());
+  std::vector<double> chance(speed.size(), 0.0), next(speed.size(), 0.0);
   chance[0] = 1;
+  // The states with a chance worth counting are the first few (at 1024
+  // nodes, losing hundreds within one job has a chance far below 1e-15):
+  // those are integrated, and the next one gathers its chance until it is
+  // worth counting too; walking every state each piece would be slow.
+  int top = 0;
   double wall = checkpoints_s(s), failures = 0;
   for (std::int64_t i = 0; i < pieces; ++i) {
-    next = chance;
-    for (int k = 0; k <= most_lost; ++k) {
+    const int gathering = std::min(top + 1, most_lost);
+    std::copy(chance.begin(), chance.begin() + gathering + 1, next.begin());
+    for (int k = 0; k <= top; ++k) {
       wall += chance[k] * dp / speed[k];
       const double failing = chance[k] * rate[k] * dp;
       failures += failing;
@@ -167,7 +175,8 @@ FailureCost predict_failures(const FailureScenario& s, Recovery recovery) {
         wall += failing * (s.restart_s + tau / 2);
       }
     }
-    chance.swap(next);
+    std::copy(next.begin(), next.begin() + gathering + 1, chance.begin());
+    if (gathering > top && chance[gathering] > 1e-15) top = gathering;
   }
   return finish(s, recovery, wall, failures);
 }
@@ -233,7 +242,7 @@ FailureCost simulate_failures(const FailureScenario& s, Recovery recovery, int t
         const double elapsed = std::fmod(run, step);
         ++lost;
         if (recovery == Recovery::in_place) {
-          if (has_majority(s, lost)) {
+          if (goes_on(s, lost)) {
             wall += s.detect_s;
             done -= elapsed * s.step_s / step;
           } else {
@@ -246,7 +255,7 @@ FailureCost simulate_failures(const FailureScenario& s, Recovery recovery, int t
           done -= elapsed * s.step_s / step;
           if (!replacing) since_replace = 0;
           replacing = true;
-          if (!has_majority(s, lost)) {
+          if (!goes_on(s, lost)) {
             wall += s.restart_s;
             done = std::floor(done / tau) * tau;
             lost = 0;

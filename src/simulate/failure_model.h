@@ -7,8 +7,9 @@
 //   in place  the survivors re-form and redo the interrupted step (lockstep
 //             run --on-rank-failure continue): each failure costs the
 //             detection and about half a step, but the job goes on with
-//             fewer nodes, so later steps are slower; with half the nodes
-//             gone it has no majority and restarts from its checkpoint;
+//             fewer nodes, so later steps are slower; it goes on while a
+//             node is left (a death the launchers see needs no majority)
+//             and restarts from its checkpoint when the last one fails;
 //   replace   in place, then a replacement node fed from its peers' memory
 //             brings the job back to full size after `replace_s`.
 // Two answers for each: an analytic one (Daly's expected time of a
