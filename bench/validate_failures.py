@@ -26,11 +26,19 @@ this machine, a checkpoint every --checkpoint-every steps:
 The ranks stand for nodes (one rank a node). Prints a markdown table for
 docs/scaling.md.
 
+With --hosts (the holders of network namespaces: bench/two_shaped_hosts.sh
+makes them; bench/validate_failures_two_hosts.sh runs this so), each job
+is one `lockstep run` a host, --ranks / hosts ranks each, meeting at
+--master-addr (host 0's address) over the link between them; the killer
+picks among every host's ranks.
+
 Usage: bench/validate_failures.py [--build build] [--ranks 4] [--steps 2000]
            [--batch 64] [--hidden 128] [--mean-interval 40] [--checkpoint-every 100]
            [--runs 3] [--seed 1] [--restart-offsets 50,90]
+           [--hosts HOLDER0,HOLDER1 --master-addr ADDR]
 """
 import argparse
+import itertools
 import json
 import os
 import random
@@ -54,12 +62,27 @@ def children(pid):
         return []
 
 
+PORTS = itertools.count(29600)  # a port of its own for each job's store: none waits on the last one's
+
+
+def launchers(args, options):
+    """The `lockstep run` command of each host: one on this machine, or one in each network namespace."""
+    cli = os.path.join(args.build, "lockstep")
+    if not args.hosts:
+        return [[cli, "run", "--nproc-per-node", str(args.ranks)] + options]
+    hosts = args.hosts.split(",")
+    port = str(next(PORTS))
+    # nsenter execs the launcher: the process started is the launcher, whose children are its ranks.
+    return [["nsenter", "-t", holder, "--net", "--uts", cli, "run", "--nnodes", str(len(hosts)), "--node-rank",
+             str(i), "--master-addr", args.master_addr, "--master-port", port,
+             "--nproc-per-node", str(args.ranks // len(hosts))] + options for i, holder in enumerate(hosts)]
+
+
 def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False, step_times=None):
     """One job: (wall seconds, output, kills sent). With `step_times` (a list), world rank 0's committed
     steps (step, wall-clock time) are appended to it."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [os.path.join(args.build, "lockstep"), "run", "--nproc-per-node", str(args.ranks),
-                   "--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1"]
+        command = ["--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1"]
         if replacements:
             command += ["--max-replacements", "1000"]
         command += ["--",
@@ -72,18 +95,21 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
             command += ["--step-times", os.path.join(tmp, "steps.txt")]
         env = recovery_jobs.job_env(tmp, LOCKSTEP_TIMEOUT="30")
         start = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                  start_new_session=True) for c in launchers(args, command)]
         sent = []
         done = threading.Event()
         training = threading.Event()  # the first step's loss printed: the job's clock starts
         lines = []
 
-        def reader():
+        def reader(proc):
             for line in proc.stdout:
                 lines.append(line)
                 if "step 0: loss" in line:
                     training.set()
+
+        def ranks_running():
+            return [rank for proc in procs for rank in children(proc.pid)]
 
         def killer():
             # Each running rank fails at `killer_rate` per second: the next
@@ -94,14 +120,14 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
                 if done.is_set():
                     return
             while not done.is_set():
-                ranks = children(proc.pid)
+                ranks = ranks_running()
                 if not ranks:
                     if done.wait(0.05):
                         return
                     continue
                 if done.wait(rng.expovariate(killer_rate * len(ranks))):
                     return
-                ranks = children(proc.pid)
+                ranks = ranks_running()
                 if ranks:
                     victim = rng.choice(ranks)
                     try:
@@ -113,21 +139,29 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
         thread = threading.Thread(target=killer, daemon=True) if killer_rate else None
         if thread:
             thread.start()
-        read = threading.Thread(target=reader, daemon=True)
-        read.start()
+        reads = [threading.Thread(target=reader, args=(proc,), daemon=True) for proc in procs]
+        for read in reads:
+            read.start()
         try:
-            proc.wait(timeout=args.timeout)
+            for proc in procs:
+                proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                proc.wait()
             sys.exit(f"validate_failures.py: a {mode} job ran past {args.timeout} s")
-        read.join()
+        for read in reads:
+            read.join()
         output = "".join(lines)
         done.set()
         if thread:
             thread.join()
         wall = time.monotonic() - start
-        if proc.returncode != 0:
-            sys.exit(f"validate_failures.py: {' '.join(command)} failed ({proc.returncode}):\n{output[-3000:]}")
+        for proc in procs:
+            if proc.returncode != 0:
+                sys.exit(f"validate_failures.py: {' '.join(proc.args)} failed ({proc.returncode}):\n"
+                         f"{output[-3000:]}")
         if step_times is not None:
             with open(os.path.join(tmp, "steps.txt")) as f:
                 step_times += [(int(s), float(at)) for s, at, _ in (line.split() for line in f)]
@@ -212,7 +246,13 @@ def main():
                    help="steps after a checkpoint (comma-separated) to kill a rank at under restart, each --runs "
                         "times, before the rest: what one death costs on the run's own clock against the model's "
                         "restart plus the steps redone")
+    p.add_argument("--hosts", default="",
+                   help="comma-separated pids holding each host's network namespace (bench/two_shaped_hosts.sh): "
+                        "one launcher a host, --ranks divided among them")
+    p.add_argument("--master-addr", default="", help="with --hosts: host 0's address, where the job's store listens")
     args = p.parse_args()
+    if args.hosts and (not args.master_addr or args.ranks % len(args.hosts.split(","))):
+        p.error("--hosts needs --master-addr, and --ranks a multiple of the hosts")
     rng = random.Random(args.seed)
 
     clean_wall, out, _ = run_job(args, "continue")
@@ -296,7 +336,8 @@ def main():
                      predicted[model_mode][2], expected_s, expected_s / measured - 1, per_kill,
                      predicted[model_mode][1]))
 
-    print(f"\n{args.ranks} ranks, hidden {args.hidden}, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
+    hosts = f" on {len(args.hosts.split(','))} hosts" if args.hosts else ""
+    print(f"\n{args.ranks} ranks{hosts}, hidden {args.hidden}, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
           f"{args.mean_interval:g} s on average, checkpoint every {args.checkpoint_every} steps, "
           f"{args.runs} run(s) each; clean {clean_ref:.1f} ± {standard_error(clean_walls):.1f} s "
           f"({len(clean_walls)} runs)\n")
