@@ -8,20 +8,24 @@
 #      names it lost once it stops beating, its two ranks go on alone and
 #      end with the clean run's parameters byte for byte, and its launcher
 #      exits 0 without waiting for node 1;
-#   3. when node 1 is cut off (its link goes down: no FIN, no RST), node 0,
+#   3. when both ranks of node 1 die while its launcher lives, node 0's
+#      two ranks go on alone with the same result, and node 1's launcher,
+#      which keeps beating, waits for the job's outcome and exits 0 (it
+#      used to report its round failed, which stopped node 0's ranks too);
+#   4. when node 1 is cut off (its link goes down: no FIN, no RST), node 0,
 #      which hosts the store, goes on alone with the same result, and
 #      node 1, which cannot reach the store, stops: the two sides never
 #      both go on;
-#   4. when node 1 is killed and the same `lockstep run` is started again
+#   5. when node 1 is killed and the same `lockstep run` is started again
 #      on its host, the new launcher takes the lost node's place and its
 #      ranks join the running group, fed by their peers; killed again and
 #      started again, the same; every rank of the end ends with the clean
 #      run's parameters byte for byte;
-#   5. the same in an elastic job (--nnodes 2:2) whose rendezvous is the
+#   6. the same in an elastic job (--nnodes 2:2) whose rendezvous is the
 #      c10d store on node 0: the round is not re-formed for the lost node,
 #      and the launcher started again, which has no --node-rank, takes the
 #      lost node's place in the running round;
-#   6. the same with the rendezvous in etcd (a member on node 0's host),
+#   7. the same with the rendezvous in etcd (a member on node 0's host),
 #      where the ranks' store is the round's own.
 # Needs root (network namespaces); skips (exit 77) elsewhere. Every step has
 # a deadline, and the hosts' processes are killed on exit.
@@ -94,7 +98,20 @@ cmp "$work/clean.params" "$work/killed.params" || fail "the parameters differ fr
 [ -z "$(in_host_pids $host0)" ] || fail "processes left on node 0: $(in_host_pids $host0)"
 echo "node 0 finished ${elapsed_ms} ms after node 1 was killed"
 
-echo "== 3. node 1 cut off: the side with the store goes on, the other stops"
+echo "== 3. both ranks of node 1 die, its launcher lives: node 0 finishes alone, node 1 waits for it"
+start_job emptied --kill 2:60:reduce --kill 3:60:reduce
+wait $node0; rc0=$?
+wait $node1; rc1=$?
+cat "$work/emptied1.log"
+[ $rc0 = 0 ] && [ $rc1 = 0 ] || { tail -20 "$work/emptied0.log"; fail "launchers exited $rc0 and $rc1"; }
+grep -q "the other nodes finished the job without this node's ranks" "$work/emptied1.log" ||
+  fail "node 1's launcher did not wait for the job's outcome"
+[ "$(grep -c '200 steps in .* 2 ranks at the end' "$work/emptied0.log")" = 2 ] || fail "node 0's two ranks did not finish alone"
+cmp "$work/clean.params" "$work/emptied.params" || fail "the parameters differ from the clean run's"
+no_processes_left $host0 "node 0"
+no_processes_left $host1 "node 1"
+
+echo "== 4. node 1 cut off: the side with the store goes on, the other stops"
 export LOCKSTEP_TIMEOUT=4
 start_job cut
 wait_for_step_50 cut
@@ -149,19 +166,19 @@ killed_twice_and_taken_over() {
   done
 }
 
-echo "== 4. node 1 killed twice, and each time started again: it takes its own place"
+echo "== 5. node 1 killed twice, and each time started again: it takes its own place"
 killed_twice_and_taken_over replaced
 no_processes_left $host0 "node 0"
 no_processes_left $host1 "node 1"
 
-echo "== 5. the same in an elastic job, the c10d store on node 0"
+echo "== 6. the same in an elastic job, the c10d store on node 0"
 rendezvous=(--nnodes 2:2 --rdzv-backend c10d --rdzv-endpoint 10.214.0.1:29542 --rdzv-id elastic-$$
   --rdzv-conf last_call_timeout=1)
 killed_twice_and_taken_over elastic
 no_processes_left $host0 "node 0"
 no_processes_left $host1 "node 1"
 
-echo "== 6. the same with the rendezvous in etcd"
+echo "== 7. the same with the rendezvous in etcd"
 if [ -x /usr/bin/etcd ]; then
   on_host $host0 timeout 300 /usr/bin/etcd --data-dir "$work/etcd" --listen-client-urls http://10.214.0.1:23791 \
     --advertise-client-urls http://10.214.0.1:23791 --listen-peer-urls http://127.0.0.1:23801 \

@@ -40,6 +40,7 @@
 #include "lockstep/store.h"
 #include "run/elastic_job.h"
 #include "run/elastic_rendezvous.h"
+#include "run/emptied_node.h"
 #include "run/failure_report.h"
 #include "run/interruption.h"
 #include "run/launcher_store.h"
@@ -60,7 +61,7 @@ namespace {
 // nodes lost under --on-rank-failure continue).
 void wait_for_nodes(Store& store, int nnodes, int round, int signal_fd,
                     const std::function<std::optional<std::string>()>& gone = nullptr) {
-  const std::string done = fmt::format("launcher/{}/done", round);
+  const std::string done = node_keys::done(round);
   const std::string failed = round_failed_key(round);
   while (store.add(done, 0) + lost_node_count(store, round) < nnodes && !store.check({failed})) {
     throw_if_interrupted(signal_fd, "the other nodes to finish");
@@ -93,9 +94,6 @@ void merge_rank_traces(const Round& round, int nproc) {
   if (merged > 0) std::fprintf(stderr, "lockstep run: timeline of %zu rank(s) in %s (open it in Perfetto or chrome://tracing)\n", merged, out.c_str());
 }
 
-// The supervisor's options for the ranks of `round` as the command line
-// sets them; the loop adds each rank's directory and the watch of the
-// other nodes.
 // --on-rank-failure continue, when the ranks that outlived a death failed
 // after it: the program does not go on in place (docs/faults.md), and the
 // job falls back to what restart does.
@@ -132,9 +130,38 @@ KeepAlive continue_keep_alive(const RunOptions& o) {
 // just re-formed sees a replacement on its way and waits for it
 // (ProcessGroup::replacements_started) instead of redoing the step short.
 void tell_ranks_of_start(const RoundStore& round_store, const Round& round, int rank, int incarnation) {
-  update_round_ranks(round_store, launcher_starts_key(round.number, rank), std::to_string(incarnation));
+  raise_round_count(round_store, launcher_starts_key(round.number, rank), incarnation);
 }
 
+// --on-rank-failure continue, several nodes: every rank of this node died
+// and the other nodes' go on without them (emptied_node.h). The outcome
+// becomes theirs: `result` turns ok when they finish, a failure reported by
+// another node when the watch stops the round; when no rank is left
+// anywhere it stays this node's failure.
+void await_outcome_without_local_ranks(Store& store, const Round& round, int signal_fd,
+                                       const std::function<std::optional<std::string>()>& watch,
+                                       AttemptResult& result) {
+  std::fprintf(stderr, "lockstep run: every rank of this node has died; the other nodes' ranks go on without them "
+               "(--on-rank-failure continue), and this launcher waits for the job's outcome\n");
+  const RoundOutcome outcome = await_round_outcome(store, round, signal_fd, watch);
+  switch (outcome.kind) {
+    case RoundOutcome::Kind::kFinished:
+      std::fprintf(stderr, "lockstep run: the other nodes finished the job without this node's ranks\n");
+      result.ok = true;
+      result.first_failure.reset();
+      return;
+    case RoundOutcome::Kind::kStopped:
+      result.first_failure->reported_by = outcome.why;
+      return;
+    case RoundOutcome::Kind::kNoRankLeft:
+      std::fprintf(stderr, "lockstep run: no node has a rank left: the job cannot go on in place\n");
+      return;
+  }
+}
+
+// The supervisor's options for the ranks of `round` as the command line
+// sets them; the loop adds each rank's directory and the watch of the
+// other nodes.
 SupervisorOptions supervisor_options(const RunOptions& o, const JobIdentity& job, const Round& round) {
   SupervisorOptions sup;
   sup.prefix_output = !o.no_prefix;
@@ -322,9 +349,17 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
                            rank_env(o, round, nproc, l, job, master, failures, incarnation));
       };
     }
-    const AttemptResult result = supervise(ranks, signal_fd, sup);
+    AttemptResult result = supervise(ranks, signal_fd, sup);
     remove_leftover_segments(job.shm_tag);
     merge_rank_traces(round, nproc);
+    if (result.none_left && node_loss && result.interrupted_by == 0) {
+      try {
+        await_outcome_without_local_ranks(store, round, signal_fd, sup.remote_failure, result);
+      } catch (const Interrupted&) {
+        store.compare_set(failed_key, "", fmt::format("{} was interrupted", who));
+        throw;
+      }
+    }
 
     if (result.ok) {
       if (node_loss) node_loss->mark_finished();
@@ -332,7 +367,7 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         // "done" last: once every node has said it, the store's host leaves.
         if (elastic) elastic->mark_finished();
         if (elastic) elastic->mark_done(round);
-        store.add(fmt::format("launcher/{}/done", round.number), 1);
+        store.add(node_keys::done(round.number), 1);
         // Under etcd, node 0 of the round hosts its ranks' store instead.
         if ((server || round_store.server) && node_loss)
           // A node that dies meanwhile is lost, not waited for (and one

@@ -21,6 +21,8 @@ std::string lost(int round, int node, int generation) {
   return fmt::format("launcher/{}/lost-node/{}.{}", round, node, generation);
 }
 std::string lost_count(int round) { return fmt::format("launcher/{}/lost-nodes", round); }
+std::string done(int round) { return fmt::format("launcher/{}/done", round); }
+std::string emptied(int round) { return fmt::format("launcher/{}/emptied", round); }
 }  // namespace node_keys
 
 namespace {

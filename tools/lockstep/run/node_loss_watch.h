@@ -80,6 +80,10 @@ std::string finished(int round, int node);
 std::string generation(int round, int node);
 std::string lost(int round, int node, int generation);
 std::string lost_count(int round);
+// Counters of the round's nodes whose ranks all finished (each launcher adds
+// one when they did), and of those whose ranks all died (emptied_node.h).
+std::string done(int round);
+std::string emptied(int round);
 }  // namespace node_keys
 
 }  // namespace lockstep::cli

@@ -361,8 +361,8 @@ class Attempt {
       if (r.rank() == first_loss_->rank || r.status().code <= 0 || r.ended() < first_loss_at_) continue;
       if (!survivor || r.ended() < ranks_[*survivor].ended()) survivor = i;
     }
-    if (!survivor) return;
-    result_.could_not_go_on = ended_rank(*survivor);
+    if (survivor) result_.could_not_go_on = ended_rank(*survivor);
+    result_.none_left = !outlived && !survivor;
   }
 
   // What rank `i` was when it ended: its status, how long it ran, its last

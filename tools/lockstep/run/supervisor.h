@@ -51,6 +51,11 @@ struct AttemptResult {
   // its group, or its state cannot survive), and the job falls back to the
   // restart. The first such rank's last words.
   std::optional<RankFailure> could_not_go_on;
+  // With continue_after_rank_failure: every rank of this node died (none
+  // outlived the last death, and none failed for not going on), so the
+  // attempt failed here; where other nodes' ranks go on without them, the
+  // job's outcome is theirs (attempt_loop.cc waits for it).
+  bool none_left = false;
 };
 
 struct SupervisorOptions {
