@@ -130,16 +130,25 @@ INSTANTIATE_TEST_SUITE_P(Backends, Replacements, ::testing::Values("shm", "tcp",
 // the commit point after it), computes its own shard in the redo, and the
 // job ends with the clean run's parameters on every rank (the clean run's
 // of the same trainer: ZeRO-1's or not).
+//
+// The launcher's arguments after its rendezvous's: one replacement at most,
+// 4 s a shard, the program's `more` flags, every rank's parameters saved.
+std::vector<std::string> long_steps(const std::string& dir, const std::vector<std::string>& more) {
+  std::vector<std::string> args{"--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
+                                "--max-replacements", "1", "--grace-period", "2", "--", IN_PLACE_RECOVERY,
+                                "--steps", "3", "--batch", "64", "--subset", "1200", "--shard-ms", "4000",
+                                "--window", "20", "--save-params", dir + "/params.bin", "--save-params-of-each-rank",
+                                dir + "/each"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 class LongSteps : public ::testing::TestWithParam<bool> {};
 
 TEST_P(LongSteps, AReplacementAlreadyStartedJoinsBeforeTheStepIsRedone) {
   const bool zero = GetParam();
   const auto train = [zero](const std::string& dir, const std::vector<std::string>& kill) {
-    std::vector<std::string> args{"--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
-                                  "--max-replacements", "1", "--grace-period", "2", "--", IN_PLACE_RECOVERY,
-                                  "--steps", "3", "--batch", "64", "--subset", "1200", "--shard-ms", "4000", "--window", "20",
-                                  "--save-params", dir + "/params.bin", "--save-params-of-each-rank", dir + "/each"};
-    args.insert(args.end(), kill.begin(), kill.end());
+    std::vector<std::string> args = long_steps(dir, kill);
     if (zero) args.push_back("--zero");
     testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_TIMEOUT", "30"}});
     return launcher.wait(120s);
@@ -180,14 +189,11 @@ TEST(LongStepsUnderEtcd, AReplacementAlreadyStartedJoinsBeforeTheStepIsRedone) {
                              "--log-level", "warn"},
                             dir.path() + "/etcd.log");
   etcd.wait_listening(client.number(), 30s);
-  testing::Launcher launcher(
-      LOCKSTEP_CLI,
-      {"--nnodes", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:" + client.text(), "--rdzv-id",
-       "long-steps", "--nproc-per-node", std::to_string(kWorld), "--on-rank-failure", "continue",
-       "--max-replacements", "1", "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", "3", "--batch", "64",
-       "--subset", "1200", "--shard-ms", "4000", "--window", "20", "--kill", "1:1:reduce",
-       "--save-params-of-each-rank", dir.path() + "/each"},
-      {{"LOCKSTEP_TIMEOUT", "30"}});
+  std::vector<std::string> args{"--nnodes", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                                "127.0.0.1:" + client.text(), "--rdzv-id", "long-steps"};
+  const std::vector<std::string> job = long_steps(dir.path(), {"--kill", "1:1:reduce"});
+  args.insert(args.end(), job.begin(), job.end());
+  testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_TIMEOUT", "30"}});
   const testing::RankResult run = launcher.wait(120s);
   EXPECT_EQ(run.exit_code, 0) << describe(run);
   EXPECT_TRUE(contains(run.output, "(replacement 1): joined at step 1, fed by its peers")) << run.output;

@@ -64,6 +64,18 @@ void update_round_ranks(const RoundStore& store, const std::string& key, const s
   }
 }
 
+void raise_round_count(const RoundStore& store, const std::string& key, std::int64_t count) {
+  try {
+    const auto connection = briefly_connected(store);
+    // compare_set against the count read: another launcher's raise in
+    // between makes it fail, and the count is read again.
+    for (std::int64_t held = connection->add(key, 0); held < count; held = connection->add(key, 0))
+      connection->compare_set(key, std::to_string(held), std::to_string(count));
+  } catch (const Error&) {
+    // As tell_round_ranks.
+  }
+}
+
 bool round_store_has(const RoundStore& store, const std::string& key) {
   try {
     return briefly_connected(store)->check({key});

@@ -7,6 +7,7 @@
 // round's node 0, a survivor, hosts a fresh one. Not thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,10 @@ void tell_round_ranks(const RoundStore& store, const std::string& key, const std
 // The same, but the value replaces one already there (a lost node's last
 // start, which moves on with each of its generations).
 void update_round_ranks(const RoundStore& store, const std::string& key, const std::string& value);
+// The same for a count the ranks read with add(key, 0) (launcher_starts_key):
+// it only grows, so that two launchers telling of the same rank's starts
+// (a node and the one taking its place) never lower it.
+void raise_round_count(const RoundStore& store, const std::string& key, std::int64_t count);
 
 // Whether `key` is set in the round's store, where its ranks tell their
 // launchers something (launcher_dropped_key); false if it does not answer
