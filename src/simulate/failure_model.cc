@@ -30,9 +30,12 @@ std::int64_t interval_of(const FailureScenario& s) {
 // A step after `lost` of `nodes` nodes are gone: the logical shards (one
 // per rank at start, `shards_per_rank` with more) are shared out, so the
 // rank holding the most computes ceil(shards / survivors) of them and
-// every rank waits for it. Communication is taken as unchanged.
+// every rank waits for it. Communication is taken as unchanged. Where the
+// step was measured after that many losses, the measurement.
 double slowed_step_s(const FailureScenario& s, int lost) {
   if (lost <= 0) return s.step_s;
+  if (static_cast<std::size_t>(lost) <= s.step_after_losses.size())
+    return s.step_s * s.step_after_losses[static_cast<std::size_t>(lost) - 1];
   const double per_rank = std::ceil(static_cast<double>(s.shards_per_rank) * s.nodes / (s.nodes - lost)) /
                           s.shards_per_rank;
   return s.step_s * (1 - s.compute_share) + s.step_s * s.compute_share * per_rank;
@@ -65,10 +68,11 @@ FailureCost finish(const FailureScenario& s, Recovery recovery, double wall_s, d
 void check(const FailureScenario& s) {
   if (!(s.step_s > 0) || s.nodes < 1 || !(s.node_mtbf_h > 0) || !(s.job_h > 0) || s.checkpoint_s < 0 ||
       s.restart_s < 0 || s.detect_s < 0 || s.replace_s < 0 || s.shards_per_rank < 1 || s.compute_share < 0 ||
-      s.compute_share > 1)
-    throw InvalidArgument("failure model: times and rates must be positive (step, MTBF, job length) or at least 0 "
-                          "(checkpoint, restart, detection, replacement), shards per rank at least 1, and the compute "
-                          "share from 0 to 1");
+      s.compute_share > 1 || std::any_of(s.step_after_losses.begin(), s.step_after_losses.end(),
+                                         [](double x) { return !(x > 0); }))
+    throw InvalidArgument("failure model: times and rates must be positive (step, MTBF, job length, the steps "
+                          "after losses) or at least 0 (checkpoint, restart, detection, replacement), shards per rank "
+                          "at least 1, and the compute share from 0 to 1");
 }
 
 }  // namespace
@@ -130,7 +134,7 @@ FailureCost predict_failures(const FailureScenario& s, Recovery recovery) {
   if (recovery == Recovery::replace) {
     // Each failure: the detection, half a step redone on average, and the
     // replacement's feeding, during which the job runs one node short.
-    const double short_by = 1 - s.step_s / slowed_step_s(s, 1);
+    const double short_by = std::max(0.0, 1 - s.step_s / slowed_step_s(s, 1));
     const double per_failure = s.detect_s + s.step_s / 2 + s.replace_s * short_by;
     const double wall = (w + checkpoints_s(s)) / (1 - per_failure / m);
     return finish(s, recovery, wall, wall / m);

@@ -46,6 +46,11 @@ struct FailureScenario {
   // holding the most shards after a loss multiplies.
   int shards_per_rank = 1;
   double compute_share = 1;
+  // In place: the step measured with 1, 2, ... nodes lost, as a multiple of
+  // the clean step, where no per-node rule holds (ranks that share a host's
+  // cores: a survivor holding two shards gets the dead rank's core time
+  // too). Losses beyond the list follow compute_share's rule.
+  std::vector<double> step_after_losses;
 };
 
 struct FailureCost {

@@ -86,6 +86,39 @@ TEST(FailureModel, InPlaceGoesOnUntilTheLastNodeFails) {
   EXPECT_GT(simulate_failures(s, Recovery::in_place, 2000).efficiency, 0.97);
 }
 
+// Ranks that share a host's cores do not follow the per-node rule: a
+// survivor holding two shards also gets the dead rank's core time. The
+// steps measured after each loss replace the rule: the rule's own values
+// as a list give the rule's answer exactly; a list from a shared host
+// (1.25x after one loss, as fast as clean after two or three) costs less,
+// in the formula and the simulation alike.
+TEST(FailureModel, StepsMeasuredAfterLossesReplaceTheRule) {
+  FailureScenario s;
+  s.step_s = 0.05;
+  s.nodes = 4;
+  s.node_mtbf_h = 45.0 / 3600;
+  s.job_h = 60.0 / 3600;
+  s.restart_s = 2;
+  s.detect_s = 0.02;
+  s.compute_share = 1;  // the rule: 2x after one or two losses, 4x after three
+  s.checkpoint_every = 100;
+  const FailureCost rule = predict_failures(s, Recovery::in_place);
+  FailureScenario as_rule = s;
+  as_rule.step_after_losses = {2, 2, 4};
+  EXPECT_DOUBLE_EQ(predict_failures(as_rule, Recovery::in_place).efficiency, rule.efficiency);
+  FailureScenario shared = s;
+  shared.step_after_losses = {1.25, 1, 1};
+  const FailureCost measured = predict_failures(shared, Recovery::in_place);
+  EXPECT_GT(measured.efficiency, rule.efficiency + 0.1);
+  EXPECT_NEAR(measured.efficiency, simulate_failures(shared, Recovery::in_place, 2000).efficiency, 0.02);
+  // Only the first entries given: the rule beyond them.
+  FailureScenario first_only = s;
+  first_only.step_after_losses = {2};
+  EXPECT_DOUBLE_EQ(predict_failures(first_only, Recovery::in_place).efficiency, rule.efficiency);
+  shared.step_after_losses = {1.25, 0};
+  EXPECT_THROW(predict_failures(shared, Recovery::in_place), InvalidArgument);
+}
+
 TEST(FailureModel, ReplacementsLoseLeastAndInPlaceAloneSlowsTheJob) {
   const FailureScenario s = at_scale();
   const FailureCost restart = predict_failures(s, Recovery::restart);

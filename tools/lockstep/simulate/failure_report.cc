@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace lockstep::cli {
 namespace {
@@ -37,6 +38,7 @@ FailureRow failure_row(const FailureOptions& o, int ranks, int ranks_per_host, d
   s.checkpoint_every = o.checkpoint_every;
   s.shards_per_rank = o.shards_per_rank;
   s.compute_share = std::clamp(compute_share, 0.0, 1.0);
+  s.step_after_losses = o.step_after_losses;
   row.young_steps = sim::young_interval_steps(s);
   row.daly_steps = sim::daly_interval_steps(s);
   for (sim::Recovery r : kModes) {
@@ -57,6 +59,12 @@ std::string render_failures(const FailureOptions& o, const std::vector<FailureRo
       o.storage_gb_per_s,
       seconds_text(first.checkpoint_s), seconds_text(o.restart_s), seconds_text(o.detect_s), o.shards_per_rank,
       seconds_text(o.replace_join_s));
+  if (!o.step_after_losses.empty()) {
+    std::vector<std::string> steps;
+    for (double x : o.step_after_losses) steps.push_back(fmt::format("{:.2f}x", x));
+    out += fmt::format("In place, the step after 1, 2, ... nodes lost as measured: {} the clean one.\n\n",
+                       fmt::join(steps, ", "));
+  }
   out += "| ranks | nodes | a failure every | failures | checkpoint every (Young, Daly) | restart | in place | "
          "replace | lost per failure: restart, in place, replace |\n|---|---|---|---|---|---|---|---|---|\n";
   double worst = 0;

@@ -28,6 +28,7 @@ struct FailureOptions {
   double detect_s = 1;
   double replace_join_s = 5;        // besides sending the state
   int shards_per_rank = 1;
+  std::vector<double> step_after_losses;  // in place: measured steps after 1, 2, ... losses, over the clean one
   bool given() const { return node_mtbf_h > 0 || failures_per_rank_hour > 0; }
 };
 

@@ -470,6 +470,12 @@ void add_simulate_command(CLI::App& app, SimulateOptions& o) {
   s->add_option("--shards-per-rank", f.shards_per_rank, "Failures: in place, logical shards per rank at start")
       ->capture_default_str()
       ->check(checks::positive_count());
+  s->add_option("--step-after-losses", f.step_after_losses,
+                "Failures: in place, the step measured with 1, 2, ... nodes lost, as multiples of the clean step "
+                "(comma-separated; where ranks share cores no per-node rule holds); beyond the list, the compute "
+                "share's rule")
+      ->delimiter(',')
+      ->check(checks::positive_number());
   s->add_option("--step-ms", o.step_ms,
                 "Failures only: a measured step (ms) at every --world-sizes instead of a workload's prediction")
       ->check(checks::positive_number());
