@@ -8,12 +8,19 @@ this machine, a checkpoint every --checkpoint-every steps:
   2. calibration: rank 1 killed just after a checkpoint under
      --on-rank-failure restart (the restart's cost), and killed before the
      first step under continue (a step with a survivor holding two shards:
-     the compute share; and the time to re-form), and killed in the run's
+     the compute share; and the time to re-form), ranks 1..k killed before
+     the first step for each k up to --ranks - 1 (the step after k losses:
+     where ranks share cores, no per-node rule holds; with --hosts, once for
+     each way k random deaths fall on the hosts, weighted by its chance: a
+     host that loses every rank leaves the others on fewer hosts, a step of
+     another pace), and killed in the run's
      first quarter under continue with --max-replacements (from the death
      to its replacement training);
   3. the prediction: `lockstep simulate --step-ms` with the measured step,
-     restart and re-form times and the same rate, written down before the
-     jobs run: each mode's efficiency (a clean job's time over its own);
+     restart and re-form times, the steps after losses and the same rate,
+     written down before the jobs run: each mode's efficiency (a clean
+     job's time over its own), and in place also by the compute share's
+     rule alone, for comparison;
   4. --runs rounds of one job in each mode, restart, continue and replace
      (continue with --max-replacements; all with --max-restarts 100),
      while a killer sends SIGKILL to a random rank process at random
@@ -214,11 +221,31 @@ def check_restart_offsets(args, at, restart_s, step_s):
                   f"(the restart {restart_s:.2f} s and {offset + 1} steps)", flush=True)
 
 
-def predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s):
-    """What `lockstep simulate` predicts: {mode: (efficiency, seconds lost per failure, failures)}."""
+def loss_patterns(ranks, hosts, k):
+    """The ways k ranks killed at random fall on the hosts, as [(chance, ranks to kill, lost per host)]: each
+    k-set of ranks equally likely, the hosts alike (only how many each loses matters); the ranks to kill
+    spare world rank 0, whose step times are read (host 0 loses the fewest, after rank 0)."""
+    per = ranks // hosts
+    ways = {}
+    for lost in itertools.combinations(range(ranks), k):
+        counts = tuple(sorted((sum(1 for r in lost if r // per == h) for h in range(hosts)), reverse=True))
+        ways[counts] = ways.get(counts, 0) + 1
+    total = sum(ways.values())
+    patterns = []
+    for counts, n in sorted(ways.items()):
+        on_host = (counts[-1],) + counts[:-1]
+        lost = list(range(1, 1 + on_host[0])) + [h * per + i for h in range(1, hosts) for i in range(on_host[h])]
+        patterns.append((n / total, lost, "+".join(str(c) for c in counts)))
+    return patterns
+
+
+def predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s, after_losses=()):
+    """What `lockstep simulate` predicts: {mode: (efficiency, seconds lost per failure, failures)}.
+    `after_losses`: the steps measured after 1, 2, ... losses over the clean one (empty: the rule)."""
+    measured = ["--step-after-losses", ",".join(f"{x:.3f}" for x in after_losses)] if after_losses else []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "failures.json")
-        subprocess.run([os.path.join(args.build, "lockstep"), "simulate", "--step-ms", f"{1e3 * step_s:.4f}",
+        subprocess.run([os.path.join(args.build, "lockstep"), "simulate", *measured, "--step-ms", f"{1e3 * step_s:.4f}",
                         "--compute-share", f"{compute_share:.3f}", "--world-sizes", str(args.ranks),
                         "--ranks-per-host", "1", "--node-mtbf-hours", f"{args.mean_interval / 3600:.6f}",
                         "--job-hours", f"{train_s / 3600:.6f}", "--checkpoint-every", str(args.checkpoint_every),
@@ -279,6 +306,16 @@ def main():
     compute_share = min(1.0, max(0.0, slowed_s / train_s - 1))
     reformed = [float(x) for x in re.findall(r"re-formed in ([0-9.]+) s", out)]
     detect_s = statistics.median(reformed) if reformed else 0.1
+    after_losses = [slowed_s / train_s]
+    for k in range(2, args.ranks):
+        step = 0.0
+        for chance, lost, counts in loss_patterns(args.ranks, len(args.hosts.split(",")) if args.hosts else 1, k):
+            _, out, _ = run_job(args, "continue", kills=[f"{r}:0:forward" for r in lost])
+            slowed = training_seconds(out)[1] / train_s
+            step += chance * slowed
+            print(f"the step after {k} losses, {counts} on the hosts (a chance of {chance:.2f}): {slowed:.2f}x",
+                  flush=True)
+        after_losses.append(step)
     steps_seen = []
     _, out, _ = run_job(args, "continue", kills=[f"1:{args.steps // 4}:forward"], replacements=True,
                         step_times=steps_seen)
@@ -291,11 +328,15 @@ def main():
     print(f"calibration: a restart costs {restart_s:.2f} s; a survivor holding two shards makes a step "
           f"{slowed_s / train_s:.2f}x (compute share {compute_share:.2f}); re-formed in {detect_s:.3f} s; "
           f"a replacement trains {to_training_s:.2f} s after the death, which cost {lost_s:.2f} s of training "
-          f"(the model's replace time: {replace_s:.2f} s a node short)", flush=True)
+          f"(the model's replace time: {replace_s:.2f} s a node short); the step after 1..{args.ranks - 1} "
+          f"losses: {', '.join(f'{x:.2f}x' for x in after_losses)}", flush=True)
 
     check_restart_offsets(args, at, restart_s, step_s)
 
-    predicted = predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s)
+    by_rule = predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s)
+    predicted = predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s, after_losses)
+    print(f"in place by the compute share's rule alone: {startup_s + train_s / by_rule['in-place'][0]:.1f} s "
+          f"(efficiency {by_rule['in-place'][0]:.3f}, {by_rule['in-place'][1]:.2f} s a kill)", flush=True)
     expected = {m: startup_s + train_s / e for m, (e, _, _) in predicted.items()}
     print("predicted (before the runs): " + ", ".join(f"{m} {t:.1f} s (efficiency {predicted[m][0]:.3f})"
                                                         for m, t in expected.items()), flush=True)

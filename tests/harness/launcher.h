@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,13 @@ RankResult run_program(const std::string& program, std::vector<std::string> args
 
 // Whether a program's output mentions `what`.
 inline bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// How many times a program's output mentions `what` (without overlaps).
+inline std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+  return n;
+}
 
 // The direct children of a process (e.g. a launcher's ranks).
 std::vector<pid_t> children_of(pid_t pid);

@@ -30,6 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::contains;
+using testing::count_of;
 using testing::describe;
 using testing::read_bytes;
 using testing::TempDir;
@@ -38,12 +39,6 @@ constexpr int kWorld = 4;
 // Long enough, at --step-ms 15, for three replacements to start (a
 // process that loads libtorch and the data set) and join before the end.
 constexpr int kSteps = 600;
-
-std::size_t count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
-  return n;
-}
 
 struct Case {
   std::string name;
@@ -110,8 +105,8 @@ TEST_P(Replacements, TheGroupGrowsBackAndEndsWithTheCleanRunsParametersOnEveryRa
     for (int r = 0; r < kWorld; ++r)
       EXPECT_TRUE(run.each_rank[static_cast<std::size_t>(r)] == clean.params)
           << c.name << ": world rank " << r << " ended with other parameters than the clean run's";
-    EXPECT_EQ(count(run.result.output, "fed by its peers"), static_cast<std::size_t>(c.joins)) << run.result.output;
-    EXPECT_EQ(count(run.result.output, fmt::format("{} ranks at the end", kWorld)), static_cast<std::size_t>(kWorld))
+    EXPECT_EQ(count_of(run.result.output, "fed by its peers"), static_cast<std::size_t>(c.joins)) << run.result.output;
+    EXPECT_EQ(count_of(run.result.output, fmt::format("{} ranks at the end", kWorld)), static_cast<std::size_t>(kWorld))
         << run.result.output;
     EXPECT_TRUE(contains(run.result.output, "started a replacement for rank")) << run.result.output;
   }

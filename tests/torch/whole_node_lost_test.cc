@@ -25,6 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::contains;
+using testing::count_of;
 using testing::describe;
 using testing::read_bytes;
 using testing::TempDir;
@@ -61,12 +62,6 @@ Job train(const std::string& dir, const std::vector<int>& killed_ranks, std::vec
   return job;
 }
 
-std::size_t count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
-  return n;
-}
-
 class WholeNodeLost : public ::testing::TestWithParam<int> {};
 
 TEST_P(WholeNodeLost, TheOtherNodeFinishesAloneAndBothLaunchersExitZero) {
@@ -85,8 +80,8 @@ TEST_P(WholeNodeLost, TheOtherNodeFinishesAloneAndBothLaunchersExitZero) {
   EXPECT_EQ(going_on.exit_code, 0) << describe(going_on);
   EXPECT_TRUE(contains(lost.output, "every rank of this node has died")) << lost.output;
   EXPECT_TRUE(contains(lost.output, "the other nodes finished the job without this node's ranks")) << lost.output;
-  EXPECT_EQ(count(going_on.output, fmt::format("{} steps in", kSteps)), 2u) << going_on.output;
-  EXPECT_EQ(count(going_on.output, "2 ranks at the end"), 2u) << going_on.output;
+  EXPECT_EQ(count_of(going_on.output, fmt::format("{} steps in", kSteps)), 2u) << going_on.output;
+  EXPECT_EQ(count_of(going_on.output, "2 ranks at the end"), 2u) << going_on.output;
   EXPECT_FALSE(contains(run.node0.output + run.node1.output, "restarting all ranks")) << run.node0.output;
   EXPECT_TRUE(run.params == clean.params) << "the parameters differ from the clean run's";
 }
@@ -105,8 +100,8 @@ TEST(EveryNodeLost, NoRankIsLeftAndTheJobRestartsFromItsCheckpoint) {
   EXPECT_EQ(run.node1.exit_code, 0) << describe(run.node1);
   const std::string both = run.node0.output + run.node1.output;
   EXPECT_TRUE(contains(both, "no node has a rank left")) << both;
-  EXPECT_EQ(count(both, "restarting all ranks (restart 1 of 1)"), 2u) << both;
-  EXPECT_EQ(count(both, "4 ranks at the end"), 4u) << both;
+  EXPECT_EQ(count_of(both, "restarting all ranks (restart 1 of 1)"), 2u) << both;
+  EXPECT_EQ(count_of(both, "4 ranks at the end"), 4u) << both;
   EXPECT_TRUE(run.params == clean.params) << "the parameters differ from the clean run's";
 }
 
