@@ -38,7 +38,8 @@ struct Job {
   std::string params;  // the group's first rank's at the end
 };
 
-// Both nodes of one job; `more` goes to the launchers, `kills` to the program.
+// Both nodes of one job; `more` goes to the launchers; each of `killed_ranks`
+// kills itself at step kKillStep, before its reduction.
 Job train(const std::string& dir, const std::vector<int>& killed_ranks, std::vector<std::string> more = {}) {
   const testing::ReservedPort port;
   const auto node = [&](int rank) {
