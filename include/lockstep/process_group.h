@@ -307,8 +307,9 @@ class ProcessGroup {
   //   - the first list of members stored is the one every rank adopts, so
   //     all form the same group;
   //   - the members must be more than half of the ranks not known to have
-  //     ended (those the launcher saw end), or every rank stops: the side of
-  //     a partition without a majority never goes on alone.
+  //     ended (those the launcher saw end, as the rank that stored the
+  //     members read them: one verdict for all), or every rank stops: the
+  //     side of a partition without a majority never goes on alone.
   // Returns the new group (its rank i is members_of_parent()[i] of this
   // one; world_ranks() says which world ranks it keeps). Throws PeerError
   // naming this rank itself on a rank that was left out (it must stop: the

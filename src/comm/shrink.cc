@@ -2,10 +2,15 @@
 // here (process_group.h has the contract). Attempt k of a failed group
 // agrees through the group's store, under "shrink/<k>/":
 //   here/<r>   rank r is here and goes on (set once it called shrink);
-//   members    the members of the new group, the first proposal stored
-//              (compare_set), which every rank adopts.
+//   members    the first proposal stored (compare_set), which every rank
+//              adopts: the members of the new group and the ranks its
+//              proposer knew to have ended, "<members>|<ended>".
 // A rank waits until every rank not known to be gone has said it is here,
-// or `window` passes, then proposes those here (ascending). The new group's
+// or `window` passes, then proposes those here (ascending). The majority
+// rule counts the ended ranks of the adopted proposal, not each rank's own
+// reading: a rank whose last reading came just before the launcher wrote an
+// end, and that found the proposal stored just after, would otherwise stop
+// for want of a majority while the others go on with it as a member. The new group's
 // key is "<this group's key>/shrunk/<k>": its own store keys, its own
 // rendezvous, new connections and shared memory among the members only.
 // The failed group stays as it was; the caller destroys it when it likes.
@@ -32,6 +37,24 @@ std::vector<int> decode(const std::string& text) {
   std::istringstream in(text);
   for (int r = 0; in >> r;) out.push_back(r);
   return out;
+}
+
+// What the ranks agree on: who goes on, and who was known to have ended
+// when that was proposed (what the majority is counted against).
+struct Proposal {
+  std::vector<int> members;
+  std::set<int> ended;
+};
+
+std::string encode(const Proposal& p) {
+  return fmt::format("{}|{}", encode(p.members), fmt::join(p.ended, " "));
+}
+
+Proposal decode_proposal(const std::string& text) {
+  const std::size_t bar = text.find('|');
+  LOCKSTEP_ENFORCE(bar != std::string::npos, "shrink: malformed proposal '{}' in the group's store", text);
+  const std::vector<int> ended = decode(text.substr(bar + 1));
+  return {decode(text.substr(0, bar)), std::set<int>(ended.begin(), ended.end())};
 }
 
 // The ranks of this group the launcher saw end (lockstep run --on-rank-
@@ -112,20 +135,20 @@ std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& lost,
   }
   // A rank here that another named as lost is here after all (a reset
   // connection, not a death): it goes on with the others.
-  const std::string proposal = encode(here);
-  const std::vector<int> members = decode(store.compare_set(at + "members", "", proposal));
+  const Proposal adopted = decode_proposal(store.compare_set(at + "members", "", encode(Proposal{here, ended})));
+  const std::vector<int>& members = adopted.members;
   if (std::find(members.begin(), members.end(), rank()) == members.end())
     throw PeerError(fmt::format("rank {}/{}: left out of the re-formed group (its members are ranks {} of this "
                                 "group): the others did not hear from this rank within {} s, and go on without it; "
                                 "this rank must stop",
                                 rank(), size(), encode(members), window.count() / 1000.0),
                     rank());
-  const int possible = size() - static_cast<int>(ended.size());
+  const int possible = size() - static_cast<int>(adopted.ended.size());
   if (2 * static_cast<int>(members.size()) <= possible)
     throw Error(fmt::format("rank {}/{}: only {} of the {} ranks not known to have ended (ranks {}) are here; without "
                             "a majority this side stops, so that the two sides of a partition never both go on",
                             rank(), size(), members.size(), possible, encode(members)));
-  report_dropped(spec, members, ended);
+  report_dropped(spec, members, adopted.ended);
 
   GroupSpec next = spec;
   next.rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
