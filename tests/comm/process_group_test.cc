@@ -133,6 +133,51 @@ TEST_P(ProcessGroupTest, MismatchedSendAndRecvIsAMismatchError) {
   }
 }
 
+// Messages far larger than shm's two mailbox slots and a socket's buffer:
+// a ring of two messages each, with their tags, arrive whole and in order.
+// A large message received with the wrong size is a MismatchError, and its
+// sender does not wait forever.
+void ring_of_large_messages(ProcessGroup& pg) {
+  constexpr std::size_t kCount = 700'000;  // 5.6 MB of int64
+  const int size = pg.size(), rank = pg.rank();
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  std::vector<std::int64_t> out(kCount), in(kCount, -1);
+  for (int message = 0; message < 2; ++message) {
+    for (std::size_t i = 0; i < kCount; ++i) out[i] = rank * 1'000'000'000LL + message * 10'000'000LL + static_cast<std::int64_t>(i);
+    const auto send = [&] { pg.send(const_view(std::span<const std::int64_t>(out)), next, 20 + message)->wait(); };
+    const auto receive = [&] { pg.recv(view(std::span(in)), prev, 20 + message)->wait(); };
+    if (rank % 2 == 0) {
+      send();
+      receive();
+    } else {
+      receive();
+      send();
+    }
+    for (std::size_t i = 0; i < kCount; ++i)
+      ASSERT_EQ(in[i], prev * 1'000'000'000LL + message * 10'000'000LL + static_cast<std::int64_t>(i)) << "element " << i;
+  }
+}
+
+TEST_P(ProcessGroupTest, LargeMessagesArriveWholeAndInOrder) {
+  ThreadWorld world(3, GetParam());
+  world.run([](int, ProcessGroup& pg) { ring_of_large_messages(pg); });
+}
+
+TEST_P(ProcessGroupTest, ALargeMessageOfAnotherSizeIsAMismatchError) {
+  ThreadWorld world(2, GetParam(), 10s);
+  auto errors = world.run_collecting([](int rank, ProcessGroup& pg) {
+    std::vector<float> buf(rank == 0 ? 500'000 : 400'000);
+    if (rank == 0) pg.send(const_view(std::span<const float>(buf)), 1, 3)->wait();
+    else pg.recv(view(std::span(buf)), 0, 3)->wait();
+  });
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const MismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("2000000"), std::string::npos) << e.what();
+  }
+}
+
 // Collectives that differ across ranks are refused by the shm and tcp
 // backends always (not only with LOCKSTEP_DEBUG=DETAIL): rank 1 skips iteration 3's
 // all-reduce, so its next one (one element longer) meets the others' and
