@@ -13,9 +13,11 @@
 #include <exception>
 #include <map>
 #include <optional>
+#include <typeinfo>
 #include <utility>
 
 #include "fsdp_unit.h"
+#include "fused_adam.h"
 #include "libtorch_version.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
@@ -100,6 +102,11 @@ struct ShardBackup::State {
 
   // The gradients' exchange issued by send_gradients(), until step().
   std::vector<std::shared_ptr<Work>> in_flight;
+  // Whether the copy may be stepped in one pass over its memory (an Adam
+  // whose fused step gives libtorch's bits here): the copy's step is a
+  // whole shard's more on ranks whose cores are busy, and libtorch's takes
+  // eight passes.
+  bool fused_adam = false;
 
   void exchange_shards();
   void exchange_optimizer_state();
@@ -196,6 +203,7 @@ ShardBackup::ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& opt
     groups.emplace_back(std::move(views), group.options().clone());
   }
   s.copy = zero_pieces::same_type(optimizer, std::move(groups));
+  s.fused_adam = typeid(optimizer) == typeid(::torch::optim::Adam) && detail::fused_adam_matches();
   std::size_t params = 0;
   for (const UnitCopy& copy : s.units) params += copy.unit->params().size();
   s.flags_out.assign(params, 0);
@@ -321,7 +329,11 @@ void ShardBackup::step() {
   if (s.in_flight.empty()) s.send_gradients();
   s.receive_gradients();
   zero_pieces::copy_options(s.user->param_groups(), s.copy->param_groups());
-  s.copy->step();
+  if (s.fused_adam && detail::fused_adam_applies(*s.copy)) {
+    detail::fused_adam_step(*s.copy);
+  } else {
+    s.copy->step();
+  }
 }
 
 void ShardBackup::verify() {

@@ -25,7 +25,9 @@
 // RMSprop), so the copy's step gives its owner's bits: no parameter or
 // state is sent after the first. Per step that is one shard of gradients
 // sent and received (from the memory fully_shard left them in: no copy),
-// and one more shard stepped; in memory, one more shard of parameters, of
+// and one more shard stepped (Adam's in one pass over its memory where
+// that gives libtorch's bits, as a probe at construction checks; libtorch's
+// own step elsewhere); in memory, one more shard of parameters, of
 // gradients and of optimizer state (bytes() says how many).
 //
 // Not yet: rebuilding a dead rank's shard from its backup in place (the
