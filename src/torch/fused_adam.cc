@@ -79,6 +79,7 @@ __attribute__((target("avx2,fma"))) void step_elements(float* p, const float* g,
 
 bool cpu_can() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
+// Never called: fused_adam_applies is false here.
 void step_elements(float*, const float*, float*, float*, std::int64_t, const Coefficients&) {}
 bool cpu_can() { return false; }
 #endif
@@ -124,7 +125,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 bool fused_adam_applies(::torch::optim::Optimizer& optimizer) {
-  if (typeid(optimizer) != typeid(::torch::optim::Adam)) return false;
+  if (!cpu_can() || typeid(optimizer) != typeid(::torch::optim::Adam)) return false;
   for (auto& group : optimizer.param_groups()) {
     const auto& options = static_cast<const AdamOptions&>(group.options());
     if (options.weight_decay() != 0 || options.amsgrad()) return false;

@@ -21,10 +21,11 @@ namespace lockstep::torch::detail {
 // Touches no random generator. Call once and keep the answer.
 bool fused_adam_matches();
 
-// Whether fused_adam_step can step `optimizer` now: a libtorch Adam without
-// weight decay or amsgrad, every parameter with a gradient has state (its
-// first step, which makes the state, is libtorch's), and each parameter,
-// gradient and state tensor is a contiguous float tensor on the CPU.
+// Whether fused_adam_step can step `optimizer` now: on a CPU with AVX2 and
+// FMA, a libtorch Adam without weight decay or amsgrad, every parameter
+// with a gradient has state (its first step, which makes the state, is
+// libtorch's), and each parameter, gradient and state tensor is a
+// contiguous float tensor on the CPU.
 bool fused_adam_applies(::torch::optim::Optimizer& optimizer);
 
 // One step of `optimizer` (fused_adam_applies must hold): as its step()
