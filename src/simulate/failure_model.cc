@@ -187,10 +187,13 @@ FailureCost predict_failures(const FailureScenario& s, Recovery recovery) {
 
 FailureCost simulate_failures(const FailureScenario& s, Recovery recovery, int trials, std::uint64_t seed) {
   check(s);
+  if (trials < 1) throw InvalidArgument(fmt::format("failure model: {} simulated jobs; ask for at least one", trials));
   std::mt19937_64 random(seed);
   const double w = work_s(s);
   const double tau = static_cast<double>(interval_of(s)) * s.step_s;
-  double wall_sum = 0, failure_sum = 0;
+  // The walls' mean and squared deviations, a job at a time (Welford's:
+  // exact where every job takes the same time).
+  double wall_mean = 0, wall_deviations = 0, failure_sum = 0;
   for (int t = 0; t < trials; ++t) {
     double wall = 0, done = 0, failures = 0;
     int lost = 0;
@@ -268,10 +271,14 @@ FailureCost simulate_failures(const FailureScenario& s, Recovery recovery, int t
         }
       }
     }
-    wall_sum += wall;
+    const double from_mean = wall - wall_mean;
+    wall_mean += from_mean / (t + 1);
+    wall_deviations += from_mean * (wall - wall_mean);
     failure_sum += failures;
   }
-  return finish(s, recovery, wall_sum / trials, failure_sum / trials);
+  FailureCost cost = finish(s, recovery, wall_mean, failure_sum / trials);
+  cost.job_spread = trials > 1 ? std::sqrt(wall_deviations / (trials - 1)) / wall_mean : 0;
+  return cost;
 }
 
 }  // namespace lockstep::sim

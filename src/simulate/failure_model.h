@@ -59,6 +59,12 @@ struct FailureCost {
   double efficiency = 1;              // clean wall time / expected wall time, for the same work
   double lost_per_failure_s = 0;      // expected wall time lost per failure
   double failures = 0;                // expected failures over the job
+  // One job's wall time varies with how many failures it draws and when:
+  // the standard deviation of the simulated jobs' walls over their mean
+  // (simulate_failures only; 0 from predict_failures). A mean of n jobs
+  // varies by this over sqrt(n): what a measurement of a few jobs can
+  // resolve.
+  double job_spread = 0;
 };
 
 // The system's mean time between failures, seconds.
@@ -75,7 +81,8 @@ double daly_interval_steps(const FailureScenario& s);
 FailureCost predict_failures(const FailureScenario& s, Recovery recovery);
 
 // The job's timeline under random failures, `trials` times (seeded: the same
-// answer every run); efficiency and the loss per failure averaged.
+// answer every run); efficiency and the loss per failure averaged, and the
+// jobs' spread.
 FailureCost simulate_failures(const FailureScenario& s, Recovery recovery, int trials = 200,
                               std::uint64_t seed = 1);
 

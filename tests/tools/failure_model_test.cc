@@ -151,5 +151,29 @@ TEST(FailureModel, BadInputIsRefused) {
   EXPECT_THROW(parse_recovery("sometimes"), InvalidArgument);
 }
 
+// A job's wall varies with the failures it draws: replaced at once, each
+// costing a fixed 2 s of detection and no slower step, a 100 s job over 4
+// nodes failing every 25 s each draws N ~ Poisson(16) failures and takes
+// 100 + 2N s: a standard deviation of 2 x 4 = 8 s over a mean of 132 s.
+// The simulation says so; the formula, which knows no spread, says 0.
+TEST(FailureModel, TheSimulationGivesOneJobsSpread) {
+  FailureScenario s;
+  s.step_s = 0.001;
+  s.nodes = 4;
+  s.node_mtbf_h = 25.0 / 3600;
+  s.job_h = 100.0 / 3600;
+  s.detect_s = 2;
+  s.replace_s = 0;
+  s.compute_share = 0;
+  s.checkpoint_every = 1'000'000;
+  const FailureCost simulated = simulate_failures(s, Recovery::replace, 4000);
+  EXPECT_NEAR(simulated.failures, 16, 0.5);
+  EXPECT_NEAR(simulated.job_spread, 8.0 / 132, 0.1 * 8.0 / 132);
+  EXPECT_EQ(predict_failures(s, Recovery::replace).job_spread, 0);
+  s.node_mtbf_h = 1e9;  // no failure: every job alike
+  EXPECT_LT(simulate_failures(s, Recovery::replace, 100).job_spread, 1e-9);
+  EXPECT_THROW(simulate_failures(s, Recovery::replace, 0), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace lockstep::sim

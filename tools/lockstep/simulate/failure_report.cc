@@ -66,17 +66,21 @@ std::string render_failures(const FailureOptions& o, const std::vector<FailureRo
                        fmt::join(steps, ", "));
   }
   out += "| ranks | nodes | a failure every | failures | checkpoint every (Young, Daly) | restart | in place | "
-         "replace | lost per failure: restart, in place, replace |\n|---|---|---|---|---|---|---|---|---|\n";
+         "replace | lost per failure: restart, in place, replace | one job's spread: restart, in place, replace "
+         "|\n|---|---|---|---|---|---|---|---|---|---|\n";
   double worst = 0;
   for (const FailureRow& r : rows) {
     const sim::FailureScenario& s = r.scenario;
     const std::int64_t every = r.predicted[0].checkpoint_every;
-    out += fmt::format("| {} | {} | {} | {:.1f} | {} steps, {} ({:.0f}, {:.0f}) | {:.1f}% | {:.1f}% | {:.1f}% | {}, {}, {} |\n",
+    out += fmt::format("| {} | {} | {} | {:.1f} | {} steps, {} ({:.0f}, {:.0f}) | {:.1f}% | {:.1f}% | {:.1f}% | {}, {}, {} "
+                       "| {:.1f}%, {:.1f}%, {:.1f}% |\n",
                        r.ranks, s.nodes, seconds_text(sim::system_mtbf_s(s)), r.predicted[0].failures, every,
                        seconds_text(static_cast<double>(every) * s.step_s), r.young_steps, r.daly_steps,
                        100 * r.predicted[0].efficiency, 100 * r.predicted[1].efficiency,
                        100 * r.predicted[2].efficiency, seconds_text(r.predicted[0].lost_per_failure_s),
-                       seconds_text(r.predicted[1].lost_per_failure_s), seconds_text(r.predicted[2].lost_per_failure_s));
+                       seconds_text(r.predicted[1].lost_per_failure_s), seconds_text(r.predicted[2].lost_per_failure_s),
+                       100 * r.simulated[0].job_spread, 100 * r.simulated[1].job_spread,
+                       100 * r.simulated[2].job_spread);
     for (std::size_t m = 0; m < kModes.size(); ++m)
       worst = std::max(worst, std::abs(r.predicted[m].efficiency - r.simulated[m].efficiency));
   }
@@ -85,7 +89,9 @@ std::string render_failures(const FailureOptions& o, const std::vector<FailureRo
       "writes them too). The restart's interval is the best for it (or --checkpoint-every), in place and replace "
       "write at the same interval: their fallback when half the nodes are gone. In place alone, a survivor holding "
       "two shards makes every step wait for it: more shards per rank (--shards-per-rank) or replacements keep the "
-      "job's speed. The timeline simulation (200 jobs each) agrees with these within {:.1f} points of efficiency.\n",
+      "job's speed. The timeline simulation (200 jobs each) agrees with these within {:.1f} points of efficiency; "
+      "its jobs' walls vary by the spread given (one standard deviation over the mean; a mean of n jobs, by that "
+      "over sqrt(n)): what a few measured jobs can tell apart.\n",
       100 * worst);
   return out;
 }
@@ -98,7 +104,8 @@ nlohmann::json failures_json(const std::vector<FailureRow>& rows) {
       modes[sim::to_string(kModes[m])] = {{"efficiency", r.predicted[m].efficiency},
                                           {"simulated_efficiency", r.simulated[m].efficiency},
                                           {"lost_per_failure_s", r.predicted[m].lost_per_failure_s},
-                                          {"failures", r.predicted[m].failures}};
+                                          {"failures", r.predicted[m].failures},
+                                          {"job_spread", r.simulated[m].job_spread}};
     out.push_back({{"ranks", r.ranks},
                    {"nodes", r.scenario.nodes},
                    {"system_mtbf_s", sim::system_mtbf_s(r.scenario)},
