@@ -29,7 +29,14 @@ this machine, a checkpoint every --checkpoint-every steps:
      clean job: the machine's pace drifts between runs by more than a kill
      costs, so the clean reference is measured as often, between them;
   5. each mode's mean wall against the predicted efficiency applied to the
-     clean jobs' mean, and what a kill cost against what the model says.
+     clean jobs' mean, with the spread the model's simulated jobs give a
+     mean of --runs jobs (how many kills a job draws, and when, moves its
+     wall more than the model's error may), and what a kill cost against
+     what the model says; in place also what the steps measured after
+     losses give each job once its kills are known (when, and on which
+     host), which tells the model's error from the draw's.
+--modes runs some of the three only (a mode's calibration with it): more
+runs of one mode in the same time.
 The ranks stand for nodes (one rank a node). Prints a markdown table for
 docs/scaling.md.
 
@@ -41,7 +48,7 @@ picks among every host's ranks.
 
 Usage: bench/validate_failures.py [--build build] [--ranks 4] [--steps 2000]
            [--batch 64] [--hidden 128] [--mean-interval 40] [--checkpoint-every 100]
-           [--runs 3] [--seed 1] [--restart-offsets 50,90]
+           [--runs 3] [--seed 1] [--restart-offsets 50,90] [--modes restart,continue,replace]
            [--hosts HOLDER0,HOLDER1 --master-addr ADDR]
 """
 import argparse
@@ -86,8 +93,8 @@ def launchers(args, options):
 
 
 def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False, step_times=None):
-    """One job: (wall seconds, output, kills sent). With `step_times` (a list), world rank 0's committed
-    steps (step, wall-clock time) are appended to it."""
+    """One job: (wall seconds, output, kills sent as [(seconds from the start, the victim's host)]). With
+    `step_times` (a list), world rank 0's committed steps (step, wall-clock time) are appended to it."""
     with tempfile.TemporaryDirectory() as tmp:
         command = ["--on-rank-failure", mode, "--max-restarts", "100", "--grace-period", "1"]
         if replacements:
@@ -116,7 +123,7 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
                     training.set()
 
         def ranks_running():
-            return [rank for proc in procs for rank in children(proc.pid)]
+            return [(host, rank) for host, proc in enumerate(procs) for rank in children(proc.pid)]
 
         def killer():
             # Each running rank fails at `killer_rate` per second: the next
@@ -136,10 +143,10 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
                     return
                 ranks = ranks_running()
                 if ranks:
-                    victim = rng.choice(ranks)
+                    host, victim = rng.choice(ranks)
                     try:
                         os.kill(victim, 9)
-                        sent.append(time.monotonic() - start)
+                        sent.append((time.monotonic() - start, host))
                     except ProcessLookupError:
                         pass
 
@@ -172,7 +179,7 @@ def run_job(args, mode, kills=(), killer_rate=None, rng=None, replacements=False
         if step_times is not None:
             with open(os.path.join(tmp, "steps.txt")) as f:
                 step_times += [(int(s), float(at)) for s, at, _ in (line.split() for line in f)]
-        return wall, output, len(sent)
+        return wall, output, sent
 
 
 def training_seconds(output):
@@ -239,8 +246,32 @@ def loss_patterns(ranks, hosts, k):
     return patterns
 
 
+def wall_given_kills(kills, hosts, clean_s, start_s, detect_s, pattern_steps):
+    """In place: the wall the measured steps give a job once the kills it drew are known ([(seconds from the
+    start, the victim's host)]): the clean job's `clean_s`, training from `start_s` on, each stretch after a
+    kill at the step measured after the losses so far as they fall on the hosts (`pattern_steps`, {"2+0":
+    0.61, ...}: lost per host, most first), each re-forming (`detect_s`) besides. None where every rank was
+    lost (the restart). Not a prediction (the kills are drawn as the job runs): it tells the model's error
+    from the draw's."""
+    lost = [0] * hosts
+    now, pace, left = start_s, 1.0, clean_s - start_s  # left: training, in clean seconds
+    for at, host in sorted(kills):
+        done = max(0.0, at - now) / pace
+        if done >= left:
+            break
+        left -= done
+        now = max(at, now) + detect_s
+        lost[host] += 1
+        key = "+".join(str(c) for c in sorted(lost, reverse=True))
+        if key not in pattern_steps:
+            return None
+        pace = pattern_steps[key]
+    return now + left * pace
+
+
 def predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s, after_losses=()):
-    """What `lockstep simulate` predicts: {mode: (efficiency, seconds lost per failure, failures)}.
+    """What `lockstep simulate` predicts: {mode: (efficiency, seconds lost per failure, failures, one job's
+    spread: the standard deviation of its wall over the mean, from the model's simulated jobs)}.
     `after_losses`: the steps measured after 1, 2, ... losses over the clean one (empty: the rule)."""
     measured = ["--step-after-losses", ",".join(f"{x:.3f}" for x in after_losses)] if after_losses else []
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,7 +285,8 @@ def predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s
                         "--out", tmp, "--json", out], check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             modes = json.load(f)["failures"][0]["modes"]
-        return {m: (v["efficiency"], v["lost_per_failure_s"], v["failures"]) for m, v in modes.items()}
+        return {m: (v["efficiency"], v["lost_per_failure_s"], v["failures"], v["job_spread"])
+                for m, v in modes.items()}
 
 
 def main():
@@ -277,7 +309,14 @@ def main():
                    help="comma-separated pids holding each host's network namespace (bench/two_shaped_hosts.sh): "
                         "one launcher a host, --ranks divided among them")
     p.add_argument("--master-addr", default="", help="with --hosts: host 0's address, where the job's store listens")
+    p.add_argument("--modes", default="restart,continue,replace",
+                   help="the recovery modes to run, comma-separated (continue: in place)")
     args = p.parse_args()
+    all_modes = (("restart", "restart"), ("continue", "in-place"), ("replace", "replace"))
+    asked = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in asked if m not in dict(all_modes)]
+    if unknown or not asked:
+        p.error(f"--modes {args.modes}: name some of restart, continue, replace")
     if args.hosts and (not args.master_addr or args.ranks % len(args.hosts.split(","))):
         p.error("--hosts needs --master-addr, and --ranks a multiple of the hosts")
     rng = random.Random(args.seed)
@@ -307,28 +346,34 @@ def main():
     reformed = [float(x) for x in re.findall(r"re-formed in ([0-9.]+) s", out)]
     detect_s = statistics.median(reformed) if reformed else 0.1
     after_losses = [slowed_s / train_s]
+    hosts = len(args.hosts.split(",")) if args.hosts else 1
+    pattern_steps = {"+".join(["1"] + ["0"] * (hosts - 1)): after_losses[0]}  # rank 1: on host 0
     for k in range(2, args.ranks):
         step = 0.0
-        for chance, lost, counts in loss_patterns(args.ranks, len(args.hosts.split(",")) if args.hosts else 1, k):
+        for chance, lost, counts in loss_patterns(args.ranks, hosts, k):
             _, out, _ = run_job(args, "continue", kills=[f"{r}:0:forward" for r in lost])
             slowed = training_seconds(out)[1] / train_s
+            pattern_steps[counts] = slowed
             step += chance * slowed
             print(f"the step after {k} losses, {counts} on the hosts (a chance of {chance:.2f}): {slowed:.2f}x",
                   flush=True)
         after_losses.append(step)
-    steps_seen = []
-    _, out, _ = run_job(args, "continue", kills=[f"1:{args.steps // 4}:forward"], replacements=True,
-                        step_times=steps_seen)
-    to_training_s, lost_s = replacement_cost(out, steps_seen)
-    # The model's replacement: the job a node short (slower by short_by)
-    # for replace_s after the detection and half a step. replace_s is set
-    # so that one death costs what this one did.
-    short_by = 1 - 1 / (1 + compute_share)
-    replace_s = max(0.0, (lost_s - detect_s - step_s / 2) / short_by) if short_by > 0 else to_training_s
+    replace_s, replaced = 0.0, "no replacement asked for (--modes)"
+    if "replace" in asked:
+        steps_seen = []
+        _, out, _ = run_job(args, "continue", kills=[f"1:{args.steps // 4}:forward"], replacements=True,
+                            step_times=steps_seen)
+        to_training_s, lost_s = replacement_cost(out, steps_seen)
+        # The model's replacement: the job a node short (slower by short_by)
+        # for replace_s after the detection and half a step. replace_s is set
+        # so that one death costs what this one did.
+        short_by = 1 - 1 / (1 + compute_share)
+        replace_s = max(0.0, (lost_s - detect_s - step_s / 2) / short_by) if short_by > 0 else to_training_s
+        replaced = (f"a replacement trains {to_training_s:.2f} s after the death, which cost {lost_s:.2f} s of "
+                    f"training (the model's replace time: {replace_s:.2f} s a node short)")
     print(f"calibration: a restart costs {restart_s:.2f} s; a survivor holding two shards makes a step "
           f"{slowed_s / train_s:.2f}x (compute share {compute_share:.2f}); re-formed in {detect_s:.3f} s; "
-          f"a replacement trains {to_training_s:.2f} s after the death, which cost {lost_s:.2f} s of training "
-          f"(the model's replace time: {replace_s:.2f} s a node short); the step after 1..{args.ranks - 1} "
+          f"{replaced}; the step after 1..{args.ranks - 1} "
           f"losses: {', '.join(f'{x:.2f}x' for x in after_losses)}", flush=True)
 
     check_restart_offsets(args, at, restart_s, step_s)
@@ -337,25 +382,30 @@ def main():
     predicted = predict(args, step_s, compute_share, restart_s, detect_s, replace_s, train_s, after_losses)
     print(f"in place by the compute share's rule alone: {startup_s + train_s / by_rule['in-place'][0]:.1f} s "
           f"(efficiency {by_rule['in-place'][0]:.3f}, {by_rule['in-place'][1]:.2f} s a kill)", flush=True)
-    expected = {m: startup_s + train_s / e for m, (e, _, _) in predicted.items()}
-    print("predicted (before the runs): " + ", ".join(f"{m} {t:.1f} s (efficiency {predicted[m][0]:.3f})"
+    expected = {m: startup_s + train_s / e for m, (e, *_) in predicted.items()}
+    print("predicted (before the runs): " + ", ".join(f"{m} {t:.1f} s (efficiency {predicted[m][0]:.3f}, one "
+                                                        f"job's spread {100 * predicted[m][3]:.1f}%)"
                                                         for m, t in expected.items()), flush=True)
 
     # Rounds of one job in each mode and a clean one: the VM's pace drifts
     # between runs by several seconds, more than a kill costs, so the clean
     # reference is measured beside the killed runs, as often, and the
     # prediction (an efficiency, written above) applied to it.
-    modes = (("restart", "restart"), ("continue", "in-place"), ("replace", "replace"))
+    modes = [(mode, model_mode) for mode, model_mode in all_modes if mode in asked]
     walls = {mode: [] for mode, _ in modes}
     kills = {mode: [] for mode, _ in modes}
+    drawn = []  # the in-place jobs' kills, as sent
     clean_walls = [clean_wall]
     for _ in range(args.runs):
         for mode, _ in modes:
             wall, _, sent = run_job(args, "continue" if mode == "replace" else mode,
                                     killer_rate=1 / args.mean_interval, rng=rng, replacements=mode == "replace")
             walls[mode].append(wall)
-            kills[mode].append(sent)
-            print(f"{mode}: {wall:.2f} s, {sent} kill(s)", flush=True)
+            kills[mode].append(len(sent))
+            if mode == "continue":
+                drawn.append(sent)
+            at = ", ".join(f"{s:.1f} s (host {h})" for s, h in sent)
+            print(f"{mode}: {wall:.2f} s, {len(sent)} kill(s){': ' + at if sent else ''}", flush=True)
         wall, _, _ = run_job(args, "continue")
         clean_walls.append(wall)
         print(f"clean: {wall:.2f} s", flush=True)
@@ -369,28 +419,43 @@ def main():
         measured = statistics.mean(walls[mode])
         efficiency = predicted[model_mode][0]
         expected_s = startup_s + (clean_ref - startup_s) / efficiency
+        # The draw's spread of a mean of this many jobs: the model's
+        # simulated jobs' spread, on the training part of the wall.
+        draw_s = predicted[model_mode][3] * (expected_s - startup_s) / len(walls[mode]) ** 0.5
         # Per kill, pooled over the runs: what a death cost against the
         # clean runs, beside what the model charges one. Free of how many
         # deaths the Poisson process happened to give.
         per_kill = (sum(walls[mode]) - len(walls[mode]) * clean_ref) / max(1, sum(kills[mode]))
         rows.append((mode, measured, standard_error(walls[mode]), statistics.mean(kills[mode]),
-                     predicted[model_mode][2], expected_s, expected_s / measured - 1, per_kill,
+                     predicted[model_mode][2], expected_s, draw_s, expected_s / measured - 1, per_kill,
                      predicted[model_mode][1]))
 
-    hosts = f" on {len(args.hosts.split(','))} hosts" if args.hosts else ""
-    print(f"\n{args.ranks} ranks{hosts}, hidden {args.hidden}, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
+    on_hosts = f" on {hosts} hosts" if args.hosts else ""
+    print(f"\n{args.ranks} ranks{on_hosts}, hidden {args.hidden}, {args.steps} steps of {1e3 * step_s:.1f} ms, a rank killed every "
           f"{args.mean_interval:g} s on average, checkpoint every {args.checkpoint_every} steps, "
           f"{args.runs} run(s) each; clean {clean_ref:.1f} ± {standard_error(clean_walls):.1f} s "
           f"({len(clean_walls)} runs)\n")
     # The wall's error mixes two things: how many kills the Poisson draws
     # gave (beside the model's expected count) and what each cost.
-    print("| mode | measured wall (mean ± its standard error) | kills (mean) | kills predicted | predicted wall "
-          "(the efficiency predicted, on the clean runs' mean) | "
-          "error | lost per kill: measured (pooled) | predicted |")
+    print(f"| mode | measured wall (mean ± its standard error) | kills (mean) | kills predicted | predicted wall "
+          f"(the efficiency predicted, on the clean runs' mean) ± the draw's spread of a mean of {args.runs} | "
+          f"error | lost per kill: measured (pooled) | predicted |")
     print("|---|---|---|---|---|---|---|---|")
-    for mode, measured, spread, kills, predicted_kills, expected_s, error, per_kill, predicted_per_failure in rows:
-        print(f"| {mode} | {measured:.1f} ± {spread:.1f} s | {kills:.1f} | {predicted_kills:.1f} | {expected_s:.1f} s | "
-              f"{100 * error:+.1f}% | {per_kill:.2f} s | {predicted_per_failure:.2f} s |")
+    for mode, measured, spread, kills, predicted_kills, expected_s, draw_s, error, per_kill, predicted_per_failure in rows:
+        print(f"| {mode} | {measured:.1f} ± {spread:.1f} s | {kills:.1f} | {predicted_kills:.1f} | "
+              f"{expected_s:.1f} ± {draw_s:.1f} s | {100 * error:+.1f}% | {per_kill:.2f} s | "
+              f"{predicted_per_failure:.2f} s |")
+    if drawn:
+        given = [wall_given_kills(sent, hosts, clean_ref, startup_s, detect_s, pattern_steps) for sent in drawn]
+        known = [(g, w) for g, w in zip(given, walls["continue"]) if g is not None]
+        if known:
+            mean_given = statistics.mean(g for g, _ in known)
+            mean_measured = statistics.mean(w for _, w in known)
+            print(f"\nIn place, given the kills each job drew (their times and hosts, known only after it ran), the "
+                  f"steps measured after losses say {', '.join(f'{g:.1f}' for g, _ in known)} s against "
+                  f"{', '.join(f'{w:.1f}' for _, w in known)} measured: a mean of {mean_given:.1f} against "
+                  f"{mean_measured:.1f} s ({100 * (mean_given / mean_measured - 1):+.1f}%), the model's error "
+                  f"without the draw's.")
 
 
 if __name__ == "__main__":
