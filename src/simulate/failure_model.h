@@ -38,7 +38,7 @@ struct FailureScenario {
   double detect_s = 1;          // in place: the death to the survivors' re-formed group
   double replace_s = 0;         // replace: the death to the replacement training at full size
   // Steps between checkpoints; 0: the best for the restart. In place and
-  // with replacements the job writes them too (a loss of the majority
+  // with replacements the job writes them too (the loss of the last node
   // falls back to the restart).
   std::int64_t checkpoint_every = 0;
   // In place: logical shards per rank at start (ResilientOptions::shards /

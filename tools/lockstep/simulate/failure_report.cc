@@ -87,7 +87,7 @@ std::string render_failures(const FailureOptions& o, const std::vector<FailureRo
   out += fmt::format(
       "\nEfficiency: the clean job's time over the expected time with failures, checkpoints included (a clean run "
       "writes them too). The restart's interval is the best for it (or --checkpoint-every), in place and replace "
-      "write at the same interval: their fallback when half the nodes are gone. In place alone, a survivor holding "
+      "write at the same interval: their fallback when the last node fails. In place alone, a survivor holding "
       "two shards makes every step wait for it: more shards per rank (--shards-per-rank) or replacements keep the "
       "job's speed. The timeline simulation (200 jobs each) agrees with these within {:.1f} points of efficiency; "
       "its jobs' walls vary by the spread given (one standard deviation over the mean; a mean of n jobs, by that "
