@@ -6,14 +6,21 @@
 // without lost nodes; and it must run as many ranks as the lost node. In
 // an elastic job, a launcher that arrives takes the place of the node the
 // running round lost, waiting for the loss where the round is full, and
-// none where nothing is lost and the round has room.
+// none where nothing is lost and the round has room. Started again after a
+// death that restarts the job, it joins the restart's attempt, also before
+// the others have seen the death.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 
 #include <chrono>
 #include <future>
 #include <memory>
 #include <thread>
 
+#include "common/host.h"
 #include "common/launcher_keys.h"
 #include "lockstep/error.h"
 #include "lockstep/store.h"
@@ -67,7 +74,7 @@ TEST(NodeTakeover, ALostNodeIsTakenOverAgainAndAgainWithStartsAfterEveryOneItsLo
     std::this_thread::sleep_for(milliseconds(50));
   }
   EXPECT_FALSE(store.check({node_keys::lost(0, 1, 0)}));
-  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(milliseconds(100)), -1), 0);
+  EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(milliseconds(100)), -1), 0);
 
   node1.reset();  // killed: it stops beating
   until_lost(node0, store, 0);
@@ -145,11 +152,44 @@ TEST(NodeTakeover, AJobThatDoesNotWatchForLostNodesOrWaitsForTheNodeIsJoinedByTh
     std::this_thread::sleep_for(milliseconds(300));
     store.set("launcher/1/node/0", "first launcher of node 0");
   });
-  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(std::chrono::seconds(10)), -1), 1);
+  EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(std::chrono::seconds(10)), -1), 1);
   restart.join();
   // The job restarted twice and waits for node 1 in attempt 2.
   store.set("launcher/2/node/0", "first launcher of node 0");
-  EXPECT_EQ(attempt_to_join(store, 1, Deadline::after(milliseconds(100)), -1), 2);
+  EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(milliseconds(100)), -1), 2);
+}
+
+// Started again a moment after its node died, before the others saw the
+// death and marked the attempt failed: the node is held by a launcher of
+// this host whose process has ended. It waits for the restart's attempt,
+// rather than taking the dead launcher for a twin and stopping the job;
+// where the holder lives, or is on another host, or the job goes on in
+// place (no restart comes), it joins the attempt at once, as before.
+TEST(NodeTakeover, ANodeStartedAgainBeforeItsDeathIsSeenWaitsForTheRestartsAttempt) {
+  const pid_t ended = ::fork();
+  ASSERT_GE(ended, 0);
+  if (ended == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(ended, nullptr, 0), ended);
+  HashStore store;
+  store.set("launcher/0/node/0", "first launcher of node 0");
+  store.set("launcher/0/node/1", fmt::format("host {} (pid {})", host_name(), ended));
+  EXPECT_EQ(attempt_to_join(store, 1, false, Deadline::after(std::chrono::seconds(10)), -1), 0);  // in place
+  std::thread restart([&store] {
+    std::this_thread::sleep_for(milliseconds(200));
+    store.set("launcher/0/failed", "rank 1 on node 1 failed");
+    std::this_thread::sleep_for(milliseconds(200));
+    store.set("launcher/1/node/0", "first launcher of node 0");
+  });
+  EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(std::chrono::seconds(10)), -1), 1);
+  restart.join();
+  // A live holder (a twin), or one on another host: attempt 1 at once.
+  for (const std::string& holder : {fmt::format("host {} (pid {})", host_name(), ::getpid()),
+                                    fmt::format("host {}x (pid {})", host_name(), ended)}) {
+    store.set("launcher/1/node/1", holder);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(std::chrono::seconds(10)), -1), 1) << holder;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << holder;
+  }
 }
 
 TEST(NodeTakeover, TheNodeTakingALostOnesPlaceMustRunAsManyRanks) {

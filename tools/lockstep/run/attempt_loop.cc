@@ -209,12 +209,13 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
   // A node brought back to a running job joins its latest attempt (restarts
   // and attempts go together in a fixed job), or takes the place of the node
   // it lost (node_takeover.h).
-  const int first_attempt =
-      single || elastic ? 0 : attempt_to_join(store, plan.node_rank, Deadline::after(plan.join_timeout), signal_fd);
   // Under --on-rank-failure continue a node that stops beating is lost,
   // not failed: the others go on without it (no new round, elastic or
   // not), and a launcher that arrives later takes its place.
   const bool nodes_lost_in_place = !single && o.on_rank_failure == "continue";
+  const int first_attempt = single || elastic ? 0
+                                              : attempt_to_join(store, plan.node_rank, !nodes_lost_in_place,
+                                                                Deadline::after(plan.join_timeout), signal_fd);
   // How long a launcher that arrives waits for the others to count a node
   // lost, to take its place: the keep-alive limit twice, and 5 s.
   const Duration wait_for_loss = 2 * continue_keep_alive(o).limit() + std::chrono::seconds(5);

@@ -1,8 +1,10 @@
 // attempt_to_join and take_over_lost_node; see node_takeover.h.
 #include "run/node_takeover.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -80,17 +82,33 @@ std::optional<NodeTakeover> claim_lost_node(Store& store, int node_rank, int nno
   return t;
 }
 
+// Whether `holder`, a node's claim as a launcher writes it ("host H (pid
+// P)"), names a launcher of this host whose process has ended. Another
+// host's claim cannot be told from a twin's, and is not.
+bool launcher_ended_on_this_host(const std::string& holder) {
+  const std::string prefix = fmt::format("host {} (pid ", host_name());
+  if (holder.size() <= prefix.size() || holder.compare(0, prefix.size(), prefix) != 0 || holder.back() != ')')
+    return false;
+  const auto pid = parse_int(holder.substr(prefix.size(), holder.size() - prefix.size() - 1));
+  return pid && *pid > 0 && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
-int attempt_to_join(Store& store, int node_rank, Deadline deadline, int signal_fd) {
+int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadline, int signal_fd) {
   int attempt = 0;
   for (;;) {
     while (store.check({node_key(attempt + 1, 0)})) ++attempt;
     // Held in a failed attempt: the node's first launcher died with it, and
-    // node 0 is about to open the restart's attempt.
-    if (!store.check({node_key(attempt, node_rank)}) || !store.check({round_failed_key(attempt)}) ||
-        deadline.expired())
-      return attempt;
+    // node 0 is about to open the restart's attempt. Held, in an attempt
+    // not yet failed, by a launcher of this host that has ended: it died a
+    // moment ago and the others have yet to see it (their restart marks
+    // the attempt failed); a twin would be alive.
+    const bool held = store.check({node_key(attempt, node_rank)});
+    const bool restarting =
+        held && (store.check({round_failed_key(attempt)}) ||
+                 (restarts && launcher_ended_on_this_host(store.get(node_key(attempt, node_rank)))));
+    if (!restarting || deadline.expired()) return attempt;
     throw_if_interrupted(signal_fd, "the job's restart to open its next attempt");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -28,10 +28,12 @@ namespace lockstep::cli {
 
 // The attempt of the job in the store that node `node_rank` joins: the
 // latest one node 0 joined (0 when none has: a new job). Where this node
-// is held in it and that attempt failed (the job restarts), waits until
-// `deadline` for the next attempt to open and takes that one. Throws
-// Interrupted on a signal.
-int attempt_to_join(Store& store, int node_rank, Deadline deadline, int signal_fd);
+// is held in it and the job restarts (that attempt failed; or, where
+// `restarts` says a death restarts the job, the holder is a launcher of
+// this host that has ended, whose death the others have yet to see),
+// waits until `deadline` for the next attempt to open and takes that one.
+// Throws Interrupted on a signal.
+int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadline, int signal_fd);
 
 struct NodeTakeover {
   Round round;                    // the running attempt, as the lost node had it
