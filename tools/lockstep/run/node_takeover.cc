@@ -59,7 +59,7 @@ std::optional<NodeTakeover> claim_lost_node(Store& store, int node_rank, int nno
                                             int lost) {
   NodeTakeover t;
   t.generation = lost + 1;
-  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
+  const std::string me = launcher_claim();
   const std::string key = fmt::format("{}.{}", node_key(attempt, node_rank), t.generation);
   if (store.compare_set(key, "", me) != me) return std::nullopt;
   t.round.number = attempt;
@@ -82,18 +82,22 @@ std::optional<NodeTakeover> claim_lost_node(Store& store, int node_rank, int nno
   return t;
 }
 
-// Whether `holder`, a node's claim as a launcher writes it ("host H (pid
-// P)"), names a launcher of this host whose process has ended. Another
-// host's claim cannot be told from a twin's, and is not.
+std::string claim_of(long pid) { return fmt::format("host {} (pid {})", host_name(), pid); }
+
+// Whether `holder`, a node's claim (launcher_claim()), names a launcher of
+// this host whose process has ended. Another host's claim cannot be told
+// from a twin's, and is not.
 bool launcher_ended_on_this_host(const std::string& holder) {
-  const std::string prefix = fmt::format("host {} (pid ", host_name());
-  if (holder.size() <= prefix.size() || holder.compare(0, prefix.size(), prefix) != 0 || holder.back() != ')')
-    return false;
-  const auto pid = parse_int(holder.substr(prefix.size(), holder.size() - prefix.size() - 1));
-  return pid && *pid > 0 && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
+  const auto at = holder.rfind("(pid ");
+  if (at == std::string::npos || holder.back() != ')') return false;
+  const auto pid = parse_int(holder.substr(at + 5, holder.size() - at - 6));
+  return pid && *pid > 0 && holder == claim_of(static_cast<long>(*pid)) &&
+         ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
 }
 
 }  // namespace
+
+std::string launcher_claim() { return claim_of(static_cast<long>(::getpid())); }
 
 int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadline, int signal_fd) {
   int attempt = 0;
@@ -129,7 +133,7 @@ std::optional<NodeTakeover> take_over_lost_node(Store& store, int node_rank, int
 }
 
 void publish_elastic_node(Store& store, const Round& round, int nproc) {
-  store.set(node_key(round.number, round.node_rank), fmt::format("host {} (pid {})", host_name(), ::getpid()));
+  store.set(node_key(round.number, round.node_rank), launcher_claim());
   store.set(nproc_key(round.number, round.node_rank), std::to_string(nproc));
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/clock.h"
@@ -25,6 +26,10 @@
 #include "run/elastic_rendezvous.h"
 
 namespace lockstep::cli {
+
+// What a launcher writes as its claim on a node: "host H (pid P)", naming
+// it to a user and telling attempt_to_join whether it has ended.
+std::string launcher_claim();
 
 // The attempt of the job in the store that node `node_rank` joins: the
 // latest one node 0 joined (0 when none has: a new job). Where this node

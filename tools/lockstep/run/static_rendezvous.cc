@@ -1,8 +1,6 @@
 // rendezvous_static; see static_rendezvous.h.
 #include "run/static_rendezvous.h"
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -11,9 +9,9 @@
 #include <fmt/format.h>
 
 #include "common/env.h"
-#include "common/host.h"
 #include "lockstep/error.h"
 #include "run/interruption.h"
+#include "run/node_takeover.h"
 
 namespace lockstep::cli {
 
@@ -30,7 +28,7 @@ Round rendezvous_static(Store& store, const RunOptions& o, int node_rank, int nn
   // Two launchers given the same --node-rank would each run as that node
   // and wait for the one nobody started; the second to claim it names both
   // and stops every node at once.
-  const std::string me = fmt::format("host {} (pid {})", host_name(), ::getpid());
+  const std::string me = launcher_claim();
   const std::string holder = store.compare_set(fmt::format("launcher/{}/node/{}", attempt, node_rank), "", me);
   if (holder != me) {
     const std::string what = fmt::format(
