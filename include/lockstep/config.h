@@ -107,6 +107,10 @@ struct Config {
   // rank's first start in the round; a replacement (1, 2, ...) joins the
   // group its peers are running (init_process_group, docs/faults.md).
   int incarnation = 0;
+  // LOCKSTEP_MAX_REPLACEMENTS, set by `lockstep run --on-rank-failure
+  // continue --max-replacements N`: how many replacements each launcher
+  // starts (0: none, or no launcher said).
+  int max_replacements = 0;
   std::string torchelastic_run_id;  // TORCHELASTIC_RUN_ID
   // TORCHELASTIC_USE_AGENT_STORE (torchrun sets "True" or "False"): torchrun's
   // agent hosts a PyTorch TCPStore at MASTER_ADDR:MASTER_PORT, so every rank

@@ -342,6 +342,14 @@ class ProcessGroup {
   // a loss, when waiting briefly for a replacement can cost less than a
   // step without it.
   std::vector<int> replacements_started();
+  // The world ranks outside this group whose last start was a member and
+  // ended, but whose launcher has not yet said so, where the launchers
+  // start replacements (LOCKSTEP_MAX_REPLACEMENTS): the launcher may be
+  // about to start one (it counts a replacement's start before it says
+  // the end, so once the end is said, replacements_started() lists it).
+  // Empty where no launcher replaces ranks. A launcher that died with its
+  // node never says: wait on this briefly, not for long.
+  std::vector<int> ends_unseen_by_launcher();
   // Collective over every rank of this group: the group grown by
   // replacements, its members in world-rank order. Rank 0 passes the
   // replacements to admit (replacements_waiting()); the others' lists are

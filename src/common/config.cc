@@ -222,6 +222,7 @@ void read_rendezvous(const VariableReader& vars, Config& c) {
   c.restart_count = static_cast<int>(restart.value_or(elastic_restart.value_or(0)));
   c.on_rank_failure = vars.string(env::kOnRankFailure).value_or("");
   c.incarnation = static_cast<int>(vars.integer(env::kIncarnation, 0, INT_MAX).value_or(0));
+  c.max_replacements = static_cast<int>(vars.integer(env::kMaxReplacements, 0, INT_MAX).value_or(0));
   if (!c.on_rank_failure.empty() && c.on_rank_failure != "restart" && c.on_rank_failure != "continue")
     throw ConfigError(fmt::format("{}='{}': use restart or continue (lockstep run --on-rank-failure sets it)",
                                   env::kOnRankFailure, c.on_rank_failure));

@@ -68,6 +68,10 @@ inline constexpr char kOnRankFailure[] = "LOCKSTEP_ON_RANK_FAILURE";
 // round this process is (0: the first; more: a replacement, which joins the
 // running group instead of forming the world).
 inline constexpr char kIncarnation[] = "LOCKSTEP_INCARNATION";
+// Set by `lockstep run --on-rank-failure continue --max-replacements N`
+// (N > 0): the launchers start a rank that died again, so a survivor that
+// lost one may wait a moment for its launcher to say whether it did.
+inline constexpr char kMaxReplacements[] = "LOCKSTEP_MAX_REPLACEMENTS";
 inline constexpr char kHostId[] = "LOCKSTEP_HOST_ID";
 inline constexpr char kSocketAddr[] = "LOCKSTEP_SOCKET_ADDR";
 inline constexpr char kTcpSmallBytes[] = "LOCKSTEP_TCP_SMALL_BYTES";

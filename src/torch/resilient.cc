@@ -45,6 +45,12 @@
 namespace lockstep::torch {
 namespace {
 
+// How long a launcher may take to say a rank ended once its survivors saw
+// it go: it reaps the process within its poll (50 ms), starts the
+// replacement, and says so in its store (under etcd, in the round's store
+// too, over a connection of its own); on a loaded machine hundreds of ms.
+constexpr std::chrono::seconds kLauncherSeesADeath{2};
+
 // The most logical shards any member holds (holder[s]: shard s's member).
 int most_shards_held(const std::vector<int>& holder) {
   std::map<int, int> held;
@@ -502,8 +508,12 @@ std::int64_t ResilientTrainer::State::replacements_seen() {
 // rank that holds more shards now makes the step last longer by the ratio
 // of the shards held; the replacement admitted at once would be fed and
 // take its shard back, so waiting pays while it is shorter than that extra
-// time (the last clean step's, scaled). Rank 0 looks and waits; the
-// members agree on its answer. Collective.
+// time (the last clean step's, scaled). The survivors see a death before
+// its launcher may have: a lost rank whose end the launcher has not yet
+// said may be replaced in a moment, and is waited for as one on its way,
+// for kLauncherSeesADeath at most (a launcher that died with its node
+// never says). Rank 0 looks and waits; the members agree on its answer.
+// Collective.
 bool ResilientTrainer::State::replacement_arrives() {
   look_for_replacements = false;
   std::int64_t arrived = 0;
@@ -511,17 +521,23 @@ bool ResilientTrainer::State::replacement_arrives() {
     const double slower = static_cast<double>(most_shards_held(holder)) / most_held_when_timed - 1;
     const auto worth = std::min(std::chrono::duration<double>(step_seconds * slower),
                                 std::chrono::duration<double>(options.window) / 2);
-    const auto deadline = std::chrono::steady_clock::now() + worth;
+    const auto looked = std::chrono::steady_clock::now();
+    const auto deadline = looked + worth;
+    const auto unseen_deadline =
+        looked + std::min(std::chrono::duration<double>(worth), std::chrono::duration<double>(kLauncherSeesADeath));
+    const auto on_its_way = [&] {
+      const auto now = std::chrono::steady_clock::now();
+      return now < deadline && (!group->replacements_started().empty() ||
+                                (now < unseen_deadline && !group->ends_unseen_by_launcher().empty()));
+    };
     try {
       // Until it asks, ends (its launcher marks it), or the wait stops paying.
-      bool on_its_way = worth.count() > 0 && !group->replacements_started().empty();
-      while (on_its_way) {
+      while (worth.count() > 0 && on_its_way()) {
         if (!group->replacements_waiting().empty()) {
           arrived = 1;
           break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        on_its_way = std::chrono::steady_clock::now() < deadline && !group->replacements_started().empty();
       }
     } catch (const Error&) {
       arrived = 0;  // the store does not answer now: the next commit point looks again

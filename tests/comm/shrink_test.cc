@@ -6,7 +6,8 @@
 // than half the ranks not known to have ended stop (no split brain), and
 // go on where the launcher says the others ended; a rank lost while the
 // group re-forms is left out on the next attempt; under the launcher's
-// restart mode, shrink is refused.
+// restart mode, shrink is refused; after a loss, what the launcher's keys
+// say of a replacement (replacements_started, ends_unseen_by_launcher).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/launcher_keys.h"
 #include "harness/process_ranks.h"
@@ -359,6 +361,60 @@ TEST(Shrink, ARankLostWhileTheGroupReformsIsLeftOutOnTheNextAttempt) {
     EXPECT_NE(r.output.find("went on in a group of 2 after 2 attempt(s)"), std::string::npos) << describe(r);
   }
 }
+
+// Rank 2 dies; ranks 0 and 1 re-form, and rank 0, playing the launcher in the
+// launcher's order (the replacement's start counted, then the death said,
+// then the replacement's end), reads what each step tells a survivor: a
+// death not yet said is a replacement that may be on its way where the
+// launchers replace ranks (LOCKSTEP_MAX_REPLACEMENTS), nothing otherwise;
+// once said, the start counted before it is; once the replacement's end is
+// said, nothing is.
+class WhatTheLauncherSays : public ::testing::TestWithParam<bool> {};
+
+TEST_P(WhatTheLauncherSays, ADeathNotYetSaidMayBeReplacedWhereTheLaunchersReplace) {
+  const bool replaces = GetParam();
+  EnvMap env{{"LOCKSTEP_ON_RANK_FAILURE", "continue"}};
+  if (replaces) env["LOCKSTEP_MAX_REPLACEMENTS"] = "1";
+  World world(
+      3, "tcp",
+      [](int rank) {
+        auto pg = init_process_group();
+        if (rank == 2) die_after(*pg, 2);
+        std::shared_ptr<ProcessGroup> two;
+        try {
+          allreduce_and_check(*pg, 1002);
+          throw std::runtime_error("no failure");
+        } catch (const PeerError& e) {
+          two = pg->shrink(lost_in(e, *pg), 3s);
+        }
+        if (rank == 1) return;
+        const auto say = [&](const char* when) {
+          std::printf("%s: started %s, unseen %s\n", when, fmt::format("{}", two->replacements_started()).c_str(),
+                      fmt::format("{}", two->ends_unseen_by_launcher()).c_str());
+        };
+        say("before the launcher saw it");
+        // The launcher's store: the root of the ranks' (their groups' keys
+        // are prefixed).
+        TcpStore launcher("127.0.0.1", static_cast<std::uint16_t>(std::stoi(std::getenv("LOCKSTEP_STORE_PORT"))));
+        launcher.add(launcher_starts_key(0, 2), 1);
+        launcher.set(launcher_lost_key(0, 2, 0), "ended");
+        say("replacement started");
+        launcher.set(launcher_lost_key(0, 2, 1), "ended");
+        say("replacement ended");
+      },
+      env);
+  const std::vector<RankResult> results = world.wait(60s);
+  const RankResult& survivor = results[0];
+  ASSERT_EQ(survivor.exit_code, testing::kExitOk) << describe(survivor);
+  const std::string before = replaces ? "started [], unseen [2]" : "started [], unseen []";
+  EXPECT_NE(survivor.output.find("before the launcher saw it: " + before), std::string::npos) << describe(survivor);
+  EXPECT_NE(survivor.output.find("replacement started: started [2], unseen []"), std::string::npos)
+      << describe(survivor);
+  EXPECT_NE(survivor.output.find("replacement ended: started [], unseen []"), std::string::npos) << describe(survivor);
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, WhatTheLauncherSays, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "replace" : "doNotReplace"; });
 
 }  // namespace
 }  // namespace lockstep

@@ -65,6 +65,7 @@ TEST(Config, EveryVariableReachesItsField) {
                           {env::kShmStreamingStores, "always"},
                           {env::kShmOrdinaryPath, "single-copy"},
                           {env::kOnRankFailure, "continue"},
+                          {env::kMaxReplacements, "2"},
                           {env::kDebug, "detail"},
                           {env::kTrace, "/tmp/trace"},
                           {env::kStats, "/tmp/stats"},
@@ -98,6 +99,7 @@ TEST(Config, EveryVariableReachesItsField) {
   EXPECT_EQ(c.shm_streaming_stores, ShmStreamingStores::always);
   EXPECT_EQ(c.shm_ordinary_path, ShmOrdinaryPath::single_copy);
   EXPECT_EQ(c.on_rank_failure, "continue");
+  EXPECT_EQ(c.max_replacements, 2);
   EXPECT_EQ(c.debug, DebugLevel::detail);
   EXPECT_EQ(c.trace_prefix, "/tmp/trace");
   EXPECT_EQ(c.stats_prefix, "/tmp/stats");
@@ -244,6 +246,7 @@ TEST(Config, EachBadValueIsAConfigErrorNamingTheVariableTheValueAndWhatIsAccepte
       {env::kShmOrdinaryPath, "always", "use auto, slots or single-copy"},
       {env::kOnRankFailure, "stop", "use restart or continue"},
       {env::kRestartCount, "-1", "from 0 to 2147483647"},
+      {env::kMaxReplacements, "-2", "from 0 to 2147483647"},
       {env::kTorchelasticRestartCount, "x", "from 0 to 2147483647"},
       {env::kTcpSmallBytes, "2000000000", "from 0 to 1073741824"},
       {env::kShmOneShotBytes, "lots", "from 0 to 1073741824"},

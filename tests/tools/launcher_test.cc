@@ -425,6 +425,23 @@ TEST(Launcher, SetsTheTorchrunVariablesAsTorchrunDoes) {
         << r.output;
 }
 
+// The ranks learn that their launchers replace ranks (so a survivor waits a
+// moment for a dead rank's launcher to say whether it did) when they do
+// (replacements need the continue mode: the launcher refuses them alone).
+TEST(Launcher, TellsTheRanksWhetherItReplacesThem) {
+  const auto replacements_seen = [](const std::vector<std::string>& options) {
+    std::vector<std::string> args{"--nproc-per-node", "1"};
+    args.insert(args.end(), options.begin(), options.end());
+    for (const char* a : {"--", "/bin/sh", "-c", "echo REPLACEMENTS=$LOCKSTEP_MAX_REPLACEMENTS."}) args.push_back(a);
+    const auto r = Launcher(args).wait(30s);
+    EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
+    return r.output;
+  };
+  EXPECT_TRUE(contains(replacements_seen({"--on-rank-failure", "continue", "--max-replacements", "3"}),
+                       "[0] REPLACEMENTS=3.\n"));
+  EXPECT_TRUE(contains(replacements_seen({"--on-rank-failure", "continue"}), "[0] REPLACEMENTS=.\n"));
+}
+
 TEST(Launcher, TeeAndRedirectsSendStreamsToTheLogDirectory) {
   TempDir dir;
   Launcher launcher({"--nproc-per-node", "1", "--run-id", "tee", "--log-dir", dir.path(), "--redirects", "1", "--tee", "2", "--",

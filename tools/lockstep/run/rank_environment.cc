@@ -70,6 +70,8 @@ std::map<std::string, std::string> rank_env(const RunOptions& o, const Round& ro
   };
   if (!job.token.empty()) env[env::kStoreToken] = job.token;
   if (incarnation > 0) env[env::kIncarnation] = std::to_string(incarnation);
+  if (o.on_rank_failure == "continue" && o.max_replacements > 0)
+    env[env::kMaxReplacements] = std::to_string(o.max_replacements);
   if (!o.backend.empty()) env[env::kBackend] = o.backend;
   // As torchrun does: several ranks per node each using every core for
   // their math would oversubscribe the machine.

@@ -275,7 +275,8 @@ class Attempt {
     std::fprintf(stderr, "lockstep run: rank %d %s after %.1f s; the other ranks go on without it (--on-rank-failure "
                  "continue)\n",
                  r.rank(), r.status().describe().c_str(), seconds_between(r.started(), r.ended()));
-    if (options_.rank_lost) options_.rank_lost(r.rank(), incarnation(i));
+    const int rank = r.rank();
+    const int ended = incarnation(i);
     result_.survived_loss_of.push_back(r.rank());
     // A rank killed because its peers re-formed without it was lost when
     // they did, not when the launcher got to it: they may have finished
@@ -285,7 +286,12 @@ class Attempt {
       first_loss_ = ended_rank(i);
       first_loss_at_ = r.ended();
     }
+    // The replacement's start is counted before the end is said: a
+    // survivor that reads the end then sees the start, and one that reads
+    // neither yet waits (ProcessGroup::replacements_started,
+    // ends_unseen_by_launcher).
     if (replacements_started_ < options_.replacements && options_.start_replacement) replace(i);
+    if (options_.rank_lost) options_.rank_lost(rank, ended);
   }
 
   // Starts local rank `i` again: its replacement joins the running group.
@@ -298,6 +304,8 @@ class Attempt {
       ranks_[i] = options_.start_replacement(i, next);
     } catch (const Error& e) {
       std::fprintf(stderr, "lockstep run: could not start a replacement for rank %d: %s\n", rank, e.what());
+      // Its start was counted: said ended, so that no survivor waits for it.
+      if (options_.rank_lost) options_.rank_lost(rank, next);
       return;
     }
     incarnations_[i] = next;

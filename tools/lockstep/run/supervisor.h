@@ -84,8 +84,10 @@ struct SupervisorOptions {
   Duration monitor_interval = std::chrono::milliseconds(200);
   std::function<std::optional<std::string>()> remote_failure;
   // --on-rank-failure continue: a rank that dies does not stop the others;
-  // `rank_lost` (if set) is told its global rank at once, and the attempt
-  // succeeds if every rank that outlived the last death exits 0.
+  // `rank_lost` (if set) is told its global rank at once (after its
+  // replacement, if any, was started: the survivors read the start first),
+  // and the attempt succeeds if every rank that outlived the last death
+  // exits 0.
   bool continue_after_rank_failure = false;
   // `incarnation`: which start of the rank in the round ended (0: the
   // first; its replacements count up).
