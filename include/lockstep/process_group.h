@@ -268,6 +268,24 @@ class ProcessGroup {
   // max, prod.
   std::shared_ptr<Work> reduce_shards(std::vector<ConstBuffer> held, std::vector<int> holder, Buffer output,
                                       Reduction op = ReduceOp::avg);
+  // The all-gather and the reduce-scatter of a sharded step over logical
+  // shards (docs/faults.md, "Logical shards"): the output of n shards is n
+  // blocks, block s belonging to shard s, whatever rank holds it.
+  //   allgather_shards: each rank passes its held shards' blocks (ascending
+  //   shard order, output.count / n elements each); every rank's output
+  //   becomes every block in shard order.
+  //   reduce_scatter_shards: each rank passes its held shards' whole inputs
+  //   (ascending, n blocks each) and one output block per held shard;
+  //   output block s becomes op(...op(op(input 0, input 1), input 2)...,
+  //   input n-1), block s of each input, combined in that order by the
+  //   same kernel whatever rank holds which shard (avg: divided by n), the
+  //   same bits as reduce_shards' block s, and as a shm reduce_scatter of
+  //   groups where rank s holds shard s (which is what runs there).
+  // Host memory; outputs must not overlap inputs; in reduce_scatter_shards
+  // every rank holds at least one shard. Same checks as reduce_shards.
+  std::shared_ptr<Work> allgather_shards(std::vector<ConstBuffer> held, std::vector<int> holder, Buffer output);
+  std::shared_ptr<Work> reduce_scatter_shards(std::vector<ConstBuffer> held, std::vector<int> holder,
+                                              std::vector<Buffer> outputs, Reduction op = ReduceOp::avg);
   // Point to point. A send and its recv must agree on size, dtype and tag.
   std::shared_ptr<Work> send(ConstBuffer data, int dst, int tag = 0);
   std::shared_ptr<Work> recv(Buffer data, int src, int tag = 0);

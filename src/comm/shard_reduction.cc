@@ -32,22 +32,6 @@
 namespace lockstep {
 namespace {
 
-// A digest of the shard map, carried in the operation's stamp: ranks that
-// disagree on who holds what, or a rank that issued a plain all-reduce of
-// the same length, fail the stamp check instead of exchanging garbage.
-std::uint64_t holders_digest(const std::vector<int>& holder) {
-  std::uint64_t h = 0x9e3779b97f4a7c15ull ^ holder.size();
-  for (int q : holder) h = (h ^ static_cast<std::uint64_t>(q + 1)) * 0x100000001b3ull;
-  return h == 0 ? 1 : h;
-}
-
-bool each_rank_holds_its_own(const std::vector<int>& holder, int size) {
-  if (static_cast<int>(holder.size()) != size) return false;
-  for (int s = 0; s < size; ++s)
-    if (holder[static_cast<std::size_t>(s)] != s) return false;
-  return true;
-}
-
 // Steps 1-3 above, on backend `b`.
 void reduce_shards_by_exchange(Backend& b, const OpContext& ctx, const std::vector<ConstBuffer>& held,
                                const std::vector<int>& holder, Buffer output, ReduceOp op, int rank, int size) {
@@ -55,8 +39,7 @@ void reduce_shards_by_exchange(Backend& b, const OpContext& ctx, const std::vect
   const std::size_t elem = dtype_size(dtype);
   const int total = static_cast<int>(holder.size());
   const Chunks chunks(output.count, size);
-  std::vector<std::size_t> held_by(static_cast<std::size_t>(size), 0);
-  for (int q : holder) ++held_by[static_cast<std::size_t>(q)];
+  const std::vector<std::size_t> held_by = shards_per_rank(holder, size);
 
   // 1. matrix[r * size + q]: what rank r sends rank q, its shards' pieces of chunk q.
   std::vector<std::size_t> matrix(static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
@@ -84,9 +67,7 @@ void reduce_shards_by_exchange(Backend& b, const OpContext& ctx, const std::vect
   // (its place among its holder's).
   std::vector<const void*> sources(static_cast<std::size_t>(total));
   std::vector<std::size_t> seen(static_cast<std::size_t>(size), 0);
-  std::vector<std::size_t> first(static_cast<std::size_t>(size), 0);
-  for (int q = 1; q < size; ++q)
-    first[static_cast<std::size_t>(q)] = first[static_cast<std::size_t>(q - 1)] + held_by[static_cast<std::size_t>(q - 1)];
+  const std::vector<std::size_t> first = first_shard_of_rank(held_by);
   for (int s = 0; s < total; ++s) {
     const auto q = static_cast<std::size_t>(holder[static_cast<std::size_t>(s)]);
     sources[static_cast<std::size_t>(s)] = received.data() + (first[q] + seen[q]++) * mine * elem;
@@ -106,18 +87,29 @@ void reduce_shards_by_exchange(Backend& b, const OpContext& ctx, const std::vect
 
 }  // namespace
 
+std::vector<int> checked_shards_held(const char* op, const std::vector<int>& holder, int size, int rank,
+                                     std::size_t passed) {
+  LOCKSTEP_CHECK_ARG(!holder.empty(), "{}: the shard map is empty (one holder per logical shard)", op);
+  for (std::size_t s = 0; s < holder.size(); ++s)
+    LOCKSTEP_CHECK_ARG(holder[s] >= 0 && holder[s] < size,
+                       "{}: shard {} is held by rank {}, which is not a rank of this group of {}", op, s, holder[s],
+                       size);
+  std::vector<int> mine = shards_held(holder, rank);
+  LOCKSTEP_CHECK_ARG(passed == mine.size(), "{}: rank {} holds {} shard(s) by the map ({}) but passed {} buffer(s)",
+                     op, rank, mine.size(), fmt::join(mine, ", "), passed);
+  return mine;
+}
+
+void check_fold_over_shards(const char* op, ReduceOp reduction) {
+  LOCKSTEP_CHECK_ARG(reduction == ReduceOp::sum || reduction == ReduceOp::avg || reduction == ReduceOp::min ||
+                         reduction == ReduceOp::max || reduction == ReduceOp::prod,
+                     "{}: {} is not supported (sum, avg, min, max, prod)", op, reduction);
+}
+
 std::shared_ptr<Work> ProcessGroup::reduce_shards(std::vector<ConstBuffer> held, std::vector<int> holder, Buffer output,
                                                   Reduction op) {
   check_buffer(output, "reduce_shards output");
-  LOCKSTEP_CHECK_ARG(!holder.empty(), "reduce_shards: the shard map is empty (one holder per logical shard)");
-  for (std::size_t s = 0; s < holder.size(); ++s)
-    LOCKSTEP_CHECK_ARG(holder[s] >= 0 && holder[s] < size(),
-                       "reduce_shards: shard {} is held by rank {}, which is not a rank of this group of {}", s,
-                       holder[s], size());
-  const std::vector<int> mine = shards_held(holder, rank());
-  LOCKSTEP_CHECK_ARG(held.size() == mine.size(),
-                     "reduce_shards: rank {} holds {} shard(s) by the map ({}) but passed {} buffer(s)", rank(),
-                     mine.size(), fmt::join(mine, ", "), held.size());
+  checked_shards_held("reduce_shards", holder, size(), rank(), held.size());
   for (const ConstBuffer& b : held) {
     check_buffer(b, "reduce_shards input");
     LOCKSTEP_CHECK_ARG(b.dtype == output.dtype && b.count == output.count,
@@ -126,9 +118,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_shards(std::vector<ConstBuffer> held,
     LOCKSTEP_CHECK_ARG(b.device == Device::host() && output.device == Device::host(),
                        "reduce_shards: host memory only (a shard's gradients staged on the host)");
   }
-  LOCKSTEP_CHECK_ARG(op.op == ReduceOp::sum || op.op == ReduceOp::avg || op.op == ReduceOp::min ||
-                         op.op == ReduceOp::max || op.op == ReduceOp::prod,
-                     "reduce_shards: {} is not supported (sum, avg, min, max, prod)", op.op);
+  check_fold_over_shards("reduce_shards", op.op);
   const Route r = route(*impl_, "reduce_shards", {{"output", output}});
   OpInfo info;
   info.collective = Collective::allreduce;
