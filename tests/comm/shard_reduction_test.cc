@@ -108,7 +108,17 @@ std::vector<std::byte> block_of(const std::vector<std::byte>& whole, int b, std:
           whole.begin() + static_cast<std::ptrdiff_t>((b + 1) * bytes)};
 }
 
-class ShardReduction : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+using BackendAndRanks = std::tuple<std::string, int>;
+
+std::vector<BackendAndRanks> backends_and_ranks() {
+  return {{"shm", 1}, {"shm", 2}, {"shm", 3}, {"shm", 4}, {"tcp", 2}, {"tcp", 3}, {"hier2", 4}};
+}
+
+std::string backend_and_ranks_name(const ::testing::TestParamInfo<BackendAndRanks>& info) {
+  return fmt::format("{}_{}ranks", std::get<0>(info.param), std::get<1>(info.param));
+}
+
+class ShardReduction : public ::testing::TestWithParam<BackendAndRanks> {};
 
 TEST_P(ShardReduction, EqualsOneFoldInShardOrderWhoeverHoldsTheShards) {
   const auto& [backend, n] = GetParam();
@@ -144,14 +154,9 @@ TEST_P(ShardReduction, EqualsOneFoldInShardOrderWhoeverHoldsTheShards) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ShardReduction,
-                         ::testing::Values(std::tuple{"shm", 1}, std::tuple{"shm", 2}, std::tuple{"shm", 3},
-                                           std::tuple{"shm", 4}, std::tuple{"tcp", 2}, std::tuple{"tcp", 3},
-                                           std::tuple{"hier2", 4}),
-                         [](const auto& info) {
-                           return fmt::format("{}_{}ranks", std::get<0>(info.param), std::get<1>(info.param));
-                         });
+                         ::testing::ValuesIn(backends_and_ranks()), backend_and_ranks_name);
 
-class ShardScatter : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class ShardScatter : public ::testing::TestWithParam<BackendAndRanks> {};
 
 TEST_P(ShardScatter, EachBlockEqualsOneFoldInShardOrderWhoeverHoldsTheShards) {
   const auto& [backend, n] = GetParam();
@@ -226,12 +231,7 @@ TEST_P(ShardScatter, AllgatherLaysEveryShardsBlockInShardOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ShardScatter,
-                         ::testing::Values(std::tuple{"shm", 1}, std::tuple{"shm", 2}, std::tuple{"shm", 3},
-                                           std::tuple{"shm", 4}, std::tuple{"tcp", 2}, std::tuple{"tcp", 3},
-                                           std::tuple{"hier2", 4}),
-                         [](const auto& info) {
-                           return fmt::format("{}_{}ranks", std::get<0>(info.param), std::get<1>(info.param));
-                         });
+                         ::testing::ValuesIn(backends_and_ranks()), backend_and_ranks_name);
 
 // A map that does not give this rank as many shards as it passes, or a
 // holder outside the group, is refused before anything is exchanged.
