@@ -70,6 +70,39 @@ GroupSpec spec_of(GroupSpec spec, const std::string& key, const std::vector<Memb
   return spec;
 }
 
+// What a launcher says of world rank `rank`, outside the group: its latest
+// start is on its way (started, neither admitted nor ended), or it was a
+// member (the first start, or one admitted) that ended where the launcher
+// has not yet said so, or nothing is to come. The launcher counts a
+// replacement's start before it says its predecessor's end, so the count
+// is read again after the end: a start counted meanwhile is the answer.
+enum class LauncherOutlook { nothing, started, end_unseen };
+
+LauncherOutlook launcher_outlook(const GroupSpec& spec, int rank) {
+  Store& launcher = *spec.diagnostics.launcher_store;
+  const auto latest_start = [&] {
+    return static_cast<int>(launcher.add(launcher_starts_key(spec.launcher_round, rank), 0));
+  };
+  int latest = latest_start();
+  for (;;) {
+    // The first start is incarnation 0, counted nowhere.
+    const bool was_member = latest <= 0 || spec.root_store->check({join_board::admit(spec.join_board, rank, latest)});
+    LauncherOutlook outlook = LauncherOutlook::nothing;
+    if (!launcher_saw_end(spec, rank, latest))
+      outlook = was_member ? LauncherOutlook::end_unseen : LauncherOutlook::started;
+    const int again = latest_start();
+    if (again == latest) return outlook;
+    latest = again;
+  }
+}
+
+std::vector<int> ranks_outside_with(const GroupSpec& spec, LauncherOutlook wanted) {
+  std::vector<int> ranks;
+  for (int r = 0; r < spec.job_size; ++r)
+    if (!is_member(spec, r) && launcher_outlook(spec, r) == wanted) ranks.push_back(r);
+  return ranks;
+}
+
 }  // namespace
 
 bool launcher_saw_end(const GroupSpec& spec, int world_rank, int incarnation) {
@@ -105,42 +138,6 @@ std::vector<int> ProcessGroup::replacements_waiting() {
   return waiting;
 }
 
-namespace {
-
-// What a launcher says of world rank `rank`, outside the group: its latest
-// start is on its way (started, neither admitted nor ended), or it was a
-// member (the first start, or one admitted) that ended where the launcher
-// has not yet said so, or nothing is to come. The launcher counts a
-// replacement's start before it says its predecessor's end, so the count
-// is read again after the end: a start counted meanwhile is the answer.
-enum class LauncherOutlook { nothing, started, end_unseen };
-
-LauncherOutlook launcher_outlook(const GroupSpec& spec, int rank) {
-  Store& launcher = *spec.diagnostics.launcher_store;
-  const auto latest_start = [&] {
-    return static_cast<int>(launcher.add(launcher_starts_key(spec.launcher_round, rank), 0));
-  };
-  int latest = latest_start();
-  for (;;) {
-    // The first start is incarnation 0, counted nowhere.
-    const bool was_member = latest <= 0 || spec.root_store->check({join_board::admit(spec.join_board, rank, latest)});
-    LauncherOutlook outlook = LauncherOutlook::nothing;
-    if (!launcher_saw_end(spec, rank, latest))
-      outlook = was_member ? LauncherOutlook::end_unseen : LauncherOutlook::started;
-    const int again = latest_start();
-    if (again == latest) return outlook;
-    latest = again;
-  }
-}
-
-std::vector<int> ranks_outside_with(const GroupSpec& spec, LauncherOutlook wanted) {
-  std::vector<int> ranks;
-  for (int r = 0; r < spec.job_size; ++r)
-    if (!is_member(spec, r) && launcher_outlook(spec, r) == wanted) ranks.push_back(r);
-  return ranks;
-}
-
-}  // namespace
 
 std::vector<int> ProcessGroup::replacements_started() {
   const GroupSpec& spec = impl_->spec;
