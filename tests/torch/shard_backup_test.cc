@@ -4,7 +4,10 @@
 // and AdamW with a learning rate changed halfway; training is unchanged by
 // it; a backup made after a resume from a checkpoint takes the loaded
 // optimizer state along; a copy that drifts is named; what cannot be
-// copied is refused.
+// copied is refused. And the step that will use the copy: a group that lost
+// a rank, its shard held by the next, computes over logical shards the
+// reduced gradients of every shard bit for bit as the full group's fully
+// sharded step does.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -16,10 +19,12 @@
 
 #include <unistd.h>
 
+#include "comm/shard_map.h"
 #include "lockstep/error.h"
 #include "lockstep/torch/fully_shard.h"
 #include "lockstep/torch/shard_backup.h"
 #include "torch/fsdp_fixtures.h"
+#include "torch/fsdp_unit.h"
 #include "torch/optimizer_state.h"
 #include "torch/thread_ranks.h"
 
@@ -357,6 +362,100 @@ TEST(ShardBackup, KeepsOneMoreShardOfParametersGradientsAndState) {
     EXPECT_EQ(copy_bytes[static_cast<std::size_t>(r)], 2 * shard_bytes[p] + own_bytes[p]) << "rank " << r;
   }
 }
+
+// The plan for a fully sharded step with a shard taken over (docs/fsdp.md,
+// "Backup shards"): where a rank holds two logical shards, each unit's
+// parameters whole, each shard's gradients apart, then one
+// reduce_scatter_shards per unit. Its reduced gradients must be those of
+// the full group's fully sharded step, bit for bit: 3 ranks step the
+// sharded model; 2 ranks, the second holding shards 1 and 2 (rank 1 of 3
+// lost, its shard with its successor), compute every shard's gradients on
+// the whole model and reduce them over logical shards, over shm and tcp.
+class TakenOverShard : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TakenOverShard, ReducedOverLogicalShardsEqualsTheFullGroupsStep) {
+  constexpr int kShards = 3;
+  const auto data = batches(kWidths.front(), 27);
+  const auto loss_of = [&](nn::Sequential& net, const Tensor& x, int shard) {
+    return ::torch::mse_loss(net->forward(shard_of(x, shard, kShards)), shard_of(data[0].y, shard, kShards));
+  };
+  // The full group's step: each unit's layout, the model's parameters it
+  // holds (by index), and every rank's reduced shard of it.
+  struct Unit {
+    ShardLayout layout{{1}, 1};
+    std::vector<std::size_t> params;
+    std::vector<Tensor> reduced;  // by shard
+  };
+  std::vector<Unit> units;
+  auto plains = per_rank(kShards, [](int) { return plain_mlp(); });
+  std::vector<std::vector<Tensor>> reduced(kShards);
+  TorchThreadWorld full(kShards, "shm");
+  full.run([&](int rank, ProcessGroup& pg) {
+    auto& plain = plains[static_cast<std::size_t>(rank)];
+    auto model = sharded_mlp(plain, borrow(pg), {});
+    std::vector<detail::FsdpUnit*> mine;
+    for (const auto& m : model->modules())
+      if (auto* unit = dynamic_cast<FullyShardModule*>(m.get())) mine.push_back(&unit->unit());
+    for (auto* unit : mine) unit->keep_gradient_memory();
+    ::torch::mse_loss(model->forward(shard_of(data[0].x, rank, kShards)), shard_of(data[0].y, rank, kShards))
+        .backward();
+    for (auto* unit : mine) reduced[static_cast<std::size_t>(rank)].push_back(unit->gradient_memory().clone());
+    if (rank != 0) return;
+    const auto all = plain->parameters();
+    for (auto* unit : mine) {
+      Unit u;
+      u.layout = unit->layout();
+      for (const auto& p : unit->params())
+        for (std::size_t i = 0; i < all.size(); ++i)
+          if (all[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) u.params.push_back(i);
+      ASSERT_EQ(u.params.size(), unit->params().size()) << unit->name();
+      units.push_back(std::move(u));
+    }
+  });
+  ASSERT_EQ(units.size(), 4u);  // three blocks and the root
+  for (std::size_t k = 0; k < units.size(); ++k)
+    for (int r = 0; r < kShards; ++r) units[k].reduced.push_back(reduced[static_cast<std::size_t>(r)][k]);
+
+  const std::vector<int> holder = {0, 1, 1};
+  auto survivors = per_rank(2, [](int) { return plain_mlp(); });
+  TorchThreadWorld left(2, GetParam());
+  left.run([&](int rank, ProcessGroup& pg) {
+    auto& net = survivors[static_cast<std::size_t>(rank)];
+    const std::vector<int> held = shards_held(holder, rank);
+    std::vector<std::vector<Tensor>> flats(units.size());  // [unit][held shard]
+    for (int shard : held) {
+      // Undefined, as the full group's first step found them: backward sets
+      // them, with no zero added (libtorch 1.13's zero_grad keeps zeros).
+      for (auto& p : net->parameters()) p.mutable_grad() = Tensor();
+      loss_of(net, data[0].x, shard).backward();
+      const auto all = net->parameters();
+      for (std::size_t k = 0; k < units.size(); ++k) {
+        const ShardLayout& layout = units[k].layout;
+        Tensor flat = ::torch::zeros({layout.flat_elements()});
+        for (std::size_t i = 0; i < units[k].params.size(); ++i)
+          flat.narrow(0, layout.flat_offset(i), layout.numel(i)).copy_(all[units[k].params[i]].grad().reshape(-1));
+        flats[k].push_back(flat);
+      }
+    }
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      std::vector<ConstBuffer> inputs;
+      for (const Tensor& f : flats[k]) inputs.push_back(ConstBuffer{f.data_ptr(), static_cast<std::size_t>(f.numel()), DType::f32});
+      std::vector<Tensor> blocks;
+      std::vector<Buffer> outputs;
+      for (std::size_t j = 0; j < held.size(); ++j) {
+        blocks.push_back(::torch::empty({units[k].layout.shard_elements()}));
+        outputs.push_back(Buffer{blocks.back().data_ptr(), static_cast<std::size_t>(blocks.back().numel()), DType::f32});
+      }
+      pg.reduce_scatter_shards(inputs, holder, outputs, ReduceOp::avg)->wait();
+      for (std::size_t j = 0; j < held.size(); ++j)
+        EXPECT_TRUE(::torch::equal(blocks[j], units[k].reduced[static_cast<std::size_t>(held[j])]))
+            << "unit " << k << ", shard " << held[j] << " on rank " << rank << " of 2: differs by "
+            << (blocks[j] - units[k].reduced[static_cast<std::size_t>(held[j])]).abs().max().item<float>();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TakenOverShard, ::testing::Values("shm", "tcp"));
 
 }  // namespace
 }  // namespace lockstep::torch
