@@ -132,7 +132,7 @@ void reduce_scatter_shards_by_exchange(Backend& b, const OpContext& ctx, const s
 std::shared_ptr<Work> ProcessGroup::allgather_shards(std::vector<ConstBuffer> held, std::vector<int> holder,
                                                      Buffer output) {
   check_buffer(output, "allgather_shards output");
-  checked_shards_held("allgather_shards", holder, size(), rank(), held.size());
+  check_shard_map("allgather_shards", holder, size(), rank(), held.size());
   LOCKSTEP_CHECK_ARG(output.count % holder.size() == 0,
                      "allgather_shards: the output holds {} elements, not a block for each of the {} shards",
                      output.count, holder.size());
@@ -168,7 +168,7 @@ std::shared_ptr<Work> ProcessGroup::allgather_shards(std::vector<ConstBuffer> he
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_shards(std::vector<ConstBuffer> held, std::vector<int> holder,
                                                           std::vector<Buffer> outputs, Reduction op) {
-  checked_shards_held("reduce_scatter_shards", holder, size(), rank(), held.size());
+  check_shard_map("reduce_scatter_shards", holder, size(), rank(), held.size());
   LOCKSTEP_CHECK_ARG(!held.empty(),
                      "reduce_scatter_shards: rank {} holds no shard by the map; every rank takes part with at least one "
                      "(its blocks' size is the operation's)",

@@ -59,13 +59,11 @@ inline std::uint64_t holders_digest(const std::vector<int>& holder) {
   return h == 0 ? 1 : h;
 }
 
-// The shards this rank holds by `holder`, once the map is checked for a
-// collective `op` of a group of `size`: every holder a rank of the group,
-// and `passed` (the buffers this rank gave) as many as it holds; else
-// InvalidArgument naming the shard or the count. Defined in
+// InvalidArgument, naming the shard or the count, unless every holder of
+// `holder` is a rank of a group of `size` and `rank` holds as many shards
+// as `passed` (the buffers it gave), for collective `op`. Defined in
 // shard_reduction.cc.
-std::vector<int> checked_shards_held(const char* op, const std::vector<int>& holder, int size, int rank,
-                                     std::size_t passed);
+void check_shard_map(const char* op, const std::vector<int>& holder, int size, int rank, std::size_t passed);
 // InvalidArgument unless `reduction` folds (sum, avg, min, max, prod), for
 // collective `op`. Defined in shard_reduction.cc.
 void check_fold_over_shards(const char* op, ReduceOp reduction);

@@ -87,17 +87,15 @@ void reduce_shards_by_exchange(Backend& b, const OpContext& ctx, const std::vect
 
 }  // namespace
 
-std::vector<int> checked_shards_held(const char* op, const std::vector<int>& holder, int size, int rank,
-                                     std::size_t passed) {
+void check_shard_map(const char* op, const std::vector<int>& holder, int size, int rank, std::size_t passed) {
   LOCKSTEP_CHECK_ARG(!holder.empty(), "{}: the shard map is empty (one holder per logical shard)", op);
   for (std::size_t s = 0; s < holder.size(); ++s)
     LOCKSTEP_CHECK_ARG(holder[s] >= 0 && holder[s] < size,
                        "{}: shard {} is held by rank {}, which is not a rank of this group of {}", op, s, holder[s],
                        size);
-  std::vector<int> mine = shards_held(holder, rank);
+  const std::vector<int> mine = shards_held(holder, rank);
   LOCKSTEP_CHECK_ARG(passed == mine.size(), "{}: rank {} holds {} shard(s) by the map ({}) but passed {} buffer(s)",
                      op, rank, mine.size(), fmt::join(mine, ", "), passed);
-  return mine;
 }
 
 void check_fold_over_shards(const char* op, ReduceOp reduction) {
@@ -109,7 +107,7 @@ void check_fold_over_shards(const char* op, ReduceOp reduction) {
 std::shared_ptr<Work> ProcessGroup::reduce_shards(std::vector<ConstBuffer> held, std::vector<int> holder, Buffer output,
                                                   Reduction op) {
   check_buffer(output, "reduce_shards output");
-  checked_shards_held("reduce_shards", holder, size(), rank(), held.size());
+  check_shard_map("reduce_shards", holder, size(), rank(), held.size());
   for (const ConstBuffer& b : held) {
     check_buffer(b, "reduce_shards input");
     LOCKSTEP_CHECK_ARG(b.dtype == output.dtype && b.count == output.count,
