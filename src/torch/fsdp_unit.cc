@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "lockstep/error.h"
@@ -206,11 +207,13 @@ void FsdpUnit::start_gather() {
     state_ = State::gathering;
     return;
   }
-  allocate(full_, full_bytes_);
+  allocate_full();
   gather_input_ = compute_dtype_ == dtype_ ? shard_ : shard_.to(compute_dtype_);
   gather_work_ = all_gather_into_tensor(*group_, full_, gather_input_, /*async_op=*/true);
   state_ = State::gathering;
 }
+
+void FsdpUnit::allocate_full() { allocate(full_, full_bytes_); }
 
 void FsdpUnit::finish_gather() {
   if (state_ != State::gathering) return;
@@ -317,7 +320,7 @@ void FsdpUnit::after_forward(const std::vector<Tensor>& outputs) {
     return;
   }
   if (!training) {
-    return_to_shards();
+    if (!step.held) return_to_shards();
     return;
   }
   // Without a hooked output nothing would gather the parameters again for
@@ -326,7 +329,8 @@ void FsdpUnit::after_forward(const std::vector<Tensor>& outputs) {
   // root's own layers): freeing its parameters only to gather them again
   // at once would cost a gather and save no memory.
   const bool backward_next = step.order_known && !step.forward_order.empty() && step.forward_order.back() == this;
-  if (options_.reshard_after_forward && hooked && !backward_next) use_sharded();
+  // A held step keeps every unit whole until it ends (begin_held_step).
+  if (options_.reshard_after_forward && hooked && !backward_next && !step.held) use_sharded();
 }
 
 // ---- backward -------------------------------------------------------------
@@ -387,6 +391,10 @@ void FsdpUnit::post_backward() {
 void FsdpUnit::issue_reduce_scatter() {
   ::torch::NoGradGuard no_grad;
   Tensor flat = flat_gradients();
+  if (step_->held) {  // reduced once every held shard's backward ran (finish_held_step)
+    held_flats_.push_back(std::move(flat));
+    return;
+  }
   use_sharded();
   if (!gradient_sync_) {
     accumulated_ = accumulated_.defined() ? accumulated_.add_(flat) : flat;
@@ -401,7 +409,9 @@ void FsdpUnit::issue_reduce_scatter() {
     return;
   }
   Tensor output = ::torch::empty({layout_.shard_elements()}, flat.options());
-  pending_ = PendingReduce{reduce_scatter_tensor(*group_, output, flat, ReduceOp::avg, /*async_op=*/true),
+  pending_ = PendingReduce{options_.reduce_in_shard_order ? reduce_scatter_in_shard_order(flat, output)
+                                                          : reduce_scatter_tensor(*group_, output, flat, ReduceOp::avg,
+                                                                                  /*async_op=*/true),
                            flat, output};
   auto& reducing = step_->reducing;
   reducing.push_back(this);
@@ -410,6 +420,18 @@ void FsdpUnit::issue_reduce_scatter() {
     reducing.erase(reducing.begin());
     oldest->finish_reduce();
   }
+}
+
+std::shared_ptr<Work> FsdpUnit::reduce_scatter_in_shard_order(const Tensor& flat, const Tensor& output) {
+  if (!flat.is_cpu())
+    throw InvalidArgument(fmt::format(
+        "fully_shard: unit {} has reduce_in_shard_order set and its gradients on {}: that fold works on host memory "
+        "only; leave it off for device memory",
+        name_, flat.device().str()));
+  std::vector<int> rank_holds_its_own(static_cast<std::size_t>(group_->size()));
+  std::iota(rank_holds_its_own.begin(), rank_holds_its_own.end(), 0);
+  return group_->reduce_scatter_shards({buffer_of(flat, "fully_shard's gradients")}, std::move(rank_holds_its_own),
+                                       {buffer_of(output, "fully_shard's reduced shard")}, ReduceOp::avg);
 }
 
 void FsdpUnit::finish_reduce() {
@@ -453,7 +475,7 @@ void FsdpUnit::agree_on_used_parameters() {
     for (std::size_t i = 0; i < unit->params_.size(); ++i) used.push_back(unit->had_gradient_[i] ? 1 : 0);
   }
   if (!reducing) return;
-  if (group_->size() > 1) group_->allreduce(Buffer{used.data(), used.size(), DType::i32}, ReduceOp::max)->wait();
+  if (step_group().size() > 1) step_group().allreduce(Buffer{used.data(), used.size(), DType::i32}, ReduceOp::max)->wait();
   std::size_t k = 0;
   for (FsdpUnit* unit : step_->units) {
     unit->used_anywhere_.assign(unit->params_.size(), false);
@@ -462,7 +484,10 @@ void FsdpUnit::agree_on_used_parameters() {
 }
 
 void FsdpUnit::finish_step() {
-  for (FsdpUnit* unit : step_->units) unit->return_to_shards();
+  for (FsdpUnit* unit : step_->units) {
+    if (step_->held) unit->end_held_backward();
+    else unit->return_to_shards();
+  }
   step_->in_step = false;
   step_->backward_queued = false;
 }

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,15 @@ struct FsdpStep {
   bool backward_queued = false;          // the end-of-backward callback is queued
   std::vector<FsdpUnit*> reducing;       // reduce-scatters in flight, oldest first
   std::unique_ptr<FsdpTimeline> timeline;
+  // Set between begin_held_step and finish_held_step: a step over several
+  // logical shards on the group re-formed after a rank's death.
+  struct HeldShards {
+    std::shared_ptr<ProcessGroup> group;  // the re-formed group
+    std::vector<int> holder;              // holder[s]: the rank of `group` holding shard s
+    std::vector<int> shards;              // this rank's, ascending
+    int own_shard = -1;                   // the one this rank always held
+  };
+  std::optional<HeldShards> held;
 };
 
 class FsdpUnit {
@@ -91,6 +101,31 @@ class FsdpUnit {
   void keep_gradient_memory() { keep_gradient_memory_ = true; }
   const ::torch::Tensor& gradient_memory() const { return gradient_memory_; }
 
+  // A step of a job that lost a rank and goes on in place (docs/fsdp.md,
+  // "Backup shards"), called on the root unit. The units keep their
+  // layout of logical shards (one per rank of the group they were made
+  // on); this rank's shards are `own_shard` (the one it always held) and
+  // those it took over, whose blocks (a ShardBackup copy's) come in
+  // `other_blocks`: one list per unit in step().units order, one block per
+  // taken-over shard in ascending shard order, shard_elements() each, of
+  // the parameters' dtype. `group` is the group of survivors and
+  // holder[s] the rank of it that holds shard s.
+  //   begin_held_step: gathers every unit whole from the held blocks
+  //     (allgather_shards on `group`) and keeps it whole until the end.
+  //   Then one forward and backward per held shard, on that shard's part
+  //     of the batch, in ascending shard order: each backward's gradients
+  //     are kept apart, per unit, and nothing is reduced.
+  //   finish_held_step: every unit's gradients reduce-scattered over the
+  //     shards (reduce_scatter_shards, avg), the same bits as the full
+  //     group's step; the units return to their shards with their own
+  //     shard's gradients, as after an ordinary backward. Returns the
+  //     taken-over shards' reduced gradients, laid out as other_blocks.
+  // Collective over `group`. Refused mid-accumulation (gradient sync off
+  // with gradients kept: the lost rank's part of them is gone).
+  void begin_held_step(std::shared_ptr<ProcessGroup> group, std::vector<int> holder, int own_shard,
+                       const std::vector<std::vector<::torch::Tensor>>& other_blocks);
+  std::vector<std::vector<::torch::Tensor>> finish_held_step();
+
  private:
   enum class State { sharded, gathering, unsharded };
   struct PendingReduce {
@@ -100,6 +135,7 @@ class FsdpUnit {
   };
   bool is_root() const { return step_->root == this; }
   void refuse_shared_parameters(const std::vector<std::pair<std::string, ::torch::Tensor>>& params) const;
+  void allocate_full();
   void start_gather();
   void finish_gather();
   void gather_now();
@@ -111,10 +147,16 @@ class FsdpUnit {
   void on_gradient();
   void post_backward();
   void issue_reduce_scatter();
+  std::shared_ptr<Work> reduce_scatter_in_shard_order(const ::torch::Tensor& flat, const ::torch::Tensor& output);
   void finish_reduce();
   void finish_step();
   void end_backward();
   void agree_on_used_parameters();
+  ProcessGroup& step_group() const { return step_->held ? *step_->held->group : *group_; }
+  void check_held_blocks(int taken_over, const std::vector<::torch::Tensor>& blocks) const;
+  void gather_held(const std::vector<::torch::Tensor>& blocks);
+  std::vector<::torch::Tensor> reduce_held();
+  void end_held_backward();
   void return_to_shards();
   void start_prefetch(const std::vector<FsdpUnit*>& order);
   ::torch::Tensor flat_gradients();
@@ -154,6 +196,7 @@ class FsdpUnit {
   PendingReduce pending_;
   ::torch::Tensor reduced_shard_;       // the finished reduce-scatter's result, dtype_
   ::torch::Tensor accumulated_;         // unsharded gradients kept while gradient sync is off
+  std::vector<::torch::Tensor> held_flats_;  // a held step's flat gradients, one per held shard's backward
   bool gradient_sync_ = true;
   bool keep_gradient_memory_ = false;
   ::torch::Tensor gradient_memory_;

@@ -165,6 +165,10 @@ ShardBackup::ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& opt
     UnitCopy copy;
     copy.unit = unit;
     unit->keep_gradient_memory();
+    // A step with this copy's shard taken over folds in shard order: the
+    // clean steps must too, for its bits to be theirs (host memory, as
+    // that step's collectives are).
+    if (unit->shard().is_cpu()) unit->options().reduce_in_shard_order = true;
     copy.own = pieces_with_elements(*unit, rank);
     copy.kept = pieces_with_elements(*unit, s.kept_rank);
     // Where the kept rank holds no element of the unit, nothing is kept.

@@ -91,6 +91,24 @@ INSTANTIATE_TEST_SUITE_P(Backends, OverBackends,
                            return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
 
+// The reduce-scatter folded over the ranks in rank order
+// (reduce_in_shard_order, which ShardBackup sets) where the backend's own
+// folds otherwise.
+class InShardOrder : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(InShardOrder, TrainingEqualsOneProcessOnTheGlobalBatch) {
+  const auto& [backend, ranks] = GetParam();
+  FullyShardOptions options;
+  options.reduce_in_shard_order = true;
+  expect_training_equals_one_process(ranks, backend, "adam", options, 23);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, InShardOrder,
+                         ::testing::Values(std::make_tuple(std::string("tcp"), 3), std::make_tuple(std::string("hier2"), 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
 TEST(FullyShard, ParametersHoldOnlyThisRanksPieceBetweenSteps) {
   auto plains = per_rank(3, [](int) { return plain_mlp(); });
   std::int64_t total = 0;

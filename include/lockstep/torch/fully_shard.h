@@ -93,6 +93,14 @@ struct FullyShardOptions {
   int reduce_scatters_in_flight = 2;
   // Broadcast rank 0's parameters and buffers at construction.
   bool sync_module_states = true;
+  // Reduce-scatter the gradients with every element folded over the ranks'
+  // gradients in rank order, one kernel, whatever the backend
+  // (ProcessGroup::reduce_scatter_shards; on shm that is what its
+  // reduce-scatter does anyway, at the same speed). A step that goes on
+  // after a rank's death, its shard held by a survivor (begin_held_step),
+  // folds that way, so only a job whose clean steps fold that way gets a
+  // clean run's bits from it: ShardBackup sets this. Host memory only.
+  bool reduce_in_shard_order = false;
 };
 
 namespace detail {

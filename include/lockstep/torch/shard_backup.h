@@ -30,9 +30,15 @@
 // own step elsewhere); in memory, one more shard of parameters, of
 // gradients and of optimizer state (bytes() says how many).
 //
-// Not yet: rebuilding a dead rank's shard from its backup in place (the
-// trainer that survives a death with fully_shard, docs/faults.md). Until
-// then a death falls back to the restart from a checkpoint.
+// The model's units reduce their gradients in shard order from then on
+// (FullyShardOptions::reduce_in_shard_order; host memory), as a step with
+// a shard taken over from the copy does: its bits are then a clean
+// step's. On shm that is the fold its reduce-scatter makes anyway.
+//
+// Not yet: the trainer that takes a dead rank's shard over from its backup
+// in place (docs/faults.md; the units' step for it exists,
+// begin_held_step). Until then a death falls back to the restart from a
+// checkpoint.
 //
 // Collective: every rank makes one and calls step() and verify() at the
 // same points. Not thread-safe: the training thread.
