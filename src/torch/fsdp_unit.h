@@ -100,6 +100,11 @@ class FsdpUnit {
   // gradients the user replaces, until the next step's.
   void keep_gradient_memory() { keep_gradient_memory_ = true; }
   const ::torch::Tensor& gradient_memory() const { return gradient_memory_; }
+  // Whether the last reduction gave parameter `i` a gradient: it is
+  // trained and some rank's backward reached it.
+  bool reduced_gradient(std::size_t i) const {
+    return params_[i].requires_grad() && i < used_anywhere_.size() && used_anywhere_[i];
+  }
 
   // A step of a job that lost a rank and goes on in place (docs/fsdp.md,
   // "Backup shards"), called on the root unit. The units keep their
@@ -120,8 +125,11 @@ class FsdpUnit {
   //     group's step; the units return to their shards with their own
   //     shard's gradients, as after an ordinary backward. Returns the
   //     taken-over shards' reduced gradients, laid out as other_blocks.
-  // Collective over `group`. Refused mid-accumulation (gradient sync off
-  // with gradients kept: the lost rank's part of them is gone).
+  // Collective over `group`. The parameters' gradients are set aside at
+  // begin_held_step as forward sets them aside, and this step's added to
+  // them at the end: zero them (zero_grad) before it. Refused
+  // mid-accumulation (gradient sync off with gradients kept: the lost
+  // rank's part of them is gone).
   void begin_held_step(std::shared_ptr<ProcessGroup> group, std::vector<int> holder, int own_shard,
                        const std::vector<std::vector<::torch::Tensor>>& other_blocks);
   std::vector<std::vector<::torch::Tensor>> finish_held_step();

@@ -112,6 +112,7 @@ struct ShardBackup::State {
   void exchange_optimizer_state();
   void send_gradients();
   void receive_gradients();
+  void step_copy();
   void exchange(std::vector<std::shared_ptr<Work>>& works, std::optional<ConstBuffer> out, std::optional<Buffer> in,
                 int tag) const;
 };
@@ -332,11 +333,16 @@ void ShardBackup::step() {
   State& s = *state_;
   if (s.in_flight.empty()) s.send_gradients();
   s.receive_gradients();
-  zero_pieces::copy_options(s.user->param_groups(), s.copy->param_groups());
-  if (s.fused_adam && detail::fused_adam_applies(*s.copy)) {
-    detail::fused_adam_step(*s.copy);
+  s.step_copy();
+}
+
+// The copy's optimizer, with the user's options of now (a scheduler's).
+void ShardBackup::State::step_copy() {
+  zero_pieces::copy_options(user->param_groups(), copy->param_groups());
+  if (fused_adam && detail::fused_adam_applies(*copy)) {
+    detail::fused_adam_step(*copy);
   } else {
-    s.copy->step();
+    copy->step();
   }
 }
 
@@ -380,5 +386,43 @@ std::vector<Tensor> ShardBackup::pieces() const {
 }
 
 ::torch::optim::Optimizer& ShardBackup::optimizer() { return *state_->copy; }
+
+std::vector<Tensor> ShardBackup::kept_blocks() const {
+  std::vector<Tensor> out;
+  for (const UnitCopy& copy : state_->units)
+    out.push_back(copy.kept.empty() ? ::torch::zeros({copy.unit->layout().shard_elements()}, copy.unit->shard().options())
+                                    : copy.shard);
+  return out;
+}
+
+void ShardBackup::step_kept(const std::vector<Tensor>& gradients) {
+  State& s = *state_;
+  if (gradients.size() != s.units.size())
+    throw InvalidArgument(fmt::format("ShardBackup::step_kept: {} gradient blocks for a model of {} units",
+                                      gradients.size(), s.units.size()));
+  for (std::size_t u = 0; u < s.units.size(); ++u) {
+    const UnitCopy& copy = s.units[u];
+    const Tensor& reduced = gradients[u];
+    if (reduced.defined() && !copy.kept.empty() &&
+        (reduced.numel() != copy.gradients.numel() || reduced.scalar_type() != copy.gradients.scalar_type()))
+      throw InvalidArgument(fmt::format(
+          "ShardBackup::step_kept: unit {}'s gradients are {} elements of {}; its shard is {} of {}",
+          copy.unit->name(), reduced.numel(), c10::toString(reduced.scalar_type()), copy.gradients.numel(),
+          c10::toString(copy.gradients.scalar_type())));
+  }
+  ::torch::NoGradGuard no_grad;
+  for (std::size_t u = 0; u < s.units.size(); ++u) {
+    UnitCopy& copy = s.units[u];
+    const Tensor& reduced = gradients[u];
+    if (reduced.defined() && !copy.kept.empty()) copy.gradients.copy_(reduced);
+    for (std::size_t k = 0; k < copy.kept.size(); ++k) {
+      const ShardRange& piece = copy.kept[k];
+      copy.pieces[k].mutable_grad() = reduced.defined() && copy.unit->reduced_gradient(piece.param)
+                                          ? copy.gradients.narrow(0, piece.offset, piece.count)
+                                          : Tensor();
+    }
+  }
+  s.step_copy();
+}
 
 }  // namespace lockstep::torch

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <memory>
@@ -573,6 +574,105 @@ TEST_P(HeldStep, TwoRanksHoldingThreeShardsStepAsThreeRanksDo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HeldStep, ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()));
+
+// The whole take-over with ShardBackup: three ranks train with Adam and a
+// backup; after the first step rank `dead` leaves, and its successor in the
+// ring, which keeps its copy, holds its shard from then on: the held steps
+// take the copy's blocks (kept_blocks), and the copy's optimizer steps
+// them with the reduced gradients (step_kept). Every survivor's shard and
+// the copy equal the three ranks' run after every step, bit for bit.
+class BackupTakesOver : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(BackupTakesOver, TheSuccessorStepsTheLostShardAsItsOwnerWould) {
+  constexpr int kShards = 3;
+  const auto [backend, dead] = GetParam();
+  const int successor = (dead + 1) % kShards;
+  std::vector<int> survivors;  // old ranks, in the re-formed group's order
+  for (int r = 0; r < kShards; ++r)
+    if (r != dead) survivors.push_back(r);
+  const auto new_rank = [&](int old) {
+    return static_cast<int>(std::find(survivors.begin(), survivors.end(), old) - survivors.begin());
+  };
+  std::vector<int> holder;
+  for (int shard = 0; shard < kShards; ++shard) holder.push_back(new_rank(shard == dead ? successor : shard));
+  const auto data = batches(kWidths.front(), 41);
+  const auto backward = [&](auto& model, int step, const std::vector<int>& shards) {
+    for (int shard : shards)
+      ::torch::mse_loss(model.forward(shard_of(data[step].x, shard, kShards)), shard_of(data[step].y, shard, kShards))
+          .backward();
+  };
+  // The three ranks' shards after each step, by rank, step and unit.
+  std::vector<std::vector<std::vector<Tensor>>> want(kShards);
+  const auto shards_of = [](const std::vector<detail::FsdpUnit*>& units) {
+    std::vector<Tensor> out;
+    for (auto* unit : units) out.push_back(unit->shard().clone());
+    return out;
+  };
+  auto plains = per_rank(kShards, [](int) { return plain_mlp(); });
+  TorchThreadWorld world(kShards, backend);
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto optimizer = optimizer_for("adam", model->parameters());
+    ShardBackup backup(*model, *optimizer);
+    for (int s = 0; s < kSteps; ++s) {
+      optimizer->zero_grad();
+      backward(*model, s, {rank});
+      optimizer->step();
+      backup.step();
+      want[static_cast<std::size_t>(rank)].push_back(shards_of(model->unit().step().units));
+    }
+  });
+
+  plains = per_rank(kShards, [](int) { return plain_mlp(); });
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    auto optimizer = optimizer_for("adam", model->parameters());
+    ShardBackup backup(*model, *optimizer);
+    auto& root = model->unit();
+    const auto units = root.step().units;
+    optimizer->zero_grad();
+    backward(*model, 0, {rank});
+    optimizer->step();
+    backup.step();
+    if (rank == dead) return;
+    auto group = pg.new_group(survivors);
+    const std::vector<int> held = shards_held(holder, group->rank());
+    for (int s = 1; s < kSteps; ++s) {
+      std::vector<std::vector<Tensor>> blocks(units.size());
+      if (rank == successor) {
+        const auto kept = backup.kept_blocks();
+        for (std::size_t k = 0; k < units.size(); ++k) blocks[k].push_back(kept[k]);
+      }
+      optimizer->zero_grad();  // before the held step gathers, as before a forward
+      root.begin_held_step(group, holder, rank, blocks);
+      backward(*model, s, held);
+      const auto reduced = root.finish_held_step();
+      optimizer->step();
+      const std::string at = "step " + std::to_string(s) + ", rank " + std::to_string(rank);
+      const auto mine = shards_of(units);
+      for (std::size_t k = 0; k < units.size(); ++k)
+        EXPECT_TRUE(::torch::equal(mine[k], want[static_cast<std::size_t>(rank)][static_cast<std::size_t>(s)][k]))
+            << at << ", unit " << k;
+      if (rank != successor) continue;
+      std::vector<Tensor> gradients;
+      for (const auto& r : reduced) gradients.push_back(r.empty() ? Tensor() : r.front());
+      EXPECT_THROW(backup.step_kept({}), InvalidArgument);
+      EXPECT_THROW(backup.step_kept(std::vector<Tensor>(units.size(), ::torch::zeros({3}))), InvalidArgument);
+      backup.step_kept(gradients);
+      const auto kept = backup.kept_blocks();
+      for (std::size_t k = 0; k < units.size(); ++k)
+        EXPECT_TRUE(::torch::equal(kept[k], want[static_cast<std::size_t>(dead)][static_cast<std::size_t>(s)][k]))
+            << at << ", its copy of rank " << dead << "'s shard of unit " << k << " differs by "
+            << (kept[k] - want[static_cast<std::size_t>(dead)][static_cast<std::size_t>(s)][k]).abs().max().item<float>();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendsAndDeaths, BackupTakesOver,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Values(0, 1, 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_rank" + std::to_string(std::get<1>(info.param)) + "_dies";
+                         });
 
 // What a held step cannot start from is refused before anything changes,
 // naming the cause.

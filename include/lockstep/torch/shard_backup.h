@@ -36,9 +36,9 @@
 // step's. On shm that is the fold its reduce-scatter makes anyway.
 //
 // Not yet: the trainer that takes a dead rank's shard over from its backup
-// in place (docs/faults.md; the units' step for it exists,
-// begin_held_step). Until then a death falls back to the restart from a
-// checkpoint.
+// in place (docs/faults.md; the steps for it exist: the units'
+// begin_held_step and finish_held_step, and kept_blocks and step_kept
+// below). Until then a death falls back to the restart from a checkpoint.
 //
 // Collective: every rank makes one and calls step() and verify() at the
 // same points. Not thread-safe: the training thread.
@@ -93,6 +93,21 @@ class ShardBackup {
   std::vector<::torch::Tensor> pieces() const;
   // The copy's optimizer (its state; its groups mirror the user's).
   ::torch::optim::Optimizer& optimizer();
+
+  // After the kept rank's death, while this rank holds its shard in its
+  // place (the units' held step, docs/fsdp.md, "Backup shards"). Local:
+  // no communication.
+  //   kept_blocks: the copy's shard of every unit, in the model's unit
+  //     order (the blocks begin_held_step takes; zeros where the kept rank
+  //     holds no element of a unit). The copy's own memory: step_kept
+  //     changes it in place.
+  //   step_kept: the copy stepped with the kept shard's reduced gradients
+  //     (one block per unit, as finish_held_step returns them; undefined
+  //     for a unit no backward reached), as its owner's optimizer would
+  //     step them after zero_grad: a parameter no rank gave a gradient
+  //     this step is left as it is.
+  std::vector<::torch::Tensor> kept_blocks() const;
+  void step_kept(const std::vector<::torch::Tensor>& gradients);
 
  private:
   struct State;
