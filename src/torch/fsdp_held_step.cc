@@ -90,6 +90,42 @@ void FsdpUnit::end_held_backward() {
   gradients_ready_ = 0;
 }
 
+void FsdpUnit::abandon_step() {
+  if (!is_root())
+    throw InvalidArgument(fmt::format("fully_shard: abandon_step on unit {}: call it on the root unit", name_));
+  for (FsdpUnit* unit : step_->units) unit->abandon();
+  step_->reducing.clear();
+  step_->held.reset();
+  step_->in_step = false;
+  step_->backward_queued = false;
+}
+
+void FsdpUnit::abandon() {
+  const auto settle = [](std::shared_ptr<Work> work) {
+    if (!work) return;
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+      // The failure the caller already saw, or another of the same group.
+    }
+  };
+  settle(std::move(gather_work_));
+  gather_input_ = Tensor();
+  settle(std::move(pending_.work));
+  pending_ = PendingReduce{};
+  reduced_shard_ = Tensor();
+  held_flats_.clear();
+  if (state_ == State::gathering) state_ = State::unsharded;  // its gather settled above
+  if (state_ != State::sharded) use_sharded();
+  // Whole gradients of this step's backward, if any, are dropped with it.
+  if (stashed_)
+    for (std::size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = stash_[i];
+  stash_.clear();
+  stashed_ = false;
+  had_gradient_.assign(params_.size(), false);
+  end_held_backward();
+}
+
 std::vector<std::vector<Tensor>> FsdpUnit::finish_held_step() {
   auto& step = *step_;
   if (!is_root() || !step.held)

@@ -133,6 +133,13 @@ class FsdpUnit {
   void begin_held_step(std::shared_ptr<ProcessGroup> group, std::vector<int> holder, int own_shard,
                        const std::vector<std::vector<::torch::Tensor>>& other_blocks);
   std::vector<std::vector<::torch::Tensor>> finish_held_step();
+  // After a step's collective failed (a rank died mid-step), on the root
+  // unit: every unit back to its shard with the gradients it had before
+  // the step, nothing in flight (each operation the step issued is waited
+  // for, so that none writes into memory later; on a failed group they end
+  // at once, their errors dropped), ready for begin_held_step. Gradients
+  // kept without sync (set_requires_gradient_sync(false)) stay.
+  void abandon_step();
 
  private:
   enum class State { sharded, gathering, unsharded };
@@ -165,6 +172,7 @@ class FsdpUnit {
   void gather_held(const std::vector<::torch::Tensor>& blocks);
   std::vector<::torch::Tensor> reduce_held();
   void end_held_backward();
+  void abandon();
   void return_to_shards();
   void start_prefetch(const std::vector<FsdpUnit*>& order);
   ::torch::Tensor flat_gradients();
