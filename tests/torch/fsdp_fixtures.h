@@ -15,6 +15,7 @@
 
 #include "lockstep/process_group.h"
 #include "lockstep/torch/fully_shard.h"
+#include "torch/fsdp_unit.h"
 
 namespace lockstep::torch::fsdp_fixtures {
 
@@ -118,6 +119,23 @@ inline State train_reference(const std::string& optimizer, const std::vector<Bat
     opt->step();
   }
   return named(*net);
+}
+
+// Every unit's shard, cloned, in the model's unit order.
+inline std::vector<Tensor> unit_shards(FullyShardModule& model) {
+  std::vector<Tensor> out;
+  for (auto* unit : model.unit().step().units) out.push_back(unit->shard().clone());
+  return out;
+}
+
+// Forward and backward of step `step`'s batch once per shard in `shards`
+// (of `ranks` parts): a rank's own, or every shard a survivor holds.
+template <typename Model>
+void backward_on_shards(Model& model, const std::vector<Batch>& data, int step, const std::vector<int>& shards,
+                        int ranks) {
+  const Batch& batch = data[static_cast<std::size_t>(step)];
+  for (int shard : shards)
+    ::torch::mse_loss(model.forward(shard_of(batch.x, shard, ranks)), shard_of(batch.y, shard, ranks)).backward();
 }
 
 }  // namespace lockstep::torch::fsdp_fixtures

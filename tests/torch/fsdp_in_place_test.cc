@@ -17,12 +17,12 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "comm/shard_map.h"
+#include "harness/launcher.h"
 #include "harness/process_ranks.h"
 #include "harness/reserved_port.h"
 #include "lockstep/error.h"
@@ -48,32 +48,6 @@ constexpr int kDeathStep = 1;  // the victim dies in this step
 enum class Death { before_forward, after_forward };
 constexpr int kCollectiveTimeoutS = 20;
 
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/lockstep-fsdp-in-place-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
-std::vector<Tensor> shards_of(FullyShardModule& model) {
-  std::vector<Tensor> out;
-  for (auto* unit : model.unit().step().units) out.push_back(unit->shard().clone());
-  return out;
-}
-
-template <typename Model>
-void backward_on(Model& model, const std::vector<Batch>& data, int step, const std::vector<int>& shards) {
-  for (int shard : shards)
-    ::torch::mse_loss(model.forward(shard_of(data[static_cast<std::size_t>(step)].x, shard, kRanks)),
-                      shard_of(data[static_cast<std::size_t>(step)].y, shard, kRanks))
-        .backward();
-}
-
 // Three thread ranks, no death: each rank's shards after the last step.
 std::vector<std::vector<Tensor>> clean_run(const std::string& backend, const std::vector<Batch>& data) {
   std::vector<std::vector<Tensor>> out(kRanks);
@@ -85,11 +59,11 @@ std::vector<std::vector<Tensor>> clean_run(const std::string& backend, const std
     ShardBackup backup(*model, *optimizer);
     for (int s = 0; s < kSteps; ++s) {
       optimizer->zero_grad();
-      backward_on(*model, data, s, {rank});
+      backward_on_shards(*model, data, s, {rank}, kRanks);
       optimizer->step();
       backup.step();
     }
-    out[static_cast<std::size_t>(rank)] = shards_of(*model);
+    out[static_cast<std::size_t>(rank)] = unit_shards(*model);
   });
   return out;
 }
@@ -158,7 +132,7 @@ void train_rank(int rank, int victim, Death death, const std::vector<Batch>& dat
       for (std::size_t k = 0; k < kept.size(); ++k) blocks[k].push_back(kept[k]);
     }
     root.begin_held_step(group, held.holder, rank, blocks);
-    backward_on(*model, data, s, shards_held(held.holder, group->rank()));
+    backward_on_shards(*model, data, s, shards_held(held.holder, group->rank()), kRanks);
     const auto reduced = root.finish_held_step();
     optimizer->step();
     if (rank != held.successor) continue;
@@ -166,7 +140,7 @@ void train_rank(int rank, int victim, Death death, const std::vector<Batch>& dat
     for (const auto& r : reduced) gradients.push_back(r.empty() ? Tensor() : r.front());
     backup.step_kept(gradients);
   }
-  std::vector<Tensor> saved = shards_of(*model);
+  std::vector<Tensor> saved = unit_shards(*model);
   if (rank == held.successor)
     for (const Tensor& block : backup.kept_blocks()) saved.push_back(block.clone());
   ::torch::save(saved, fmt::format("{}/rank{}.pt", dir, rank));
@@ -177,7 +151,7 @@ class KilledMidStep : public ::testing::TestWithParam<std::tuple<std::string, in
 TEST_P(KilledMidStep, TheSurvivorsTakeTheStepAgainHoldingItsShardAndEndAsACleanRun) {
   const auto [backend, victim, death] = GetParam();
   const auto data = batches(kWidths.front(), 43);
-  const TempDir dir;
+  const testing::TempDir dir;
   {
     const testing::ReservedPort port;
     testing::ProcessRanks ranks(
@@ -191,7 +165,7 @@ TEST_P(KilledMidStep, TheSurvivorsTakeTheStepAgainHoldingItsShardAndEndAsACleanR
                                  {"LOCKSTEP_TIMEOUT", std::to_string(kCollectiveTimeoutS)},
                                  {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
         },
-        [&](int rank) { train_rank(rank, victim, death, data, dir.path); });
+        [&](int rank) { train_rank(rank, victim, death, data, dir.path()); });
     for (const auto& r : ranks.wait_all(std::chrono::seconds(3 * kCollectiveTimeoutS))) {
       if (r.rank == victim) {
         EXPECT_EQ(r.signal, SIGKILL) << testing::describe(r);
@@ -207,7 +181,7 @@ TEST_P(KilledMidStep, TheSurvivorsTakeTheStepAgainHoldingItsShardAndEndAsACleanR
   for (int rank = 0; rank < kRanks; ++rank) {
     if (rank == victim) continue;
     std::vector<Tensor> got;
-    ::torch::load(got, fmt::format("{}/rank{}.pt", dir.path, rank));
+    ::torch::load(got, fmt::format("{}/rank{}.pt", dir.path(), rank));
     const auto& mine = want[static_cast<std::size_t>(rank)];
     const auto& lost = want[static_cast<std::size_t>(victim)];
     ASSERT_EQ(got.size(), mine.size() + (rank == successor ? lost.size() : 0)) << "rank " << rank;

@@ -596,18 +596,8 @@ TEST_P(BackupTakesOver, TheSuccessorStepsTheLostShardAsItsOwnerWould) {
   std::vector<int> holder;
   for (int shard = 0; shard < kShards; ++shard) holder.push_back(new_rank(shard == dead ? successor : shard));
   const auto data = batches(kWidths.front(), 41);
-  const auto backward = [&](auto& model, int step, const std::vector<int>& shards) {
-    for (int shard : shards)
-      ::torch::mse_loss(model.forward(shard_of(data[step].x, shard, kShards)), shard_of(data[step].y, shard, kShards))
-          .backward();
-  };
   // The three ranks' shards after each step, by rank, step and unit.
   std::vector<std::vector<std::vector<Tensor>>> want(kShards);
-  const auto shards_of = [](const std::vector<detail::FsdpUnit*>& units) {
-    std::vector<Tensor> out;
-    for (auto* unit : units) out.push_back(unit->shard().clone());
-    return out;
-  };
   auto plains = per_rank(kShards, [](int) { return plain_mlp(); });
   TorchThreadWorld world(kShards, backend);
   world.run([&](int rank, ProcessGroup& pg) {
@@ -616,10 +606,10 @@ TEST_P(BackupTakesOver, TheSuccessorStepsTheLostShardAsItsOwnerWould) {
     ShardBackup backup(*model, *optimizer);
     for (int s = 0; s < kSteps; ++s) {
       optimizer->zero_grad();
-      backward(*model, s, {rank});
+      backward_on_shards(*model, data, s, {rank}, kShards);
       optimizer->step();
       backup.step();
-      want[static_cast<std::size_t>(rank)].push_back(shards_of(model->unit().step().units));
+      want[static_cast<std::size_t>(rank)].push_back(unit_shards(*model));
     }
   });
 
@@ -631,7 +621,7 @@ TEST_P(BackupTakesOver, TheSuccessorStepsTheLostShardAsItsOwnerWould) {
     auto& root = model->unit();
     const auto units = root.step().units;
     optimizer->zero_grad();
-    backward(*model, 0, {rank});
+    backward_on_shards(*model, data, 0, {rank}, kShards);
     optimizer->step();
     backup.step();
     if (rank == dead) return;
@@ -645,11 +635,11 @@ TEST_P(BackupTakesOver, TheSuccessorStepsTheLostShardAsItsOwnerWould) {
       }
       optimizer->zero_grad();  // before the held step gathers, as before a forward
       root.begin_held_step(group, holder, rank, blocks);
-      backward(*model, s, held);
+      backward_on_shards(*model, data, s, held, kShards);
       const auto reduced = root.finish_held_step();
       optimizer->step();
       const std::string at = "step " + std::to_string(s) + ", rank " + std::to_string(rank);
-      const auto mine = shards_of(units);
+      const auto mine = unit_shards(*model);
       for (std::size_t k = 0; k < units.size(); ++k)
         EXPECT_TRUE(::torch::equal(mine[k], want[static_cast<std::size_t>(rank)][static_cast<std::size_t>(s)][k]))
             << at << ", unit " << k;
