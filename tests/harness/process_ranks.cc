@@ -263,6 +263,16 @@ bool wait_for_file(const std::string& path, Duration timeout) {
   return ::access(path.c_str(), F_OK) == 0;
 }
 
+EnvMap rank_env(int rank, int ranks, int port, const std::string& backend, int timeout_s) {
+  return EnvMap{{"RANK", std::to_string(rank)},
+                {"WORLD_SIZE", std::to_string(ranks)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(port)},
+                {"LOCKSTEP_BACKEND", backend},
+                {"LOCKSTEP_TIMEOUT", std::to_string(timeout_s)},
+                {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
+}
+
 std::string describe(const RankResult& r) {
   std::string how = r.signal ? fmt::format("killed by signal {}", r.signal)
                              : fmt::format("exit {} ({})", r.exit_code, exit_name(r.exit_code));

@@ -51,6 +51,11 @@ struct RankResult {
 
 using EnvMap = std::map<std::string, std::string>;
 
+// The environment of rank `rank` of `ranks` meeting at 127.0.0.1:`port`
+// on `backend`, with collectives that give up after `timeout_s` (and 60 s
+// to connect): what ProcessRanks' env_for returns for most tests.
+EnvMap rank_env(int rank, int ranks, int port, const std::string& backend, int timeout_s);
+
 class ProcessRanks {
  public:
   // Forks n children. Child r sets env_for(r) in its environment and runs

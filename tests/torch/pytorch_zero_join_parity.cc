@@ -158,15 +158,7 @@ void train_in_processes(const std::string& dir, const std::string& optimizer, bo
   const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       kWorld,
-      [&](int rank) {
-        return testing::EnvMap{{"RANK", std::to_string(rank)},
-                               {"WORLD_SIZE", std::to_string(kWorld)},
-                               {"MASTER_ADDR", "127.0.0.1"},
-                               {"MASTER_PORT", std::to_string(port)},
-                               {"LOCKSTEP_BACKEND", "shm"},
-                               {"LOCKSTEP_TIMEOUT", std::to_string(kCollectiveTimeoutS)},
-                               {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-      },
+      [&](int rank) { return testing::rank_env(rank, kWorld, port, "shm", kCollectiveTimeoutS); },
       [&](int rank) {
         at::set_num_threads(1);
         auto pg = init_process_group();

@@ -127,15 +127,7 @@ void train_in_processes(const Case& c, const Batches& batches, const std::string
   const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       world,
-      [&](int rank) {
-        return testing::EnvMap{{"RANK", std::to_string(rank)},
-                               {"WORLD_SIZE", std::to_string(world)},
-                               {"MASTER_ADDR", "127.0.0.1"},
-                               {"MASTER_PORT", std::to_string(port)},
-                               {"LOCKSTEP_BACKEND", "shm"},
-                               {"LOCKSTEP_TIMEOUT", std::to_string(kCollectiveTimeoutS)},
-                               {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-      },
+      [&](int rank) { return testing::rank_env(rank, world, port, "shm", kCollectiveTimeoutS); },
       [&](int rank) {
         at::set_num_threads(1);
         auto pg = init_process_group();
@@ -196,12 +188,7 @@ TEST_P(LeftOut, OfTheJoinTheRanksFailSayingToListIt) {
   const int port = reserved_port.number();
   testing::ProcessRanks ranks(
       2,
-      [&](int rank) {
-        return testing::EnvMap{{"RANK", std::to_string(rank)},  {"WORLD_SIZE", "2"},
-                               {"MASTER_ADDR", "127.0.0.1"},    {"MASTER_PORT", std::to_string(port)},
-                               {"LOCKSTEP_BACKEND", GetParam()}, {"LOCKSTEP_TIMEOUT", "3"},
-                               {"LOCKSTEP_CONNECT_TIMEOUT", "60"}};
-      },
+      [&](int rank) { return testing::rank_env(rank, 2, port, GetParam(), 3); },
       [&](int rank) {
         at::set_num_threads(1);
         auto pg = init_process_group();
