@@ -35,6 +35,7 @@
 #include <lockstep/process_group.h>
 #include <lockstep/torch/ddp.h>
 #include <lockstep/torch/fully_shard.h>
+#include <lockstep/torch/resilient_fsdp.h>
 #include <lockstep/torch/shard_backup.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -72,6 +73,7 @@ struct Options {
   bool fsdp = false;
   bool reshard_after_forward = true;  // --keep-after-forward: false (ZeRO-2)
   bool shard_backup = false;          // --shard-backup: each rank keeps its predecessor's shards
+  bool resilient = false;             // --resilient: the steps by ShardedResilientTrainer
   std::string optimizer = "sgd";
   std::string device = "cpu";
   bool bucket_view = false;
@@ -105,12 +107,11 @@ struct StepTimes {
   double exposed_ms = 0;
 };
 
-// Runs o.warmup untimed steps, then o.steps timed ones: each zeroes the
-// gradients, runs forward_backward (which returns the loss) and the
-// optimizer's step. exposed_ms() is read after each timed step.
-StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::optim::Optimizer& opt,
-                     const std::function<torch::Tensor()>& forward_backward,
-                     const std::function<double()>& exposed_ms, const std::function<void()>& after_step = [] {}) {
+// Runs o.warmup untimed steps, then o.steps timed ones: train_step takes
+// one (gradients zeroed, forward, backward, the optimizer's step) and
+// returns its loss. exposed_ms() is read after each timed step.
+StepTimes time_steps(const Options& o, torch::Device device, int rank, const std::function<torch::Tensor()>& train_step,
+                     const std::function<double()>& exposed_ms) {
   // A step ends when the device is done with it, not when it is queued.
   const auto finish_step = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -118,10 +119,7 @@ StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::op
   std::vector<double> step_ms, exposed;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    const torch::Tensor loss = forward_backward();
-    opt.step();
-    after_step();
+    const torch::Tensor loss = train_step();
     finish_step();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     // Read after the step is timed, so the read (a copy from the GPU with
@@ -143,7 +141,9 @@ StepTimes time_steps(const Options& o, torch::Device device, int rank, torch::op
 
 // How the model was trained, as the report says it.
 std::string training_mode(const Options& o) {
-  if (o.fsdp) return "fully sharded";
+  if (o.fsdp)
+    return std::string("fully sharded") + (o.shard_backup ? ", backup shards" : "") +
+           (o.resilient ? ", ShardedResilientTrainer" : "");
   return std::string(o.no_ddp ? "without DDP" : o.no_sync ? "no_sync" : "synchronised") +
          (o.bucket_view ? ", gradient_as_bucket_view" : "");
 }
@@ -218,18 +218,27 @@ int run_fully_sharded(const Options& o, const std::shared_ptr<lockstep::ProcessG
   std::unique_ptr<lockstep::torch::ShardBackup> backup;
   if (o.shard_backup) backup = std::make_unique<lockstep::torch::ShardBackup>(*model, *opt);
   const Batch batch = rank_batch(o, pg->rank(), device);
+  std::unique_ptr<lockstep::torch::ShardedResilientTrainer> trainer;
+  if (o.resilient) trainer = std::make_unique<lockstep::torch::ShardedResilientTrainer>(model, *opt, *backup);
   const StepTimes t = time_steps(
-      o, device, pg->rank(), *opt,
+      o, device, pg->rank(),
       [&] {
+        if (trainer) {
+          // Every rank computes its own shard: the same batch as below.
+          const auto outcome = trainer->step([&](const lockstep::torch::Shard&) {
+            return loss_of(o, model->forward(batch.x), batch.y);
+          });
+          return torch::tensor(outcome.losses.front());
+        }
+        opt->zero_grad();
         auto loss = loss_of(o, model->forward(batch.x), batch.y);
         loss.backward();
         if (backup) backup->send_gradients();  // overlaps the optimizer's step
+        opt->step();
+        if (backup) backup->step();
         return loss;
       },
-      [] { return 0.0; },
-      [&] {
-        if (backup) backup->step();
-      });
+      [] { return 0.0; });
   report(o, *pg, device, params, t);
   if (backup) {
     backup->verify();  // what was timed kept the copies exact
@@ -271,13 +280,18 @@ int run(const Options& o, std::shared_ptr<lockstep::ProcessGroup> pg) {
     return loss;
   };
   const StepTimes t = time_steps(
-      o, device, pg->rank(), *opt,
+      o, device, pg->rank(),
       [&] {
+        opt->zero_grad();
+        torch::Tensor loss;
         if (o.no_sync && ddp) {
           auto guard = ddp->no_sync();  // as in PyTorch, around the forward and the backward
-          return forward_backward();
+          loss = forward_backward();
+        } else {
+          loss = forward_backward();
         }
-        return forward_backward();
+        opt->step();
+        return loss;
       },
       [&] { return ddp ? ddp->last_step().backward.exposed_communication_ms() : 0.0; });
   report(o, *pg, device, parameter_count(*model), t);
@@ -327,6 +341,10 @@ int main(int argc, char** argv) {
                "With --fsdp: each rank keeps a copy of its ring predecessor's shards and their optimizer state, "
                "stepped with the gradients it sends (lockstep::torch::ShardBackup)")
       ->needs("--fsdp");
+  app.add_flag("--resilient", o.resilient,
+               "With --shard-backup: the steps taken by lockstep::torch::ShardedResilientTrainer, which survives a "
+               "rank's death in place (its commit point and the backup's exchange before it)")
+      ->needs("--shard-backup");
   app.add_option("--optimizer", o.optimizer, "sgd (lr 0.01) or adam (lr 1e-4)")->check(CLI::IsMember({"sgd", "adam"}));
   CLI11_PARSE(app, argc, argv);
   if (o.fsdp && o.model == "convnet") {

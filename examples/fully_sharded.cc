@@ -9,20 +9,60 @@
 // its shards, their gradients and optimizer state, against what the whole
 // model's would take. --checkpoint writes a sharded checkpoint at the end
 // (one file per rank) and resumes from it when it exists.
+//
+// --resilient survives a rank's death in place (docs/fsdp.md, "Backup
+// shards"): each rank keeps its ring predecessor's shards with a
+// lockstep::torch::ShardBackup, and lockstep::torch::ShardedResilientTrainer
+// takes the steps, each global batch cut into one logical shard per rank
+// (each shard's samples from its own sampler, the same whoever computes
+// them). Kill a rank and the others go on without it, the dead rank's
+// successor holding its shard, and end with the shards of a run without
+// the failure, bit for bit:
+//   build/lockstep run --nproc-per-node 4 --on-rank-failure continue -- \
+//     build/examples/fully_sharded --resilient --steps 200 --kill 2:50:barrier --save-shards /tmp/shards
+// --kill R:S:PHASE (repeatable) makes world rank R kill itself (SIGKILL)
+// at step S at that phase: forward (between its forward and backward), or
+// a phase of ShardedResilientOptions::observer (shard, backup, barrier,
+// commit, committed, re-formed: after the survivors of a loss agreed, in
+// the step S taken again), or before the checkpoint written after step S
+// (checkpoint), in the launcher's first round only. --save-shards DIR
+// writes each shard's parameters a rank holds at the end to
+// DIR/shard<k>.bin, for comparing runs. With --checkpoint, --checkpoint-every
+// K writes the sharded checkpoint every K steps while the group is whole;
+// after a loss the survivors re-form the backup ring, so a later death is
+// taken over too, but what the trainer cannot survive (two neighbours of
+// the ring at once, a death while the ring is re-formed) ends the job, and
+// the launcher's restart resumes from the checkpoint:
+//   build/lockstep run --nproc-per-node 4 --on-rank-failure continue --max-restarts 1 -- \
+//     build/examples/fully_sharded --resilient --steps 200 --checkpoint /tmp/ckpt --checkpoint-every 20 \
+//     --kill 1:50:forward --kill 2:50:forward
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
 #include <lockstep/torch/fully_shard.h>
+#include <lockstep/torch/resilient_fsdp.h>
+#include <lockstep/torch/shard_backup.h>
 #include <lockstep/torch/zero.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <signal.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "fashion_mnist/dataset.h"
+#include "fashion_mnist/shard_batches.h"
 
 namespace {
 
@@ -38,8 +78,38 @@ struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::size_t subset = 0;
   std::string checkpoint;
+  int checkpoint_every = 0;  // --resilient: steps between checkpoints (0: at the end only)
   bool reshard_after_forward = true;
+  bool resilient = false;
+  std::vector<std::string> kills;  // --kill R:S:PHASE
+  std::string save_shards;
 };
+
+// Where a rank kills itself: world rank `rank`, at step `step`, phase `phase`.
+struct Kill {
+  int rank = -1;
+  std::uint64_t step = 0;
+  std::string phase;
+};
+
+std::vector<Kill> parse_kills(const std::vector<std::string>& specs) {
+  const std::vector<std::string> phases = {"forward",   "shard",     "backup",    "barrier",
+                                           "commit",    "committed", "re-formed", "checkpoint"};
+  std::vector<Kill> out;
+  for (const std::string& spec : specs) {
+    std::istringstream in(spec);
+    Kill k;
+    char colon1 = 0, colon2 = 0;
+    in >> k.rank >> colon1 >> k.step >> colon2;
+    std::getline(in, k.phase);
+    if (!in.eof() || colon1 != ':' || colon2 != ':' || k.rank < 0 ||
+        std::find(phases.begin(), phases.end(), k.phase) == phases.end())
+      throw lockstep::InvalidArgument(fmt::format("--kill {}: expected RANK:STEP:PHASE, PHASE one of {}", spec,
+                                                  fmt::join(phases, ", ")));
+    out.push_back(k);
+  }
+  return out;
+}
 
 struct BlockImpl : nn::Module {
   explicit BlockImpl(std::int64_t width)
@@ -61,6 +131,114 @@ std::int64_t held_bytes(nn::Module& model, const torch::optim::Optimizer& optimi
   return bytes;
 }
 
+// The test images once, each rank its share: the accuracy.
+template <typename Model>
+double test_accuracy(const Options& o, Model& model, lockstep::ProcessGroup& pg) {
+  fashion_mnist::Dataset test(o.data, false, o.subset ? o.subset / 6 : 0);
+  lockstep::torch::DistributedSampler test_sampler(
+      {.dataset_size = *test.size(), .num_replicas = pg.size(), .rank = pg.rank(), .shuffle = false, .exact = true});
+  auto test_loader = torch::data::make_data_loader(test.map(torch::data::transforms::Stack<>()), test_sampler, 500);
+  double counts[2] = {0, 0};  // correct, seen
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& batch : *test_loader) {
+      const torch::Tensor logits = model.forward(batch.data);
+      counts[0] += logits.argmax(1).eq(batch.target).sum().item<double>();
+      counts[1] += static_cast<double>(batch.data.size(0));
+    }
+  }
+  pg.allreduce(lockstep::Buffer{counts, 2, lockstep::DType::f64})->wait();
+  return counts[0] / counts[1];
+}
+
+// The launcher's round (LOCKSTEP_RESTART_COUNT; 0 for the first): --kill
+// happens in the first only, so a restarted job trains to the end.
+bool first_round() {
+  const char* round = std::getenv("LOCKSTEP_RESTART_COUNT");
+  return round == nullptr || std::atoi(round) == 0;
+}
+
+// --resilient: the steps by ShardedResilientTrainer, one logical shard per
+// rank; a killed rank's shard goes on with its successor.
+template <typename Model>
+int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::shared_ptr<Model>& model,
+                    torch::optim::Optimizer& optimizer, std::uint64_t resumed_steps) {
+  const int world_rank = pg.world_ranks()[static_cast<std::size_t>(pg.rank())];
+  std::vector<Kill> kills;
+  for (const Kill& k : parse_kills(o.kills))
+    if (k.rank == world_rank && first_round()) kills.push_back(k);
+  const auto die_if_asked = [&](std::string_view phase, std::uint64_t step) {
+    for (const Kill& k : kills)
+      if (k.phase == phase && k.step == step) {
+        std::printf("rank %d: killed at step %llu, %s\n", world_rank, static_cast<unsigned long long>(step),
+                    k.phase.c_str());
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
+  };
+  fashion_mnist::Dataset train(o.data, true, o.subset);
+  fashion_mnist::ShardBatches batches(train, pg.size(), o.batch_size);
+  lockstep::torch::ShardBackup backup(*model, optimizer);
+  lockstep::torch::ShardedResilientOptions options;
+  options.first_step = resumed_steps;
+  // "committed" is said with the count after the step: step S's is S + 1.
+  options.observer = [&](std::string_view phase, std::uint64_t step) {
+    die_if_asked(phase, phase == "committed" ? step - 1 : step);
+  };
+  lockstep::torch::ShardedResilientTrainer trainer(model, optimizer, backup, options);
+  const auto checkpoint_due = [&](std::uint64_t steps) {
+    return o.checkpoint_every > 0 && steps % static_cast<std::uint64_t>(o.checkpoint_every) == 0;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
+    const auto outcome = trainer.step([&](const lockstep::torch::Shard& shard) {
+      auto [x, y] = batches.batch(shard.index, shard.step);
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      die_if_asked("forward", shard.step);
+      return loss;
+    });
+    for (int lost : outcome.lost)
+      std::printf("rank %d: step %llu went on without rank %d, re-formed in %.2f s; holding shards %s\n",
+                  world_rank, static_cast<unsigned long long>(outcome.step), lost, outcome.recovery_seconds,
+                  fmt::format("{}", trainer.shards()).c_str());
+    for (double l : outcome.losses) loss_sum += l / static_cast<double>(outcome.losses.size());
+    if (trainer.steps_committed() % 50 == 0 && trainer.group().rank() == 0) {
+      std::printf("step %llu: loss %.4f (rank 0's shards)\n",
+                  static_cast<unsigned long long>(trainer.steps_committed()), loss_sum / 50);
+      loss_sum = 0;
+    }
+    // After a loss the shards live on fewer ranks than the checkpoint's
+    // files are for: the last one written stays the one to restart from.
+    if (checkpoint_due(trainer.steps_committed()) && trainer.lost_rank() < 0) {
+      die_if_asked("checkpoint", trainer.steps_committed() - 1);
+      lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer, trainer.steps_committed());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.save_shards.empty())
+    for (int shard : trainer.shards()) {
+      std::ofstream out(fmt::format("{}/shard{}.bin", o.save_shards, shard), std::ios::binary);
+      for (const torch::Tensor& block : trainer.shard_blocks(shard)) {
+        const torch::Tensor c = block.contiguous();
+        out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+      }
+      if (!out) throw std::runtime_error(fmt::format("could not write {}/shard{}.bin", o.save_shards, shard));
+    }
+  if (trainer.lost_rank() < 0) {
+    const double accuracy = test_accuracy(o, *model, pg);
+    if (pg.rank() == 0) std::printf("%d steps in %.1f s; test accuracy %.2f%%\n", o.steps, seconds, 100 * accuracy);
+    if (!o.checkpoint.empty() && !checkpoint_due(trainer.steps_committed()))  // not written just now
+      lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer, trainer.steps_committed());
+  } else if (trainer.group().rank() == 0) {
+    std::printf("%d steps in %.1f s, the last on %d of %d ranks; test accuracy not measured: the model's forward "
+                "outside the trainer needs its whole group, which lost rank %d%s\n",
+                o.steps, seconds, trainer.group().size(), pg.size(), trainer.lost_rank(),
+                o.checkpoint.empty() ? "" : "; the checkpoint is the last written before the loss");
+  }
+  return 0;
+}
+
 int run(const Options& o) {
   auto pg = lockstep::init_process_group();
   const int rank = pg->rank(), ranks = pg->size();
@@ -80,10 +258,14 @@ int run(const Options& o) {
   model_elements += o.width * 10 + 10;
   auto model = fully_shard(net, pg, sharding);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(o.lr));
-  if (!o.checkpoint.empty() && lockstep::torch::load_sharded_checkpoint(*model, o.checkpoint, &optimizer) && rank == 0)
-    std::printf("resumed from %s.rank<r>-of-%d\n", o.checkpoint.c_str(), ranks);
+  std::uint64_t resumed_steps = 0;
+  if (!o.checkpoint.empty() &&
+      lockstep::torch::load_sharded_checkpoint(*model, o.checkpoint, &optimizer, &resumed_steps) && rank == 0)
+    std::printf("resumed from %s.rank<r>-of-%d after %llu steps\n", o.checkpoint.c_str(), ranks,
+                static_cast<unsigned long long>(resumed_steps));
+  if (o.resilient) return train_resilient(o, *pg, model, optimizer, resumed_steps);
 
-  fashion_mnist::Dataset train(o.data, true, o.subset), test(o.data, false, o.subset ? o.subset / 6 : 0);
+  fashion_mnist::Dataset train(o.data, true, o.subset);
   lockstep::torch::DistributedSampler sampler({.dataset_size = *train.size(), .num_replicas = ranks, .rank = rank});
   auto loader = torch::data::make_data_loader(train.map(torch::data::transforms::Stack<>()), sampler,
                                               torch::data::DataLoaderOptions(static_cast<std::size_t>(o.batch_size)));
@@ -107,19 +289,7 @@ int run(const Options& o) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // Test accuracy over every test image once: each rank its share.
-  lockstep::torch::DistributedSampler test_sampler(
-      {.dataset_size = *test.size(), .num_replicas = ranks, .rank = rank, .shuffle = false, .exact = true});
-  auto test_loader = torch::data::make_data_loader(test.map(torch::data::transforms::Stack<>()), test_sampler, 500);
-  double counts[2] = {0, 0};  // correct, seen
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& batch : *test_loader) {
-      counts[0] += model->forward(batch.data).argmax(1).eq(batch.target).sum().item<double>();
-      counts[1] += static_cast<double>(batch.data.size(0));
-    }
-  }
-  pg->allreduce(lockstep::Buffer{counts, 2, lockstep::DType::f64})->wait();
+  const double accuracy = test_accuracy(o, *model, *pg);
 
   const std::int64_t held = held_bytes(*model, optimizer);
   // The whole model's parameters, gradients and Adam's two moments, in fp32.
@@ -128,15 +298,16 @@ int run(const Options& o) {
   all_held[static_cast<std::size_t>(rank)] = mib(held);
   pg->allreduce(lockstep::Buffer{all_held.data(), all_held.size(), lockstep::DType::f64})->wait();
   if (rank == 0) {
-    std::printf("%d steps in %.1f s; test accuracy %.2f%% (%.0f images)\n", step, seconds, 100 * counts[0] / counts[1],
-                counts[1]);
+    std::printf("%d steps in %.1f s; test accuracy %.2f%%\n", step, seconds, 100 * accuracy);
     std::printf("model: %lld parameters; parameters, gradients and Adam state in full: %.1f MiB\n",
                 static_cast<long long>(model_elements), mib(whole));
     for (int r = 0; r < ranks; ++r)
       std::printf("rank %d holds %.1f MiB (%.2f of the whole)\n", r, all_held[static_cast<std::size_t>(r)],
                   all_held[static_cast<std::size_t>(r)] / mib(whole));
   }
-  if (!o.checkpoint.empty()) lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer);
+  if (!o.checkpoint.empty())
+    lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer,
+                                             resumed_steps + static_cast<std::uint64_t>(step));
   return 0;
 }
 
@@ -155,6 +326,23 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", o.checkpoint, "sharded checkpoint: resumed from when present, written at the end");
   app.add_flag("!--keep-after-forward", o.reshard_after_forward,
                "keep each block's gathered parameters from forward to backward (ZeRO-2)");
+  auto* resilient = app.add_flag("--resilient", o.resilient,
+                                 "survive a rank's death in place: ShardBackup and ShardedResilientTrainer, one "
+                                 "logical shard per rank (lockstep run --on-rank-failure continue)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "with --resilient: write the checkpoint every K steps while no rank is lost, to restart from what "
+                 "the trainer cannot survive")
+      ->check(CLI::Range(1, 10000000))
+      ->needs(resilient)
+      ->needs(app.get_option("--checkpoint"));
+  app.add_option("--kill", o.kills,
+                 "RANK:STEP:PHASE: world rank RANK kills itself at step STEP (from 0), PHASE one of forward, "
+                 "shard, backup, barrier, commit, committed, re-formed, checkpoint (before the checkpoint after step "
+                 "STEP; repeatable; tests and demonstrations)")
+      ->needs(resilient);
+  app.add_option("--save-shards", o.save_shards, "write each held shard's parameters to DIR/shard<k>.bin at the end")
+      ->check(CLI::ExistingDirectory)
+      ->needs(resilient);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

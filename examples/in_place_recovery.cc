@@ -49,7 +49,6 @@
 // bench/replacements.py under --on-rank-failure restart.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
-#include <lockstep/sampler.h>
 #include <lockstep/torch/data.h>
 #include <lockstep/torch/ddp.h>
 #include <lockstep/torch/resilient.h>
@@ -76,10 +75,12 @@
 #include <string>
 
 #include "fashion_mnist/dataset.h"
+#include "fashion_mnist/shard_batches.h"
 
 namespace {
 
 namespace nn = torch::nn;
+using fashion_mnist::ShardBatches;
 
 struct Options {
   int steps = 100;
@@ -173,40 +174,6 @@ int incarnation() {
   const char* value = std::getenv("LOCKSTEP_INCARNATION");
   return value == nullptr ? 0 : std::atoi(value);
 }
-
-// One shard's samples, epoch by epoch: its own sampler's order, cut into
-// batches of `per_shard`.
-class ShardBatches {
- public:
-  ShardBatches(const fashion_mnist::Dataset& data, int shards, int per_shard)
-      : data_(data), shards_(shards), per_shard_(per_shard) {}
-
-  std::pair<torch::Tensor, torch::Tensor> batch(int shard, std::uint64_t step) {
-    const std::size_t per_epoch = *data_.size() / static_cast<std::size_t>(shards_) / static_cast<std::size_t>(per_shard_);
-    const std::uint64_t epoch = step / per_epoch;
-    auto& order = orders_[{shard, epoch}];
-    if (order.empty()) {
-      lockstep::DistributedSampler sampler(
-          {.dataset_size = *data_.size(), .num_replicas = shards_, .rank = shard, .seed = 7, .drop_last = true});
-      sampler.set_epoch(epoch);
-      order = sampler.indices();
-    }
-    std::vector<torch::Tensor> xs, ys;
-    const std::size_t first = (step % per_epoch) * static_cast<std::size_t>(per_shard_);
-    for (std::size_t i = first; i < first + static_cast<std::size_t>(per_shard_); ++i) {
-      auto example = const_cast<fashion_mnist::Dataset&>(data_).get(order[i]);
-      xs.push_back(example.data);
-      ys.push_back(example.target);
-    }
-    return {torch::stack(xs), torch::stack(ys)};
-  }
-
- private:
-  const fashion_mnist::Dataset& data_;
-  int shards_;
-  int per_shard_;
-  std::map<std::pair<int, std::uint64_t>, std::vector<std::size_t>> orders_;
-};
 
 void write_params(const std::string& path, nn::Module& model) {
   std::ofstream out(path, std::ios::binary);

@@ -41,6 +41,7 @@
 #include "optimizer_partitions.h"
 #include "optimizer_state.h"
 #include "state_digest.h"
+#include "survival.h"
 
 namespace lockstep::torch {
 namespace {
@@ -59,14 +60,6 @@ int most_shards_held(const std::vector<int>& holder) {
   return most;
 }
 
-// A generator seed of its own for each (seed, step, shard).
-std::uint64_t mix(std::uint64_t seed, std::uint64_t step, int shard) {
-  std::uint64_t x = seed ^ (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(shard + 1) << 32);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return (x ^ (x >> 31)) & 0x7fffffffffffffffull;
-}
-
 // What a death in place cannot yet survive, named with what to do instead:
 // state that lives on one rank only (ZeRO-1's optimizer shards,
 // fully_shard's parameter shards) and forwards that call collectives
@@ -83,7 +76,9 @@ void refuse_what_cannot_survive(::torch::nn::Module& model, ::torch::optim::Opti
   const auto refuse_module = [&](::torch::nn::Module& m) {
     if (dynamic_cast<FullyShardModule*>(&m) != nullptr)
       throw ConfigError(fmt::format("ResilientTrainer: module '{}' is fully sharded, its parameters' shards each on "
-                                    "one rank, and a death would lose them; train the unsharded model here{}",
+                                    "one rank; train it with ShardedResilientTrainer and a ShardBackup "
+                                    "(lockstep/torch/resilient_fsdp.h), which keep each shard on two ranks, or "
+                                    "the unsharded model here{}",
                                     m.name(), kFallback));
     const auto* sync = dynamic_cast<SyncBatchNormImpl*>(&m);
     if (sync != nullptr && sync->options.process_group() != nullptr)
@@ -374,7 +369,7 @@ std::vector<double> ResilientTrainer::State::run(const std::function<::torch::Te
       p.mutable_grad() = views.back();
       at += p.numel();
     }
-    ::torch::manual_seed(mix(options.seed, committed, shard));
+    ::torch::manual_seed(survival::shard_seed(options.seed, committed, shard));
     ::torch::Tensor loss = loss_of(Shard{shard, shards, committed});
     loss.backward();
     losses.push_back(loss.item<double>());
@@ -439,29 +434,12 @@ void ResilientTrainer::State::commit() {
   observe("committed");
 }
 
-namespace {
-
-// The rank of `group` a failure names as lost (a PeerError's peer), if any.
-// A PeerError naming this rank itself means it was left out: it must stop.
-std::vector<int> named_lost(const std::exception_ptr& failure, const ProcessGroup& group) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const PeerError& e) {
-    if (e.peer() == group.rank()) throw;
-    if (e.peer() >= 0 && e.peer() < group.size()) return {e.peer()};
-  } catch (const TimeoutError&) {
-  }
-  return {};
-}
-
-}  // namespace
-
 // Re-forms the group until it stands (each attempt may lose another rank),
 // agrees on the committed step, and shares the shards out anew. Returns the
 // world ranks lost.
 std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& failure) {
   const std::vector<int> before = group->world_ranks();
-  std::vector<int> lost_here = named_lost(failure, *group);
+  std::vector<int> lost_here = survival::named_lost(failure, *group);
   observe("re-form");
   for (int attempt = 0;; ++attempt) {
     try {
@@ -475,7 +453,7 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
       // Another rank lost while re-forming (or the new group could not be
       // connected): again, on the group in use.
       if (attempt >= 16) throw;
-      lost_here = named_lost(std::current_exception(), *group);
+      lost_here = survival::named_lost(std::current_exception(), *group);
     } catch (const TimeoutError&) {
       if (attempt >= 16) throw;
       lost_here.clear();

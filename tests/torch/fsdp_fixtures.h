@@ -24,7 +24,7 @@ using ::torch::Tensor;
 using State = std::map<std::string, Tensor>;
 
 constexpr int kSteps = 4;
-constexpr int kGlobalBatch = 12;  // divides among 2, 3 and 4 ranks
+constexpr int kGlobalBatch = 12;  // divides among 2, 3, 4 and 6 ranks
 constexpr double kRtol = 1e-5;    // DDP's equivalence tests' tolerance
 
 inline std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }

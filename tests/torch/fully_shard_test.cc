@@ -5,6 +5,7 @@
 // against the same arithmetic in one process; accumulation without sync,
 // clipping, state dicts at another world size, sharded checkpoints, and a
 // rank that skips a unit.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -447,19 +448,91 @@ TEST(FullyShard, ShardedCheckpointResumesTrainingExactly) {
     auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
     ::torch::optim::Adam opt(model->parameters(), ::torch::optim::AdamOptions(0.02));
     step(model, opt, rank, 0);
-    save_sharded_checkpoint(*model, path, &opt);
+    save_sharded_checkpoint(*model, path, &opt, /*steps=*/1);
     step(model, opt, rank, 1);
     straight[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
 
     auto again = sharded_mlp(fresh[static_cast<std::size_t>(rank)], borrow(pg), {});
     ::torch::optim::Adam opt2(again->parameters(), ::torch::optim::AdamOptions(0.02));
-    EXPECT_TRUE(load_sharded_checkpoint(*again, path, &opt2));
+    std::uint64_t steps = 0;
+    EXPECT_TRUE(load_sharded_checkpoint(*again, path, &opt2, &steps));
+    EXPECT_EQ(steps, 1u);
     step(again, opt2, rank, 1);
     resumed[static_cast<std::size_t>(rank)] = again->full_state_dict(rank);
     EXPECT_FALSE(load_sharded_checkpoint(*again, path + ".absent", &opt2));
   });
   std::filesystem::remove_all(dir);
   for (int r = 0; r < kRanks; ++r) expect_close(resumed[static_cast<std::size_t>(r)], straight[static_cast<std::size_t>(r)], 0, "resumed");
+}
+
+// Each rank replaces its own file: a save that fails on one rank (or a job
+// stopped between two ranks' writes) leaves files of two steps, and the
+// ranks that had written keep their previous ones. The load takes the
+// newest step every rank holds, and refuses, on every rank, files with no
+// step in common.
+TEST(FullyShard, AFailedSaveLeavesTheStepEveryRankHolds) {
+  namespace fs = std::filesystem;
+  constexpr int kRanks = 2;
+  const auto data = batches(kWidths.front(), 53);
+  const auto dir = fs::temp_directory_path() / ("fully_shard_torn." + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "model").string();
+  const auto file = [&](int rank) { return fmt::format("{}.rank{}-of-{}", path, rank, kRanks); };
+  auto plains = per_rank(kRanks, [](int) { return plain_mlp(); });
+  std::vector<State> at_step_5(kRanks), loaded(kRanks);
+  std::vector<std::uint64_t> steps_loaded(kRanks, 0);
+  std::vector<std::string> save_errors(kRanks), load_errors(kRanks);
+  TorchThreadWorld world(kRanks, "shm");
+  world.run([&](int rank, ProcessGroup& pg) {
+    auto model = sharded_mlp(plains[static_cast<std::size_t>(rank)], borrow(pg), {});
+    ::torch::optim::SGD opt(model->parameters(), ::torch::optim::SGDOptions(0.1));
+    const auto step = [&](int s) {
+      opt.zero_grad();
+      ::torch::mse_loss(model->forward(shard_of(data[s].x, rank, kRanks)), shard_of(data[s].y, rank, kRanks))
+          .backward();
+      opt.step();
+    };
+    step(0);
+    save_sharded_checkpoint(*model, path, &opt, /*steps=*/4);
+    step(1);
+    save_sharded_checkpoint(*model, path, &opt, /*steps=*/5);
+    EXPECT_FALSE(fs::exists(file(rank) + ".previous")) << "kept after every rank saved";
+    at_step_5[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
+    // A directory where rank 1 keeps its previous file: its save fails
+    // before it writes; rank 0's succeeds.
+    if (rank == 1) fs::create_directories(file(1) + ".previous/in_the_way");
+    pg.barrier()->wait();
+    step(2);
+    try {
+      save_sharded_checkpoint(*model, path, &opt, /*steps=*/6);
+    } catch (const Error& e) {
+      save_errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+    if (rank == 1) fs::remove_all(file(1) + ".previous");
+    pg.barrier()->wait();
+    EXPECT_TRUE(load_sharded_checkpoint(*model, path, &opt, &steps_loaded[static_cast<std::size_t>(rank)]));
+    loaded[static_cast<std::size_t>(rank)] = model->full_state_dict(rank);
+    pg.barrier()->wait();
+    // Rank 0's previous file gone as well: no step in common.
+    if (rank == 0) fs::remove(file(0) + ".previous");
+    pg.barrier()->wait();
+    try {
+      load_sharded_checkpoint(*model, path, &opt);
+    } catch (const Error& e) {
+      load_errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  fs::remove_all(dir);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_NE(save_errors[static_cast<std::size_t>(r)].find(r == 1 ? ".previous" : "rank 1 could not save its shard"),
+              std::string::npos)
+        << save_errors[static_cast<std::size_t>(r)];
+    EXPECT_EQ(steps_loaded[static_cast<std::size_t>(r)], 5u);
+    expect_close(loaded[static_cast<std::size_t>(r)], at_step_5[static_cast<std::size_t>(r)], 0, "the step both hold");
+    const std::string& error = load_errors[static_cast<std::size_t>(r)];
+    EXPECT_NE(error.find("no step is saved by every rank (steps held: rank 0: 6; rank 1: 5)"), std::string::npos)
+        << error;
+  }
 }
 
 // ---- a rank that skips a unit -------------------------------------------------

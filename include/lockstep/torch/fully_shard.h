@@ -268,14 +268,21 @@ double clip_grad_norm_(FullyShardModule& model, double max_norm, double norm_typ
 
 // A sharded checkpoint: each rank writes its shards and buffers to
 // `<path>.rank<r>-of-<n>` (atomically, with the checkpoint format's CRCs),
-// with the optimizer's state when given. Loading needs the same world size
-// (use full_state_dict for another one). Collective: every rank learns
-// whether every rank saved (Error with a failed rank's reason otherwise).
+// with the optimizer's state when given and the steps taken so far (for a
+// resumed job's step counter, seeds and data position). Each rank keeps its
+// previous file (`.previous`) until every rank has written the new one, so
+// a job stopped mid-save still holds a step every rank saved. Loading needs
+// the same world size (use full_state_dict for another one). Collective:
+// every rank learns whether every rank saved (Error with a failed rank's
+// reason otherwise).
 void save_sharded_checkpoint(FullyShardModule& model, const std::string& path,
-                             ::torch::optim::Optimizer* optimizer = nullptr);
-// Returns false on every rank when no rank has its file; throws Error on
-// every rank when some have and some not, or when a file is unusable.
+                             ::torch::optim::Optimizer* optimizer = nullptr, std::uint64_t steps = 0);
+// Loads the newest step every rank holds (its file's or the previous
+// one's). Returns false on every rank when no rank has a file; throws Error
+// on every rank when some have and some not, when no step is held by every
+// rank, or when a file is unusable. `steps`, when given, gets the steps
+// saved (0 from a file written without them).
 bool load_sharded_checkpoint(FullyShardModule& model, const std::string& path,
-                             ::torch::optim::Optimizer* optimizer = nullptr);
+                             ::torch::optim::Optimizer* optimizer = nullptr, std::uint64_t* steps = nullptr);
 
 }  // namespace lockstep::torch

@@ -42,7 +42,8 @@
 // call the trainer restores the model's buffers to the step's start and
 // seeds libtorch's default generator from (seed, step, shard), so dropout
 // draws the same numbers for a shard wherever it runs. Models whose
-// forward needs collectives (SyncBatchNorm), sharded models (fully_shard)
+// forward needs collectives (SyncBatchNorm), sharded models (fully_shard:
+// ShardedResilientTrainer, lockstep/torch/resilient_fsdp.h, is theirs)
 // and ZeroRedundancyOptimizer are refused (ConfigError, naming the restart
 // they fall back to); on the mpi and nccl backends a rank's death ends the
 // job as before (the launcher restarts it).

@@ -35,10 +35,11 @@
 // a shard taken over from the copy does: its bits are then a clean
 // step's. On shm that is the fold its reduce-scatter makes anyway.
 //
-// Not yet: the trainer that takes a dead rank's shard over from its backup
-// in place (docs/faults.md; the steps for it exist: the units'
-// begin_held_step and finish_held_step, and kept_blocks and step_kept
-// below). Until then a death falls back to the restart from a checkpoint.
+// The trainer that takes a dead rank's shard over from its backup in place
+// is ShardedResilientTrainer (lockstep/torch/resilient_fsdp.h); it drives
+// the units' begin_held_step and finish_held_step, and kept_blocks and
+// step_kept below. Without it a death falls back to the restart from a
+// checkpoint.
 //
 // Collective: every rank makes one and calls step() and verify() at the
 // same points. Not thread-safe: the training thread.
@@ -53,6 +54,11 @@
 #include "lockstep/torch/fully_shard.h"
 
 namespace lockstep::torch {
+
+namespace detail {
+class ShardCopy;
+}
+class ShardedResilientTrainer;
 
 class ShardBackup {
  public:
@@ -72,10 +78,20 @@ class ShardBackup {
   // previous rank's), so that the transfer overlaps the optimizer's step.
   // The gradients must not change until step().
   void send_gradients();
+  // Waits until this step's gradients have gone to the next rank and the
+  // kept rank's have arrived (sending them first where send_gradients()
+  // did not): after it, step() only steps the copy, with no message. A
+  // trainer that must know every rank holds what it needs to commit (the
+  // commit point of ShardedResilientTrainer) calls it before its barrier.
+  void receive_gradients();
   // After the optimizer's step: this step's gradients to the next rank
-  // (unless send_gradients() sent them), and the copy of the previous
-  // rank's shards stepped with its own.
+  // (unless send_gradients() or receive_gradients() sent them), and the
+  // copy of the previous rank's shards stepped with its own.
   void step();
+  // After a failure of the group: waits out this step's exchange (its
+  // errors dropped) and forgets it; the copy is left as it was before the
+  // step.
+  void abandon_gradients();
 
   // Whether every rank's copy holds its predecessor's bytes (parameters,
   // then optimizer state), compared by digest on every rank. Throws Error
@@ -110,6 +126,10 @@ class ShardBackup {
   void step_kept(const std::vector<::torch::Tensor>& gradients);
 
  private:
+  // The trainer holds a lost rank's shard in the copy itself.
+  friend class ShardedResilientTrainer;
+  detail::ShardCopy& kept_copy();
+
   struct State;
   std::unique_ptr<State> state_;
 };

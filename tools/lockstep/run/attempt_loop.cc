@@ -106,7 +106,9 @@ void print_fallback_to_restart(const RankFailure& survivor, const RankFailure& d
                "lockstep run: rank %d died and the others could not go on in place (rank %d: %s): the program must "
                "re-form its group (lockstep::torch::ResilientTrainer) and keep no state on one rank only "
                "(ZeroRedundancyOptimizer; the trainer's sharded optimizer state whose owner and backup both died), "
-               "and fully_shard and SyncBatchNorm cannot yet survive a death (docs/faults.md); %s\n",
+               "a fully_shard model needs ShardedResilientTrainer with a ShardBackup (and loses a shard with its "
+               "only copy when two ring neighbours die at once), and SyncBatchNorm cannot yet survive a death "
+               "(docs/faults.md); %s\n",
                death.rank, survivor.rank, last.c_str(),
                failures < max_restarts ? "falling back to the restart of every rank, as --on-rank-failure restart does"
                                        : "the job fails (give --max-restarts N to restart it from its checkpoint "

@@ -1,0 +1,25 @@
+#include "survival.h"
+
+#include "lockstep/error.h"
+
+namespace lockstep::torch::survival {
+
+std::uint64_t shard_seed(std::uint64_t seed, std::uint64_t step, int shard) {
+  std::uint64_t x = seed ^ (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(shard + 1) << 32);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (x ^ (x >> 31)) & 0x7fffffffffffffffull;
+}
+
+std::vector<int> named_lost(const std::exception_ptr& failure, const ProcessGroup& group) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const PeerError& e) {
+    if (e.peer() == group.rank()) throw;
+    if (e.peer() >= 0 && e.peer() < group.size()) return {e.peer()};
+  } catch (const TimeoutError&) {
+  }
+  return {};
+}
+
+}  // namespace lockstep::torch::survival
