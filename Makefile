@@ -55,7 +55,9 @@ run: build-run
 	$(BUILD_DIR)/lockstep run --nproc-per-node $(NPROC) --unprefixed-rank0 -- \
 	  $(BUILD_DIR)/examples/fashion_mnist --epochs $(EPOCHS) --checkpoint $(BUILD_DIR)/fashion_mnist.ckpt --fresh
 
-# Everything, from a clean clone in about 45 minutes on 2 cores
+# Everything, from a clean clone in about 75 minutes on 2 cores (73:51 on
+# 2026-12-07, the downloads included; the aim is 45, and the two cores stay
+# busy from the first minute to the last, so only less work shortens it)
 # (scripts/test-all.sh): each part below, in three lanes that run at once
 # (the builds at the lowest CPU priority, so they only take what the tests
 # leave; the tests; the emulated networks' tests, which mostly wait), with
