@@ -17,7 +17,9 @@
 // (each shard's samples from its own sampler, the same whoever computes
 // them). Kill a rank and the others go on without it, the dead rank's
 // successor holding its shard, and end with the shards of a run without
-// the failure, bit for bit:
+// the failure, bit for bit. The group's first rank reports the median step
+// time on the whole group and after each loss (held steps: the successor
+// computes two shards), and the time of each step that saw a loss:
 //   build/lockstep run --nproc-per-node 4 --on-rank-failure continue -- \
 //     build/examples/fully_sharded --resilient --steps 200 --kill 2:50:barrier --save-shards /tmp/shards
 // --kill R:S:PHASE (repeatable) makes world rank R kill itself (SIGKILL)
@@ -158,6 +160,42 @@ bool first_round() {
   return round == nullptr || std::atoi(round) == 0;
 }
 
+// --resilient: each step's time, by the ranks lost before it began, to
+// tell what the held steps after a loss cost against the whole group's.
+// A step that saw a loss is apart: its time is the failure's, the re-form
+// and the step taken again.
+class StepTimes {
+ public:
+  void add(std::size_t lost_before, bool saw_loss, double seconds) {
+    if (saw_loss) {
+      recoveries_.push_back(seconds);
+      return;
+    }
+    if (by_lost_.size() <= lost_before) by_lost_.resize(lost_before + 1);
+    by_lost_[lost_before].push_back(seconds);
+  }
+  // Medians; the first step of the whole group (its first gathers and
+  // allocations) is left out, as ddp_throughput's warm-up is.
+  void print(int ranks) const {
+    for (std::size_t lost = 0; lost < by_lost_.size(); ++lost) {
+      std::vector<double> t = by_lost_[lost];
+      if (lost == 0 && !t.empty()) t.erase(t.begin());
+      if (t.empty()) continue;
+      std::printf("step time on %d of %d ranks: median %.1f ms over %zu steps\n", ranks - static_cast<int>(lost),
+                  ranks, 1e3 * median(t), t.size());
+    }
+    for (double r : recoveries_) std::printf("a step that saw a loss: %.1f ms\n", 1e3 * r);
+  }
+
+ private:
+  static double median(std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  std::vector<std::vector<double>> by_lost_;
+  std::vector<double> recoveries_;
+};
+
 // --resilient: the steps by ShardedResilientTrainer, one logical shard per
 // rank; a killed rank's shard goes on with its successor.
 template <typename Model>
@@ -191,13 +229,18 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
   };
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0;
+  StepTimes times;
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
+    const std::size_t lost_before = trainer.lost_ranks().size();
+    const auto step_start = std::chrono::steady_clock::now();
     const auto outcome = trainer.step([&](const lockstep::torch::Shard& shard) {
       auto [x, y] = batches.batch(shard.index, shard.step);
       auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       die_if_asked("forward", shard.step);
       return loss;
     });
+    times.add(lost_before, !outcome.lost.empty(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
     for (int lost : outcome.lost)
       std::printf("rank %d: step %llu went on without rank %d, re-formed in %.2f s; holding shards %s\n",
                   world_rank, static_cast<unsigned long long>(outcome.step), lost, outcome.recovery_seconds,
@@ -225,6 +268,7 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
       }
       if (!out) throw std::runtime_error(fmt::format("could not write {}/shard{}.bin", o.save_shards, shard));
     }
+  if (trainer.group().rank() == 0) times.print(pg.size());
   if (trainer.lost_rank() < 0) {
     const double accuracy = test_accuracy(o, *model, pg);
     if (pg.rank() == 0) std::printf("%d steps in %.1f s; test accuracy %.2f%%\n", o.steps, seconds, 100 * accuracy);

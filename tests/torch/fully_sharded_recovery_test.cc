@@ -106,6 +106,12 @@ TEST(FullyShardedDeaths, OneAfterAnotherAreTakenOverInPlace) {
   EXPECT_TRUE(contains(killed.result.output, "went on without rank 1")) << killed.result.output;
   EXPECT_TRUE(contains(killed.result.output, "went on without rank 2")) << killed.result.output;
   EXPECT_TRUE(contains(killed.result.output, "holding shards [0, 1, 2]")) << killed.result.output;
+  // The step times by group: steps 0 and 1 on the whole group (the first
+  // left out as warm-up), 2 and 3 saw the losses, 4 and 5 on rank 0 alone.
+  EXPECT_TRUE(contains(killed.result.output, "step time on 3 of 3 ranks: median")) << killed.result.output;
+  EXPECT_TRUE(contains(killed.result.output, "step time on 1 of 3 ranks: median")) << killed.result.output;
+  EXPECT_TRUE(contains(killed.result.output, "ms over 2 steps")) << killed.result.output;
+  EXPECT_FALSE(contains(killed.result.output, "step time on 2 of 3 ranks")) << killed.result.output;
   for (int shard = 0; shard < 3; ++shard)
     EXPECT_TRUE(killed.shards[static_cast<std::size_t>(shard)] == clean.shards[static_cast<std::size_t>(shard)])
         << "shard " << shard << " differs from the clean run's";
