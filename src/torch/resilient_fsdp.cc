@@ -102,6 +102,14 @@ ShardedResilientTrainer::ShardedResilientTrainer(std::shared_ptr<FullyShardModul
   s.options = std::move(options);
   s.committed = s.options.first_step;
   for (int shard = 0; shard < s.shard_count; ++shard) s.holder.push_back(shard);
+  // The group does not grow back: a replacement the launcher starts
+  // (--max-replacements) is told so at once, instead of waiting for an
+  // admission that never comes until its timeout.
+  if (s.whole->rank() == 0)
+    s.whole->refuse_replacements(
+        "ShardedResilientTrainer does not grow a fully sharded group back yet: the survivors go on holding the lost "
+        "ranks' shards; to train at full size again, restart the job from its checkpoint (lockstep run "
+        "--max-restarts), or leave out --max-replacements");
 }
 
 ShardedResilientTrainer::~ShardedResilientTrainer() = default;

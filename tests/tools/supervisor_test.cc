@@ -185,5 +185,29 @@ TEST(SupervisorReplacements, AReplacementThatNeverJoinedDoesNotMakeAFailedAttemp
   EXPECT_EQ(result.first_failure->rank, 1);
 }
 
+// A replacement refused by the running group (or failed as it started)
+// ends with an error before it joined, after the others finished: it was
+// never a member, so the ranks that outlived the member lost, and ended
+// cleanly, make the attempt good.
+TEST(SupervisorReplacements, AReplacementThatFailsBeforeJoiningIsNotALossOfTheGroup) {
+  QuietSignalFd signals;
+  std::vector<RankProcess> ranks;
+  ranks.emplace_back(0, std::vector<std::string>{"/bin/sh", "-c", "sleep 0.3"}, std::map<std::string, std::string>{});
+  ranks.emplace_back(1, std::vector<std::string>{"/bin/sh", "-c", "kill -KILL $$"}, std::map<std::string, std::string>{});
+  SupervisorOptions options;
+  options.continue_after_rank_failure = true;
+  options.rank_lost = [](int, int) {};
+  options.replacements = 1;
+  options.start_replacement = [&](std::size_t local, int) {
+    return RankProcess(static_cast<int>(local), std::vector<std::string>{"/bin/sh", "-c", "sleep 0.8; exit 1"},
+                       std::map<std::string, std::string>{});
+  };
+  options.joined = [](int, int) { return false; };
+  const AttemptResult result = supervise(ranks, signals.fd(), options);
+  EXPECT_TRUE(result.ok);
+  EXPECT_FALSE(result.first_failure);
+  EXPECT_EQ(result.replaced, std::vector<int>{1});
+}
+
 }  // namespace
 }  // namespace lockstep::cli

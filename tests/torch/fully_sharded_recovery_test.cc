@@ -12,11 +12,14 @@
 // cover (two neighbours at once, a death while the ring is re-formed, a
 // death while the checkpoint is written) is named, and the launcher's
 // restart resumes from the sharded checkpoint's step that every rank
-// holds: the clean run's bytes again.
+// holds: the clean run's bytes again. A replacement (the group does not
+// grow back) is refused at once, saying why. Each run reports its step
+// times by the ranks left.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -42,12 +45,14 @@ struct Training {
 };
 
 // `checkpoint` (a path or ""): with it, the checkpoint every kCheckpointEvery
-// steps and one restart allowed.
+// steps and one restart allowed. `replacements`: the launcher's
+// --max-replacements.
 Training train(const std::string& backend, int world, const std::vector<std::string>& kills, const std::string& dir,
-               const std::string& checkpoint = "") {
+               const std::string& checkpoint = "", int replacements = 0) {
   std::vector<std::string> args{"--nproc-per-node", std::to_string(world), "--on-rank-failure", "continue",
                                 "--grace-period", "2"};
   if (!checkpoint.empty()) args.insert(args.end(), {"--max-restarts", "1"});
+  if (replacements > 0) args.insert(args.end(), {"--max-replacements", std::to_string(replacements)});
   args.insert(args.end(), {"--", FULLY_SHARDED, "--resilient", "--steps", std::to_string(kSteps), "--blocks", "2",
                            "--width", "64", "--batch-size", "8", "--subset", "600", "--save-shards", dir});
   if (!checkpoint.empty())
@@ -112,6 +117,27 @@ TEST(FullyShardedDeaths, OneAfterAnotherAreTakenOverInPlace) {
   EXPECT_TRUE(contains(killed.result.output, "step time on 1 of 3 ranks: median")) << killed.result.output;
   EXPECT_TRUE(contains(killed.result.output, "ms over 2 steps")) << killed.result.output;
   EXPECT_FALSE(contains(killed.result.output, "step time on 2 of 3 ranks")) << killed.result.output;
+  for (int shard = 0; shard < 3; ++shard)
+    EXPECT_TRUE(killed.shards[static_cast<std::size_t>(shard)] == clean.shards[static_cast<std::size_t>(shard)])
+        << "shard " << shard << " differs from the clean run's";
+}
+
+// The group does not grow back under ShardedResilientTrainer: a
+// replacement the launcher starts is refused at once, saying why, instead
+// of waiting out its timeout (LOCKSTEP_TIMEOUT, 20 s here) for an
+// admission that never comes; the survivors end as the clean run.
+TEST(FullyShardedReplacement, IsRefusedAtOnceSayingWhyAndTheSurvivorsEndAsTheCleanRun) {
+  TempDir clean_dir, dir;
+  const Training clean = train("shm", 3, {}, clean_dir.path());
+  ASSERT_EQ(clean.result.exit_code, 0) << describe(clean.result);
+  const auto started = std::chrono::steady_clock::now();
+  const Training killed = train("shm", 3, {fmt::format("1:{}:forward", kKillStep)}, dir.path(), "", 1);
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(killed.result.exit_code, 0) << describe(killed.result);
+  EXPECT_TRUE(contains(killed.result.output, "started a replacement for rank 1")) << killed.result.output;
+  EXPECT_TRUE(contains(killed.result.output, "the running group takes no replacements")) << killed.result.output;
+  EXPECT_TRUE(contains(killed.result.output, "does not grow a fully sharded group back")) << killed.result.output;
+  EXPECT_LT(seconds, 15) << "the job waited for its replacement";
   for (int shard = 0; shard < 3; ++shard)
     EXPECT_TRUE(killed.shards[static_cast<std::size_t>(shard)] == clean.shards[static_cast<std::size_t>(shard)])
         << "shard " << shard << " differs from the clean run's";

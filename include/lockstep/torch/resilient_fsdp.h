@@ -37,8 +37,11 @@
 // What it does not cover, each named when it happens (Error; the job
 // restarts from its last checkpoint, lockstep run --max-restarts): two
 // neighbours of the ring lost at once (a shard and its only copy), a rank
-// lost while the survivors re-form the ring, replacements (the group does
-// not grow back), and a rank left out of the re-formed group. Models
+// lost while the survivors re-form the ring, and a rank left out of the
+// re-formed group. Replacements: the group does not grow back; a
+// replacement the launcher starts (--max-replacements) is refused at once
+// (ProcessGroup::refuse_replacements: its init_process_group throws
+// ConfigError saying so) and the survivors go on without it. Models
 // with buffers (BatchNorm's running statistics: each rank's own under
 // fully_shard) are refused (ConfigError), since a held step would update
 // them once per held shard.
@@ -83,7 +86,8 @@ class ShardedResilientTrainer {
  public:
   // `model` the root of a fully sharded model on a group of at least two
   // ranks, `optimizer` over its parameters, `backup` made on both (kept by
-  // the caller, alive as long as this trainer). Collective: none.
+  // the caller, alive as long as this trainer). Collective: none (rank 0
+  // refuses replacements in the job's store).
   ShardedResilientTrainer(std::shared_ptr<FullyShardModule> model, ::torch::optim::Optimizer& optimizer,
                           ShardBackup& backup, ShardedResilientOptions options = {});
   ~ShardedResilientTrainer();

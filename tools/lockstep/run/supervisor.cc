@@ -280,8 +280,10 @@ class Attempt {
     result_.survived_loss_of.push_back(r.rank());
     // A rank killed because its peers re-formed without it was lost when
     // they did, not when the launcher got to it: they may have finished
-    // (cleanly) before that.
-    if (!killed_dropped_.count({r.rank(), incarnation(i)})) last_loss_ = r.ended();
+    // (cleanly) before that. A replacement that ended before it joined
+    // (refused, or failed while it started) was never the group's: the
+    // ranks that outlived the last member lost need not outlive it.
+    if (!killed_dropped_.count({r.rank(), incarnation(i)}) && went_on(i)) last_loss_ = r.ended();
     if (!first_loss_) {
       first_loss_ = ended_rank(i);
       first_loss_at_ = r.ended();
