@@ -168,13 +168,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& lost,
   next.grows = std::make_shared<std::atomic<int>>(0);
   next.joined = false;
   next.tracer = impl_->diagnostics->shared_tracer();
-  impl_->log.warn("re-forming the group in place without rank(s) {}: {} of {} ranks go on as ranks 0..{}",
-                  [&] {
-                    std::vector<int> left;
-                    for (int r = 0; r < size(); ++r)
-                      if (std::find(members.begin(), members.end(), r) == members.end()) left.push_back(r);
-                    return encode(left);
-                  }(),
+  // Named by this group's ranks, and by world rank where a re-formed
+  // group's differ: after a first loss, "rank 1" may be world rank 2.
+  std::vector<int> left, left_in_world;
+  for (int r = 0; r < size(); ++r)
+    if (std::find(members.begin(), members.end(), r) == members.end()) {
+      left.push_back(r);
+      left_in_world.push_back(spec.world_ranks.empty() ? r : spec.world_ranks[static_cast<std::size_t>(r)]);
+    }
+  impl_->log.warn("re-forming the group in place without rank(s) {}{}: {} of {} ranks go on as ranks 0..{}",
+                  encode(left),
+                  left == left_in_world ? std::string() : fmt::format(" (world rank(s) {})", encode(left_in_world)),
                   members.size(), size(), members.size() - 1);
   try {
     return make_group(std::move(next));

@@ -111,6 +111,10 @@ TEST(FullyShardedDeaths, OneAfterAnotherAreTakenOverInPlace) {
   EXPECT_TRUE(contains(killed.result.output, "went on without rank 1")) << killed.result.output;
   EXPECT_TRUE(contains(killed.result.output, "went on without rank 2")) << killed.result.output;
   EXPECT_TRUE(contains(killed.result.output, "holding shards [0, 1, 2]")) << killed.result.output;
+  // The second re-form names the dead by the re-formed group's rank and
+  // by world rank: world rank 2 is rank 1 of the group {0, 2}.
+  EXPECT_TRUE(contains(killed.result.output, "re-forming the group in place without rank(s) 1 (world rank(s) 2)"))
+      << killed.result.output;
   // The step times by group: steps 0 and 1 on the whole group (the first
   // left out as warm-up), 2 and 3 saw the losses, 4 and 5 on rank 0 alone.
   EXPECT_TRUE(contains(killed.result.output, "step time on 3 of 3 ranks: median")) << killed.result.output;
