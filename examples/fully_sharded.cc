@@ -27,7 +27,8 @@
 // a phase of ShardedResilientOptions::observer (shard, backup, barrier,
 // commit, committed, re-formed: after the survivors of a loss agreed, in
 // the step S taken again), or before the checkpoint written after step S
-// (checkpoint), in the launcher's first round only. --save-shards DIR
+// (checkpoint), or while a replacement is fed, at the first feeding after
+// step S (feed), in the launcher's first round only. --save-shards DIR
 // writes each shard's parameters a rank holds at the end to
 // DIR/shard<k>.bin, for comparing runs. With --checkpoint, --checkpoint-every
 // K writes the sharded checkpoint every K steps while the group is whole;
@@ -38,6 +39,14 @@
 //   build/lockstep run --nproc-per-node 4 --on-rank-failure continue --max-restarts 1 -- \
 //     build/examples/fully_sharded --resilient --steps 200 --checkpoint /tmp/ckpt --checkpoint-every 20 \
 //     --kill 1:50:forward --kill 2:50:forward
+// With --max-replacements the launcher starts a new process for a dead
+// rank; the survivors admit it once a replacement waits for every lost
+// rank, feed it its shard from their memory, and train on the whole job
+// again. --kill-replacement R:I:K:PHASE makes replacement I of world rank R
+// kill itself K steps after it joined (PHASE as --kill's), or while it is
+// fed (PHASE feed, K ignored):
+//   build/lockstep run --nproc-per-node 3 --on-rank-failure continue --max-replacements 3 -- \
+//     build/examples/fully_sharded --resilient --steps 300 --kill 1:20:forward --kill-replacement 1:1:20:barrier
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
@@ -58,15 +67,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "fashion_mnist/dataset.h"
 #include "fashion_mnist/shard_batches.h"
+#include "launch_info.h"
 
 namespace {
+
+using examples::first_round;
+using examples::incarnation;
+using examples::launcher_round;
+using examples::process_started_at;
+using examples::wall_clock_now;
 
 namespace nn = torch::nn;
 using lockstep::torch::fully_shard;
@@ -84,7 +103,9 @@ struct Options {
   bool reshard_after_forward = true;
   bool resilient = false;
   std::vector<std::string> kills;  // --kill R:S:PHASE
+  std::vector<std::string> replacement_kills;  // --kill-replacement R:I:K:PHASE
   std::string save_shards;
+  double step_ms = 0;  // a pause after each step (a slower model, for demonstrations and tests)
 };
 
 // Where a rank kills itself: world rank `rank`, at step `step`, phase `phase`.
@@ -94,9 +115,11 @@ struct Kill {
   std::string phase;
 };
 
+const std::vector<std::string> kKillPhases = {"forward",   "shard",     "backup",     "barrier", "commit",
+                                              "committed", "re-formed", "checkpoint", "feed"};
+
 std::vector<Kill> parse_kills(const std::vector<std::string>& specs) {
-  const std::vector<std::string> phases = {"forward",   "shard",     "backup",    "barrier",
-                                           "commit",    "committed", "re-formed", "checkpoint"};
+  const std::vector<std::string>& phases = kKillPhases;
   std::vector<Kill> out;
   for (const std::string& spec : specs) {
     std::istringstream in(spec);
@@ -111,6 +134,17 @@ std::vector<Kill> parse_kills(const std::vector<std::string>& specs) {
     out.push_back(k);
   }
   return out;
+}
+
+// --kill-replacement: as --kill's phases, and "feed": while its peers feed it.
+using examples::ReplacementKill;
+
+std::vector<ReplacementKill> parse_replacement_kills(const std::vector<std::string>& specs) {
+  return examples::parse_replacement_kills(specs, [](const std::string& phase) {
+    if (std::find(kKillPhases.begin(), kKillPhases.end(), phase) == kKillPhases.end())
+      throw lockstep::InvalidArgument(
+          fmt::format("--kill-replacement: the phase '{}' is none of {}", phase, fmt::join(kKillPhases, ", ")));
+  });
 }
 
 struct BlockImpl : nn::Module {
@@ -153,36 +187,29 @@ double test_accuracy(const Options& o, Model& model, lockstep::ProcessGroup& pg)
   return counts[0] / counts[1];
 }
 
-// The launcher's round (LOCKSTEP_RESTART_COUNT; 0 for the first): --kill
-// happens in the first only, so a restarted job trains to the end.
-bool first_round() {
-  const char* round = std::getenv("LOCKSTEP_RESTART_COUNT");
-  return round == nullptr || std::atoi(round) == 0;
-}
-
-// --resilient: each step's time, by the ranks lost before it began, to
-// tell what the held steps after a loss cost against the whole group's.
+// --resilient: each step's time, by the size of the group it ran on (and
+// whether replacements grew it back), to tell what the held steps after a
+// loss, and after replacements joined, cost against the whole group's.
 // A step that saw a loss is apart: its time is the failure's, the re-form
 // and the step taken again.
 class StepTimes {
  public:
-  void add(std::size_t lost_before, bool saw_loss, double seconds) {
-    if (saw_loss) {
+  void add(int ranks, bool grown_back, bool saw_loss, double seconds) {
+    if (saw_loss)
       recoveries_.push_back(seconds);
-      return;
-    }
-    if (by_lost_.size() <= lost_before) by_lost_.resize(lost_before + 1);
-    by_lost_[lost_before].push_back(seconds);
+    else
+      by_group_[{ranks, grown_back}].push_back(seconds);
   }
-  // Medians; the first step of the whole group (its first gathers and
-  // allocations) is left out, as ddp_throughput's warm-up is.
-  void print(int ranks) const {
-    for (std::size_t lost = 0; lost < by_lost_.size(); ++lost) {
-      std::vector<double> t = by_lost_[lost];
-      if (lost == 0 && !t.empty()) t.erase(t.begin());
+  // Medians, the whole group's first; its first step (its first gathers
+  // and allocations) is left out, as ddp_throughput's warm-up is.
+  void print(int job_size) const {
+    for (auto it = by_group_.rbegin(); it != by_group_.rend(); ++it) {
+      const auto [ranks, grown_back] = it->first;
+      std::vector<double> t = it->second;
+      if (ranks == job_size && !grown_back && !t.empty()) t.erase(t.begin());
       if (t.empty()) continue;
-      std::printf("step time on %d of %d ranks: median %.1f ms over %zu steps\n", ranks - static_cast<int>(lost),
-                  ranks, 1e3 * median(t), t.size());
+      std::printf("step time on %d of %d ranks%s: median %.1f ms over %zu steps\n", ranks, job_size,
+                  grown_back ? ", grown back by replacements" : "", 1e3 * median(t), t.size());
     }
     for (double r : recoveries_) std::printf("a step that saw a loss: %.1f ms\n", 1e3 * r);
   }
@@ -192,7 +219,7 @@ class StepTimes {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   }
-  std::vector<std::vector<double>> by_lost_;
+  std::map<std::pair<int, bool>, std::vector<double>> by_group_;
   std::vector<double> recoveries_;
 };
 
@@ -202,14 +229,20 @@ template <typename Model>
 int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::shared_ptr<Model>& model,
                     torch::optim::Optimizer& optimizer, std::uint64_t resumed_steps) {
   const int world_rank = pg.world_ranks()[static_cast<std::size_t>(pg.rank())];
+  const bool replacement = pg.joined();
   std::vector<Kill> kills;
   for (const Kill& k : parse_kills(o.kills))
-    if (k.rank == world_rank && first_round()) kills.push_back(k);
+    if (k.rank == world_rank && first_round() && !replacement) kills.push_back(k);
+  std::vector<ReplacementKill> replacement_kills;
+  for (const ReplacementKill& k : parse_replacement_kills(o.replacement_kills))
+    if (k.rank == world_rank && k.incarnation == incarnation() && replacement) replacement_kills.push_back(k);
+  for (const ReplacementKill& k : replacement_kills)
+    if (k.phase == "feed") kills.push_back(Kill{k.rank, 0, "feed"});  // its peers' step, whatever it is
   const auto die_if_asked = [&](std::string_view phase, std::uint64_t step) {
     for (const Kill& k : kills)
-      if (k.phase == phase && k.step == step) {
-        std::printf("rank %d: killed at step %llu, %s\n", world_rank, static_cast<unsigned long long>(step),
-                    k.phase.c_str());
+      if (k.phase == phase && (phase == "feed" ? step >= k.step : step == k.step)) {
+        std::printf("rank %d: killed at step %llu, %s, at %.6f\n", world_rank, static_cast<unsigned long long>(step),
+                    k.phase.c_str(), wall_clock_now());
         std::fflush(stdout);
         ::raise(SIGKILL);
       }
@@ -220,10 +253,24 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
   lockstep::torch::ShardedResilientOptions options;
   options.first_step = resumed_steps;
   // "committed" is said with the count after the step: step S's is S + 1.
+  double feed_started = 0, fed_at = 0;
   options.observer = [&](std::string_view phase, std::uint64_t step) {
+    if (phase == "feed") feed_started = wall_clock_now();
+    if (phase == "fed") fed_at = wall_clock_now();
     die_if_asked(phase, phase == "committed" ? step - 1 : step);
   };
   lockstep::torch::ShardedResilientTrainer trainer(model, optimizer, backup, options);
+  if (replacement) {
+    const double now = wall_clock_now();
+    std::printf("world rank %d (replacement %d): joined at step %llu, fed its shard by its peers in %.3f s (the "
+                "ring of copies re-formed in %.3f s more); holds shards %s; training at %.6f (process started at "
+                "%.2f)\n",
+                world_rank, incarnation(), static_cast<unsigned long long>(trainer.steps_committed()),
+                fed_at - feed_started, now - fed_at, fmt::format("{}", trainer.shards()).c_str(), now,
+                process_started_at());
+    for (const ReplacementKill& k : replacement_kills)
+      if (k.phase != "feed") kills.push_back(Kill{k.rank, trainer.steps_committed() + k.after, k.phase});
+  }
   const auto checkpoint_due = [&](std::uint64_t steps) {
     return o.checkpoint_every > 0 && steps % static_cast<std::uint64_t>(o.checkpoint_every) == 0;
   };
@@ -231,7 +278,8 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
   double loss_sum = 0;
   StepTimes times;
   while (trainer.steps_committed() < static_cast<std::uint64_t>(o.steps)) {
-    const std::size_t lost_before = trainer.lost_ranks().size();
+    const int ranks_before = trainer.group().size();
+    const bool grown_back = ranks_before == pg.job_size() && (replacement || trainer.lost_rank() >= 0);
     const auto step_start = std::chrono::steady_clock::now();
     const auto outcome = trainer.step([&](const lockstep::torch::Shard& shard) {
       auto [x, y] = batches.batch(shard.index, shard.step);
@@ -239,12 +287,16 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
       die_if_asked("forward", shard.step);
       return loss;
     });
-    times.add(lost_before, !outcome.lost.empty(),
+    times.add(ranks_before, grown_back, !outcome.lost.empty(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.step_ms));
     for (int lost : outcome.lost)
       std::printf("rank %d: step %llu went on without rank %d, re-formed in %.2f s; holding shards %s\n",
                   world_rank, static_cast<unsigned long long>(outcome.step), lost, outcome.recovery_seconds,
                   fmt::format("{}", trainer.shards()).c_str());
+    for (int joined : outcome.joined)
+      std::printf("rank %d: after step %llu world rank %d joined again; holding shards %s\n", world_rank,
+                  static_cast<unsigned long long>(outcome.step), joined, fmt::format("{}", trainer.shards()).c_str());
     for (double l : outcome.losses) loss_sum += l / static_cast<double>(outcome.losses.size());
     if (trainer.steps_committed() % 50 == 0 && trainer.group().rank() == 0) {
       std::printf("step %llu: loss %.4f (rank 0's shards)\n",
@@ -253,7 +305,7 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
     }
     // After a loss the shards live on fewer ranks than the checkpoint's
     // files are for: the last one written stays the one to restart from.
-    if (checkpoint_due(trainer.steps_committed()) && trainer.lost_rank() < 0) {
+    if (checkpoint_due(trainer.steps_committed()) && trainer.lost_rank() < 0 && !replacement) {
       die_if_asked("checkpoint", trainer.steps_committed() - 1);
       lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer, trainer.steps_committed());
     }
@@ -268,16 +320,17 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
       }
       if (!out) throw std::runtime_error(fmt::format("could not write {}/shard{}.bin", o.save_shards, shard));
     }
-  if (trainer.group().rank() == 0) times.print(pg.size());
-  if (trainer.lost_rank() < 0) {
+  if (trainer.group().rank() == 0) times.print(pg.job_size());
+  if (trainer.lost_rank() < 0 && !replacement) {
     const double accuracy = test_accuracy(o, *model, pg);
     if (pg.rank() == 0) std::printf("%d steps in %.1f s; test accuracy %.2f%%\n", o.steps, seconds, 100 * accuracy);
     if (!o.checkpoint.empty() && !checkpoint_due(trainer.steps_committed()))  // not written just now
       lockstep::torch::save_sharded_checkpoint(*model, o.checkpoint, &optimizer, trainer.steps_committed());
   } else if (trainer.group().rank() == 0) {
     std::printf("%d steps in %.1f s, the last on %d of %d ranks; test accuracy not measured: the model's forward "
-                "outside the trainer needs its whole group, which lost rank %d%s\n",
-                o.steps, seconds, trainer.group().size(), pg.size(), trainer.lost_rank(),
+                "outside the trainer needs the group it was made on, which lost %s%s\n",
+                o.steps, seconds, trainer.group().size(), pg.job_size(),
+                replacement ? "this rank's predecessor" : fmt::format("rank {}", trainer.lost_rank()).c_str(),
                 o.checkpoint.empty() ? "" : "; the checkpoint is the last written before the loss");
   }
   return 0;
@@ -303,7 +356,8 @@ int run(const Options& o) {
   auto model = fully_shard(net, pg, sharding);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(o.lr));
   std::uint64_t resumed_steps = 0;
-  if (!o.checkpoint.empty() &&
+  // A replacement is fed by its peers (--resilient): no checkpoint is read.
+  if (!o.checkpoint.empty() && !pg->joined() &&
       lockstep::torch::load_sharded_checkpoint(*model, o.checkpoint, &optimizer, &resumed_steps) && rank == 0)
     std::printf("resumed from %s.rank<r>-of-%d after %llu steps\n", o.checkpoint.c_str(), ranks,
                 static_cast<unsigned long long>(resumed_steps));
@@ -382,7 +436,18 @@ int main(int argc, char** argv) {
   app.add_option("--kill", o.kills,
                  "RANK:STEP:PHASE: world rank RANK kills itself at step STEP (from 0), PHASE one of forward, "
                  "shard, backup, barrier, commit, committed, re-formed, checkpoint (before the checkpoint after step "
-                 "STEP; repeatable; tests and demonstrations)")
+                 "STEP), feed (while a replacement is fed, at the first feeding from step STEP on; repeatable; tests "
+                 "and demonstrations)")
+      ->needs(resilient);
+  app.add_option("--kill-replacement", o.replacement_kills,
+                 "RANK:INCARNATION:STEPS:PHASE: replacement INCARNATION (from 1) of world rank RANK kills itself STEPS "
+                 "steps after it joined, PHASE as --kill's, or while its peers feed it (feed; STEPS ignored; "
+                 "repeatable)")
+      ->needs(resilient);
+  app.add_option("--step-ms", o.step_ms,
+                 "with --resilient: pause this long after each step, as a slower model would (its time is not in the "
+                 "step times; demonstrations and tests that need a replacement to arrive before the end)")
+      ->check(CLI::NonNegativeNumber)
       ->needs(resilient);
   app.add_option("--save-shards", o.save_shards, "write each held shard's parameters to DIR/shard<k>.bin at the end")
       ->check(CLI::ExistingDirectory)

@@ -76,8 +76,15 @@
 
 #include "fashion_mnist/dataset.h"
 #include "fashion_mnist/shard_batches.h"
+#include "launch_info.h"
 
 namespace {
+
+using examples::first_round;
+using examples::incarnation;
+using examples::launcher_round;
+using examples::process_started_at;
+using examples::wall_clock_now;
 
 namespace nn = torch::nn;
 using fashion_mnist::ShardBatches;
@@ -143,36 +150,11 @@ std::vector<Kill> parse_kills(const std::vector<std::string>& specs, int signal)
   return out;
 }
 
-// --kill-replacement R:I:K:PHASE: replacement I of world rank R kills
-// itself K steps after the step it joined at.
-struct ReplacementKill {
-  int rank = -1;
-  int incarnation = 0;
-  std::uint64_t after = 0;
-  std::string phase;
-};
+using examples::ReplacementKill;
 
 std::vector<ReplacementKill> parse_replacement_kills(const std::vector<std::string>& specs) {
-  std::vector<ReplacementKill> out;
-  for (const std::string& spec : specs) {
-    ReplacementKill k;
-    std::istringstream in(spec);
-    char c1 = 0, c2 = 0, c3 = 0;
-    if (!(in >> k.rank >> c1 >> k.incarnation >> c2 >> k.after >> c3) || c1 != ':' || c2 != ':' || c3 != ':' ||
-        !std::getline(in, k.phase) || k.incarnation < 1)
-      throw lockstep::InvalidArgument("--kill-replacement " + spec +
-                                      ": use RANK:INCARNATION:STEPS:PHASE (INCARNATION >= 1)");
-    parse_kills({fmt::format("{}:0:{}", k.rank, k.phase)}, SIGKILL);  // checks the phase
-    out.push_back(k);
-  }
-  return out;
-}
-
-// Which start of this rank in the launcher's round this process is (0:
-// the first; a replacement counts up).
-int incarnation() {
-  const char* value = std::getenv("LOCKSTEP_INCARNATION");
-  return value == nullptr ? 0 : std::atoi(value);
+  return examples::parse_replacement_kills(
+      specs, [](const std::string& phase) { parse_kills({"0:0:" + phase}, SIGKILL); });  // checks the phase
 }
 
 void write_params(const std::string& path, nn::Module& model) {
@@ -197,35 +179,6 @@ std::int64_t optimizer_state_bytes_unsharded(Net& model) {
   for (const auto& p : model->parameters()) bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
   return bytes;
 }
-
-double wall_clock_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// When this process started, by the wall clock: the kernel's start time
-// (before libtorch is loaded, which a replacement's start spends most of
-// its time on), at the clock tick's resolution.
-double process_started_at() {
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after the command's name
-  std::string field;
-  unsigned long long ticks = 0;
-  for (int i = 3; i <= 22 && fields >> field; ++i)
-    if (i == 22) ticks = std::stoull(field);  // starttime: clock ticks after boot
-  std::ifstream uptime("/proc/uptime");
-  double up = 0;
-  uptime >> up;
-  return wall_clock_now() - up + static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// The launcher's round (0: the first; a restart counts up): --kill and
-// --freeze happen in the first only.
-int launcher_round() {
-  const char* round = std::getenv("LOCKSTEP_RESTART_COUNT");
-  return round == nullptr ? 0 : std::atoi(round);
-}
-bool first_round() { return launcher_round() == 0; }
 
 // --kill-each-round R:K:N: in each of the launcher's first N rounds, world
 // rank R kills itself K steps after the round's first step, before the

@@ -29,7 +29,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "lockstep/config.h"
@@ -390,13 +389,6 @@ class ProcessGroup {
   // told the job finished (init_process_group throws JobFinished). Any
   // rank may call it, once its job's work is done.
   void close_to_replacements();
-  // No replacement joins this job, because of `why` (what cannot grow the
-  // group back, and what to do instead): one waiting, or started later, is
-  // refused at once (init_process_group throws ConfigError naming `why`)
-  // instead of waiting for a step boundary that never admits it. Any rank
-  // may call it; the first word stays (a close_to_replacements later does
-  // not undo it).
-  void refuse_replacements(std::string_view why);
 
   // Diagnostics (see docs/diagnostics.md).
   // Names operation `seq` (Work::seq) in the flight recorder and the

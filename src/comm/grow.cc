@@ -122,16 +122,7 @@ int ProcessGroup::job_size() const { return impl_->spec.job_size > 0 ? impl_->sp
 
 void ProcessGroup::close_to_replacements() {
   const GroupSpec& spec = impl_->spec;
-  if (spec.join_board.empty()) return;
-  const std::string closed = join_board::closed(spec.join_board);
-  if (!spec.root_store->check({closed})) spec.root_store->set(closed, join_board::kFinished);
-}
-
-void ProcessGroup::refuse_replacements(std::string_view why) {
-  const GroupSpec& spec = impl_->spec;
-  LOCKSTEP_CHECK_ARG(!why.empty() && why != join_board::kFinished,
-                     "ProcessGroup::refuse_replacements: say why the job takes no replacements");
-  if (!spec.join_board.empty()) spec.root_store->set(join_board::closed(spec.join_board), std::string(why));
+  if (!spec.join_board.empty()) spec.root_store->set(join_board::closed(spec.join_board), "1");
 }
 
 std::vector<int> ProcessGroup::replacements_waiting() {
@@ -228,17 +219,10 @@ std::shared_ptr<ProcessGroup> join_running_group(GroupSpec spec, int incarnation
   const Duration limit = spec.timeout;
   const Deadline deadline = Deadline::after(limit);
   while (!root.check({admit})) {
-    if (root.check({join_board::closed(spec.join_board)})) {
-      const std::string closed = root.get(join_board::closed(spec.join_board));
-      if (closed != join_board::kFinished)
-        throw ConfigError(fmt::format("world rank {}: the running group takes no replacements ({}); this "
-                                      "replacement (its start {} in this round) ends, and the job goes on without "
-                                      "it",
-                                      me, closed, incarnation));
+    if (root.check({join_board::closed(spec.join_board)}))
       throw JobFinished(fmt::format("world rank {}: the job finished before this replacement (its start {} in this "
                                     "round) could join it; nothing is left to do",
                                     me, incarnation));
-    }
     if (deadline.expired())
       throw TimeoutError(fmt::format(
           "world rank {}: the running group did not admit this replacement within {} s: its ranks did not reach a "

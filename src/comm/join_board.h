@@ -28,10 +28,8 @@ inline std::string admit(const std::string& board, int rank, int incarnation) {
 inline std::string failed(const std::string& board, int rank, int incarnation) {
   return fmt::format("{}failed/{}.{}", board, rank, incarnation);
 }
-// No replacement joins any more: the value is kFinished (the job's work is
-// done) or why the job takes none (ProcessGroup::refuse_replacements).
+// The job's work is done: no replacement joins any more.
 inline std::string closed(const std::string& board) { return board + "closed"; }
-inline constexpr char kFinished[] = "1";
 
 // A member of a group to form: its world rank and incarnation.
 struct Member {

@@ -108,7 +108,11 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>>
   step_->root = this;
 
   refuse_shared_parameters(params);
-  verify_same_across_ranks(*group_, params, "parameters of the fully_shard unit " + name_);
+  // A replacement joining a running group (ProcessGroup::joined) builds
+  // its units alone: its peers are long past theirs, and feed it its
+  // shard instead (ShardedResilientTrainer).
+  const bool joining = group_->joined();
+  if (!joining) verify_same_across_ranks(*group_, params, "parameters of the fully_shard unit " + name_);
   for (auto& [param_name, p] : params) {
     names_.push_back(param_name);
     params_.push_back(p);
@@ -127,7 +131,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<std::pair<std::string, Tensor>>
   Tensor flat = ::torch::zeros({layout_.flat_elements()}, ::torch::dtype(dtype_).device(device));
   for (std::size_t i = 0; i < params_.size(); ++i)
     flat.narrow(0, layout_.flat_offset(i), layout_.numel(i)).copy_(params_[i].reshape(-1));
-  if (options_.sync_module_states && group_->size() > 1) broadcast(*group_, flat, 0);
+  if (options_.sync_module_states && group_->size() > 1 && !joining) broadcast(*group_, flat, 0);
   shard_ = flat.narrow(0, layout_.shard_elements() * group_->rank(), layout_.shard_elements()).clone();
   // In a world of one the shard is the whole: nothing to gather or free.
   alone_ = group_->size() == 1 && compute_dtype_ == dtype_;

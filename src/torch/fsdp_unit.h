@@ -82,6 +82,7 @@ class FsdpUnit {
 
   const std::string& name() const { return name_; }
   ProcessGroup& group() const { return *group_; }
+  const std::shared_ptr<ProcessGroup>& group_ptr() const { return group_; }
   const FullyShardOptions& options() const { return options_; }
   FullyShardOptions& options() { return options_; }
   const ShardLayout& layout() const { return layout_; }

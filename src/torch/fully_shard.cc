@@ -42,7 +42,8 @@ std::shared_ptr<detail::FsdpUnit> make_unit(::torch::nn::Module& inner, std::sha
   NestedUnits nested;
   std::set<const c10::TensorImpl*> seen;
   collect_unit(inner, "", params, nested, seen);
-  if (options.sync_module_states && group && group->size() > 1) {
+  // A replacement joining a running group is fed by its peers instead.
+  if (options.sync_module_states && group && group->size() > 1 && !group->joined()) {
     std::vector<Tensor> buffers;
     for (const auto& b : inner.buffers()) buffers.push_back(b);
     if (!buffers.empty()) {

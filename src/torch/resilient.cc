@@ -551,28 +551,17 @@ void ResilientTrainer::State::admit(StepOutcome& outcome) {
     // Not formed here (grow says why in the log of the rank that knows):
     // decided below, with the others.
   }
+  const auto recover_here = [&](const std::exception_ptr& failure) { recover_during_admission(failure, outcome); };
   std::int64_t formed = grown ? 1 : 0;
-  try {
-    group->allreduce(Buffer{&formed, 1, DType::i64}, ReduceOp::min)->wait();
-  } catch (const PeerError&) {
-    recover_during_admission(std::current_exception(), outcome);
+  if (!survival::survived([&] { group->allreduce(Buffer{&formed, 1, DType::i64}, ReduceOp::min)->wait(); },
+                          recover_here))
     return;
-  } catch (const TimeoutError&) {
-    recover_during_admission(std::current_exception(), outcome);
-    return;
-  }
   if (formed == 0) return;  // its launcher starts another once the process ends
   const std::vector<int> before = group->world_ranks();
   superseded.push_back(std::move(group));
   group = std::move(grown);
   ++generation;
-  try {
-    settle();
-  } catch (const PeerError&) {
-    recover_during_admission(std::current_exception(), outcome);
-  } catch (const TimeoutError&) {
-    recover_during_admission(std::current_exception(), outcome);
-  }
+  survival::survived([&] { settle(); }, recover_here);
   for (int w : group->world_ranks())
     if (std::find(before.begin(), before.end(), w) == before.end()) outcome.joined.push_back(w);
   observe("admitted");

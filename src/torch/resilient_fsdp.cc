@@ -1,6 +1,7 @@
 // ShardedResilientTrainer; see lockstep/torch/resilient_fsdp.h. The step's
 // parts live in the units (fsdp_held_step.cc) and the backup
-// (shard_backup.cc); this file orders them around one commit point.
+// (shard_backup.cc); this file orders them around one commit point and
+// recovers from a loss; resilient_fsdp_admit.cc admits replacements.
 #include "lockstep/torch/resilient_fsdp.h"
 
 #include <fmt/format.h>
@@ -11,26 +12,18 @@
 
 #include "comm/shard_map.h"
 #include "common/enforce.h"
-#include "fsdp_unit.h"
 #include "lockstep/error.h"
-#include "shard_copy.h"
+#include "resilient_fsdp_state.h"
 #include "survival.h"
-#include "survivor_backup.h"
 
 namespace lockstep::torch {
 
 using ::torch::Tensor;
 using detail::FsdpUnit;
-using detail::OwnShard;
-using detail::ShardCopy;
-using detail::SurvivorBackup;
+using sharded_resilience::every_shard_home;
+using sharded_resilience::world_ranks_named;
 
 namespace {
-
-// "world rank 1", "world ranks 1, 2".
-std::string world_ranks_named(const std::vector<int>& ranks) {
-  return fmt::format("world rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
-}
 
 // "world rank 1 was", "world ranks 1, 2 were".
 std::string were(const std::vector<int>& ranks) {
@@ -38,48 +31,6 @@ std::string were(const std::vector<int>& ranks) {
 }
 
 }  // namespace
-
-struct ShardedResilientTrainer::State {
-  std::shared_ptr<FullyShardModule> model;
-  ::torch::optim::Optimizer* optimizer = nullptr;
-  ShardBackup* backup = nullptr;
-  ShardedResilientOptions options;
-  ProcessGroup* whole = nullptr;            // the model's group
-  std::shared_ptr<ProcessGroup> reformed;   // without the lost ranks, once one is
-  int shard_count = 0;
-  std::uint64_t committed = 0;
-  std::vector<int> lost;        // the world ranks lost, in the order they were
-  std::vector<int> holder;      // by shard: its rank of group() (shard s on rank s until a loss)
-  // The shards this rank holds for lost ranks, by shard: the backup's copy
-  // (its predecessor's, when that was the first lost) or copies the
-  // survivors' ring kept (owned by `taken`).
-  std::map<int, ShardCopy*> held;
-  std::vector<std::unique_ptr<ShardCopy>> taken;
-  // After a loss: this rank's own shard as the survivors' ring sends it,
-  // and that ring (on a re-formed group of two ranks or more).
-  std::unique_ptr<OwnShard> own;
-  std::unique_ptr<SurvivorBackup> ring;
-  // What the step ran, kept until it commits: whether every gradient it
-  // needs to commit is here, and whether it was a held step.
-  bool ready = false;
-  bool held_ran = false;
-
-  FsdpUnit& root() { return model->unit(); }
-  ProcessGroup& group() const { return reformed ? *reformed : *whole; }
-  void observe(std::string_view phase) const {
-    if (options.observer) options.observer(phase, committed);
-  }
-  double shard_loss(const std::function<Tensor(const Shard&)>& loss_of, int shard);
-  std::vector<double> run_whole(const std::function<Tensor(const Shard&)>& loss_of);
-  std::vector<double> run_held(const std::function<Tensor(const Shard&)>& loss_of);
-  void commit_point();
-  void commit();
-  void abandon_exchange();
-  std::vector<int> recover(const std::exception_ptr& failure);
-  std::shared_ptr<ProcessGroup> shrink(const std::exception_ptr& failure);
-  std::vector<int> take_over(const ProcessGroup& failed, const std::vector<int>& members);
-  void reform_ring();
-};
 
 ShardedResilientTrainer::ShardedResilientTrainer(std::shared_ptr<FullyShardModule> model,
                                                  ::torch::optim::Optimizer& optimizer, ShardBackup& backup,
@@ -101,18 +52,23 @@ ShardedResilientTrainer::ShardedResilientTrainer(std::shared_ptr<FullyShardModul
   s.backup = &backup;
   s.options = std::move(options);
   s.committed = s.options.first_step;
-  for (int shard = 0; shard < s.shard_count; ++shard) s.holder.push_back(shard);
-  // The group does not grow back: a replacement the launcher starts
-  // (--max-replacements) is told so at once, instead of waiting for an
-  // admission that never comes until its timeout.
-  if (s.whole->rank() == 0)
-    s.whole->refuse_replacements(
-        "ShardedResilientTrainer does not grow a fully sharded group back yet: the survivors go on holding the lost "
-        "ranks' shards; to train at full size again, restart the job from its checkpoint (lockstep run "
-        "--max-restarts), or leave out --max-replacements");
+  s.holder = every_shard_home(s.shard_count);
+  if (s.whole->joined()) s.join();
 }
 
-ShardedResilientTrainer::~ShardedResilientTrainer() = default;
+ShardedResilientTrainer::~ShardedResilientTrainer() {
+  // The job's work is done (or failed here): a replacement waiting, or
+  // started from now on, is told so instead of waiting for a step boundary.
+  try {
+    if (state_->group().rank() == 0) state_->group().close_to_replacements();
+  } catch (const std::exception&) {
+    // The store is gone: a replacement waiting times out instead.
+  }
+  // The ring first (it sends on the group), then the groups, newest first.
+  state_->ring.reset();
+  state_->reformed.reset();
+  while (!state_->superseded.empty()) state_->superseded.pop_back();
+}
 
 std::uint64_t ShardedResilientTrainer::steps_committed() const { return state_->committed; }
 
@@ -147,9 +103,10 @@ StepOutcome ShardedResilientTrainer::step(const std::function<Tensor(const Shard
   for (;;) {
     std::exception_ptr failure;
     try {
-      outcome.losses = s.lost.empty() ? s.run_whole(loss_of) : s.run_held(loss_of);
+      outcome.losses = s.reformed ? s.run_held(loss_of) : s.run_whole(loss_of);
       s.commit_point();
       s.commit();
+      if (s.admit_pending) s.admit(outcome);
       return outcome;
     } catch (const PeerError&) {
       failure = std::current_exception();
@@ -217,11 +174,13 @@ std::vector<double> ShardedResilientTrainer::State::run_held(const std::function
 }
 
 // Once any rank has passed it, every rank had reached it: each holds its
-// reduced gradients and its copy's.
+// reduced gradients and its copy's. The barrier also carries whether rank
+// 0 saw a replacement waiting for every lost rank.
 void ShardedResilientTrainer::State::commit_point() {
   observe("barrier");
-  std::int64_t passed = 0;
-  group().allreduce(Buffer{&passed, 1, DType::i64}, ReduceOp::max)->wait();
+  std::int64_t waiting = reformed && group().rank() == 0 ? whole_job_waiting() : 0;
+  group().allreduce(Buffer{&waiting, 1, DType::i64}, ReduceOp::max)->wait();
+  admit_pending = waiting > 0;
 }
 
 // Local: the optimizer's step and the copies'.
@@ -252,6 +211,7 @@ void ShardedResilientTrainer::State::abandon_exchange() {
 // backup ring over the survivors. Returns the world ranks lost.
 std::vector<int> ShardedResilientTrainer::State::recover(const std::exception_ptr& failure) {
   observe("re-form");
+  admit_pending = false;  // a commit point some rank did not pass
   if (!ready) {
     // The failure came mid-step: the shards and the copies are still the step's start.
     root().abandon_step();
@@ -318,7 +278,7 @@ std::vector<int> ShardedResilientTrainer::State::take_over(const ProcessGroup& f
       lost_now.push_back(failed.world_ranks()[static_cast<std::size_t>(r)]);
       neighbours = neighbours || gone[static_cast<std::size_t>((r + 1) % size)];
     }
-  const bool covered = lost.empty() || ring != nullptr;
+  const bool covered = !reformed || ring != nullptr;
   if (neighbours || !covered) {
     const std::string before = lost.empty() ? std::string() : fmt::format(" after {} lost", were(lost));
     throw Error(fmt::format(
@@ -332,7 +292,7 @@ std::vector<int> ShardedResilientTrainer::State::take_over(const ProcessGroup& f
   const int before = failed.rank();
   const int predecessor = (before + size - 1) % size;
   if (gone[static_cast<std::size_t>(predecessor)]) {
-    if (lost.empty()) {
+    if (!reformed) {
       held[predecessor] = &backup->kept_copy();  // its shard is its rank
     } else {
       for (auto& copy : ring->take_copies()) {
@@ -358,11 +318,11 @@ std::vector<int> ShardedResilientTrainer::State::take_over(const ProcessGroup& f
 void ShardedResilientTrainer::State::reform_ring() {
   if (reformed->size() < 2) return;  // alone: no peer to keep a copy
   std::vector<FsdpUnit*> units = root().units_within();
-  if (!own) own = std::make_unique<OwnShard>(units, whole->rank());
+  if (!own) own = std::make_unique<detail::OwnShard>(units, whole->rank());
   try {
     const std::vector<Tensor> own_params = detail::params_in_shard(units, *optimizer, whole->rank()).params;
-    ring = std::make_unique<SurvivorBackup>(*reformed, holder, units, *optimizer, whole->rank(), *own, own_params,
-                                            held);
+    ring = std::make_unique<detail::SurvivorBackup>(*reformed, holder, units, *optimizer, whole->rank(), *own,
+                                                    own_params, held);
   } catch (const PeerError& e) {
     throw Error(fmt::format("ShardedResilientTrainer: a rank was lost while the survivors re-formed the backup ring "
                             "after {} lost ({}); its shards have no whole copy: restart from the last checkpoint "
@@ -375,5 +335,6 @@ void ShardedResilientTrainer::State::reform_ring() {
                             were(lost), e.what()));
   }
 }
+
 
 }  // namespace lockstep::torch

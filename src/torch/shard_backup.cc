@@ -113,6 +113,10 @@ ShardBackup::ShardBackup(FullyShardModule& model, ::torch::optim::Optimizer& opt
   for (const FsdpUnit* unit : units) params += unit->params().size();
   s.flags_out.assign(params, 0);
   s.flags_in.assign(params, 0);
+  // A replacement joining a running group: its peers are past their
+  // backups' first exchange, and ShardedResilientTrainer feeds it its
+  // shard and re-forms the ring of copies with it; this backup is never used.
+  if (s.group->joined()) return;
   s.exchange_shards();
   s.exchange_optimizer_state();
 }

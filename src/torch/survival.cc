@@ -22,4 +22,19 @@ std::vector<int> named_lost(const std::exception_ptr& failure, const ProcessGrou
   return {};
 }
 
+bool survived(const std::function<void()>& collective,
+              const std::function<void(const std::exception_ptr&)>& recover) {
+  std::exception_ptr failure;
+  try {
+    collective();
+    return true;
+  } catch (const PeerError&) {
+    failure = std::current_exception();
+  } catch (const TimeoutError&) {
+    failure = std::current_exception();
+  }
+  recover(failure);
+  return false;
+}
+
 }  // namespace lockstep::torch::survival

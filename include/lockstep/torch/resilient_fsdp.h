@@ -38,10 +38,20 @@
 // restarts from its last checkpoint, lockstep run --max-restarts): two
 // neighbours of the ring lost at once (a shard and its only copy), a rank
 // lost while the survivors re-form the ring, and a rank left out of the
-// re-formed group. Replacements: the group does not grow back; a
-// replacement the launcher starts (--max-replacements) is refused at once
-// (ProcessGroup::refuse_replacements: its init_process_group throws
-// ConfigError saying so) and the survivors go on without it. Models
+// re-formed group.
+//
+// Replacements (lockstep run --max-replacements): the launcher starts a
+// new process for a dead rank, the same program, whose init_process_group
+// joins the running group; its fully_shard and ShardBackup build the units
+// alone and its trainer is fed by its peers. Once a replacement waits for
+// every lost rank (the units' layout is the whole job's: the group grows
+// back only to it), the survivors grow the group after a committed step,
+// each returning shard's parameters and optimizer state go from the
+// survivor holding it to its replacement (compared by digest on both
+// ends), the ring of copies is re-formed over the whole job, and the
+// steps go on there, every shard on its own rank again. A replacement
+// lost while it is fed leaves the survivors as they were; a survivor lost
+// meanwhile is taken over as in a step. Models
 // with buffers (BatchNorm's running statistics: each rank's own under
 // fully_shard) are refused (ConfigError), since a held step would update
 // them once per held shard.
@@ -77,8 +87,14 @@ struct ShardedResilientOptions {
   // rank at an exact point: "shard" (before the user's function, per
   // shard), "backup" (before the backup's gradient exchange is waited
   // for), "barrier" (before the commit point), "commit" (past it),
-  // "committed", "re-form" (before the group re-forms after a loss) and
-  // "re-formed" (the survivors agreed on the committed steps).
+  // "committed", "re-form" (before the group re-forms after a loss),
+  // "re-formed" (the survivors agreed on the committed steps), "admit"
+  // (after a committed step, before the group grows by replacements),
+  // "feed" and "fed" (on every member of the grown group, around the
+  // shards' transfer and comparison, before the ring of copies is
+  // re-formed: the step count is known, on a replacement too),
+  // "admitted" (the survivors train on the grown group) and "joined" (a
+  // replacement's, once it is fed).
   std::function<void(std::string_view phase, std::uint64_t step)> observer;
 };
 
@@ -86,8 +102,9 @@ class ShardedResilientTrainer {
  public:
   // `model` the root of a fully sharded model on a group of at least two
   // ranks, `optimizer` over its parameters, `backup` made on both (kept by
-  // the caller, alive as long as this trainer). Collective: none (rank 0
-  // refuses replacements in the job's store).
+  // the caller, alive as long as this trainer). Collective: none; on a
+  // replacement (the model's group joined a running one), the feeding
+  // (with every member of the grown group), before it returns.
   ShardedResilientTrainer(std::shared_ptr<FullyShardModule> model, ::torch::optim::Optimizer& optimizer,
                           ShardBackup& backup, ShardedResilientOptions options = {});
   ~ShardedResilientTrainer();

@@ -42,7 +42,10 @@
 // checkpoint.
 //
 // Collective: every rank makes one and calls step() and verify() at the
-// same points. Not thread-safe: the training thread.
+// same points. On a replacement that joined a running group
+// (ProcessGroup::joined()) it exchanges nothing: ShardedResilientTrainer
+// feeds the replacement its shard from its peers, and keeps the copies in
+// a ring of its own from then on. Not thread-safe: the training thread.
 #pragma once
 
 #include <torch/torch.h>

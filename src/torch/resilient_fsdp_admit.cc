@@ -1,0 +1,254 @@
+// ShardedResilientTrainer's replacements (lockstep/torch/resilient_fsdp.h,
+// docs/fsdp.md "Replacements"): the survivors grow the group back to the
+// whole job after a committed step, feed each replacement its shard from
+// the copy they held it in, compare both ends, and re-form the ring of
+// copies over the whole job; a replacement's constructor is fed.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "lockstep/error.h"
+#include "lockstep/torch/ddp.h"
+#include "optimizer_state.h"
+#include "resilient_fsdp_state.h"
+#include "state_digest.h"
+#include "survival.h"
+
+namespace lockstep::torch {
+
+using ::torch::Tensor;
+using detail::ShardCopy;
+using sharded_resilience::every_shard_home;
+using sharded_resilience::world_ranks_named;
+
+namespace {
+
+// Tags of a replacement's feeding: its shard's blocks (one per unit, from
+// the first), then its optimizer state's table and tensors.
+constexpr int kFeedFirstUnitTag = 0x5e01;
+constexpr int kFeedStateTableTag = 0x5f00;
+constexpr int kFeedStateTensorTag = 0x5f01;
+
+// A shard's parameters and optimizer state as one number, to tell a
+// replacement's from its holder's: the pieces' bytes, then their state
+// (each piece's tensors and step count).
+std::uint64_t shard_digest(::torch::optim::Optimizer& optimizer, const std::vector<Tensor>& pieces) {
+  const StateTable table = state_table(optimizer, pieces);
+  std::uint64_t digest = digest_of(pieces, kDigestStart);
+  digest = digest_of(table.entries.data(), table.entries.size() * sizeof(std::int64_t), digest);
+  return digest_of(table.tensors, digest);
+}
+
+}  // namespace
+
+// Rank 0 looks in the store at most every 50 ms (a counter's read, off
+// the step's critical path) for a replacement of every lost rank: the
+// units' layout is the whole job's, one shard per rank, so the group
+// grows back only to the whole job.
+std::int64_t ShardedResilientTrainer::State::whole_job_waiting() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_replacement_look) return 0;
+  next_replacement_look = now + std::chrono::milliseconds(50);
+  try {
+    const auto waiting = static_cast<int>(group().replacements_waiting().size());
+    return waiting > 0 && group().size() + waiting == shard_count ? 1 : 0;
+  } catch (const Error&) {
+    return 0;  // the store does not answer now: looked at again later
+  }
+}
+
+// After a committed step that saw a replacement waiting for every lost
+// rank: the group grows back to the whole job (ProcessGroup::grow), each
+// replacement is fed its shard from the rank holding it (feed), and once
+// every survivor says so on the group they train on, every shard is home
+// again and the backup ring spans the whole job. Until then nothing of
+// this trainer changes: a replacement lost while fed leaves the survivors
+// as they were (its launcher may start another), and a survivor lost
+// meanwhile is recovered from as in a step. The world ranks that joined
+// go into `outcome.joined`.
+void ShardedResilientTrainer::State::admit(StepOutcome& outcome) {
+  admit_pending = false;
+  observe("admit");
+  ProcessGroup& now = group();
+  const std::vector<int> waiting = now.rank() == 0 ? now.replacements_waiting() : std::vector<int>{};
+  std::shared_ptr<ProcessGroup> grown;
+  try {
+    grown = now.grow(waiting, options.window);
+  } catch (const Error&) {
+    // Not formed here (grow says why in the log of the rank that knows):
+    // decided below, with the others.
+  }
+  const auto recover_here = [&](const std::exception_ptr& failure) { recover_during_admission(failure, outcome); };
+  std::int64_t formed = grown && grown->size() == shard_count ? 1 : 0;
+  if (!survival::survived([&] { now.allreduce(Buffer{&formed, 1, DType::i64}, ReduceOp::min)->wait(); },
+                          recover_here))
+    return;
+  if (formed == 0) {
+    // A replacement of a group grown short of the whole job ends (join
+    // says why); a later one is admitted at a later commit point.
+    if (grown) superseded.push_back(std::move(grown));
+    return;
+  }
+  Feeding fed;
+  std::int64_t all_fed = 0;
+  // A loss here is the agreement's to tell: the survivors' answer.
+  if (survival::survived([&] { fed = feed(*grown); }, [](const std::exception_ptr&) {})) all_fed = 1;
+  const auto agreed = [&] { now.allreduce(Buffer{&all_fed, 1, DType::i64}, ReduceOp::min)->wait(); };
+  if (!survival::survived(agreed, [&](const std::exception_ptr& failure) {
+        superseded.push_back(std::move(grown));
+        recover_here(failure);
+      }))
+    return;
+  // The replacements hear the survivors' answer from the first of them.
+  std::int64_t go = all_fed;
+  try {
+    const int first_survivor = now.world_ranks().front();  // its rank in the whole job's group
+    grown->broadcast(Buffer{&go, 1, DType::i64}, first_survivor)->wait();
+  } catch (const Error&) {
+    // A replacement lost just now: with every survivor fed it, its shard
+    // has a copy in the new ring, and the next step takes it over.
+  }
+  if (all_fed == 0) {
+    superseded.push_back(std::move(grown));
+    return;
+  }
+  superseded.push_back(std::move(reformed));
+  reformed = std::move(grown);
+  holder = every_shard_home(shard_count);
+  held.clear();
+  taken.clear();
+  ring = std::move(fed.ring);
+  for (int shard : fed.returning) outcome.joined.push_back(shard);
+  observe("admitted");
+}
+
+// A loss while replacements were admitted: recovered from as in a step
+// (the step has committed: nothing is redone).
+void ShardedResilientTrainer::State::recover_during_admission(const std::exception_ptr& failure,
+                                                              StepOutcome& outcome) {
+  const auto seen = std::chrono::steady_clock::now();
+  const std::vector<int> gone = recover(failure);
+  outcome.recovery_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - seen).count();
+  outcome.lost.insert(outcome.lost.end(), gone.begin(), gone.end());
+}
+
+// On the group grown back to the whole job (its rank r is world rank r and
+// shard r), every member: the step count and who holds each shard, from
+// the first member that has them; the optimizer's options (a scheduler's
+// learning rate) to the replacements; each replacement's shard (every
+// unit's block and its optimizer state) from the survivor holding it, by
+// sends to it alone, in shard order; then every member compares a digest
+// of each shard that moved on both ends, and the backup ring is re-formed
+// over the whole group with every shard home. Changes nothing of this
+// trainer but a replacement's parameters, optimizer and step count.
+ShardedResilientTrainer::State::Feeding ShardedResilientTrainer::State::feed(ProcessGroup& grown) {
+  const bool receiving = !has_state;
+  const auto size = static_cast<std::size_t>(grown.size());
+  std::vector<std::int64_t> committed_of(size);
+  const std::int64_t mine = has_state ? static_cast<std::int64_t>(committed) : -1;
+  grown.allgather(ConstBuffer{&mine, 1, DType::i64}, Buffer{committed_of.data(), size, DType::i64})->wait();
+  Feeding fed;
+  const auto first = std::find_if(committed_of.begin(), committed_of.end(), [](std::int64_t c) { return c >= 0; });
+  if (first == committed_of.end())
+    throw Error("ShardedResilientTrainer: no member of the grown group holds the training state; restart from the "
+                "last checkpoint (lockstep run --max-restarts)");
+  fed.source = static_cast<int>(first - committed_of.begin());
+  for (std::size_t r = 0; r < size; ++r) {
+    if (committed_of[r] < 0) fed.returning.push_back(static_cast<int>(r));
+    else if (committed_of[r] != *first)
+      throw Error(fmt::format("ShardedResilientTrainer: the survivors are {} steps apart when a replacement joins; "
+                              "the commit rule was broken",
+                              committed_of[r] - *first));
+  }
+  std::vector<std::int64_t> held_by(static_cast<std::size_t>(shard_count));
+  if (has_state)
+    for (int shard = 0; shard < shard_count; ++shard)
+      held_by[static_cast<std::size_t>(shard)] =
+          group().world_ranks()[static_cast<std::size_t>(holder[static_cast<std::size_t>(shard)])];
+  grown.broadcast(Buffer{held_by.data(), held_by.size(), DType::i64}, fed.source)->wait();
+  if (receiving) committed = static_cast<std::uint64_t>(*first);
+  observe("feed");
+  const std::vector<std::size_t> no_parameters;
+  broadcast_optimizer_state(grown, *optimizer, fed.source, &no_parameters, &fed.returning);
+
+  std::vector<detail::FsdpUnit*> units = root().units_within();
+  const int me = grown.rank();
+  if (!own) own = std::make_unique<detail::OwnShard>(units, whole->rank());
+  const std::vector<Tensor> own_params = detail::params_in_shard(units, *optimizer, whole->rank()).params;
+  std::vector<std::int64_t> digests(static_cast<std::size_t>(shard_count), 0);
+  for (int shard : fed.returning) {
+    const int from = static_cast<int>(held_by[static_cast<std::size_t>(shard)]);
+    std::vector<std::shared_ptr<Work>> works;
+    if (me == from) {
+      ShardCopy& copy = *held.at(shard);
+      for (std::size_t u = 0; u < copy.unit_count(); ++u)
+        if (copy.holds(u))
+          detail::ring_exchange(grown, shard, from, works, buffer_of(copy.block(u), "a shard's block"), std::nullopt,
+                                kFeedFirstUnitTag + static_cast<int>(u));
+      wait_all(works);
+      const std::vector<Tensor> pieces = params_of(copy.optimizer());
+      const StateTable table = state_table(copy.optimizer(), pieces);
+      detail::exchange_optimizer_state_into(grown, shard, from, &table, nullptr, {}, kFeedStateTableTag,
+                                            kFeedStateTensorTag);
+      digests[static_cast<std::size_t>(shard)] = static_cast<std::int64_t>(shard_digest(copy.optimizer(), pieces));
+    } else if (me == shard) {
+      for (std::size_t u = 0; u < units.size(); ++u)
+        if (own->holds(u))
+          detail::ring_exchange(grown, shard, from, works, std::nullopt, buffer_of(units[u]->shard(), "the unit's shard"),
+                                kFeedFirstUnitTag + static_cast<int>(u));
+      wait_all(works);
+      detail::exchange_optimizer_state_into(grown, shard, from, nullptr, optimizer, own_params, kFeedStateTableTag,
+                                            kFeedStateTensorTag);
+      digests[static_cast<std::size_t>(shard)] = static_cast<std::int64_t>(shard_digest(*optimizer, own_params));
+    }
+  }
+  has_state = true;
+  // Each shard that moved, as its holder sent it and as its replacement holds it.
+  std::vector<std::int64_t> all(size * digests.size());
+  grown.allgather(ConstBuffer{digests.data(), digests.size(), DType::i64},
+                  Buffer{all.data(), all.size(), DType::i64})
+      ->wait();
+  std::vector<int> differ;
+  for (int shard : fed.returning) {
+    const auto at = [&](std::int64_t rank) {
+      return all[static_cast<std::size_t>(rank) * digests.size() + static_cast<std::size_t>(shard)];
+    };
+    if (at(held_by[static_cast<std::size_t>(shard)]) != at(shard)) differ.push_back(shard);
+  }
+  if (!differ.empty())
+    throw Error(fmt::format("ShardedResilientTrainer: after their shards were sent, {} hold other bytes (parameters "
+                            "or optimizer state) than the survivors that held them; a shard that differs would train "
+                            "apart silently, so the job stops here",
+                            world_ranks_named(differ)));
+  observe("fed");
+  const std::map<int, ShardCopy*> none_held;
+  fed.ring = std::make_unique<detail::SurvivorBackup>(grown, every_shard_home(shard_count), units, *optimizer,
+                                                      whole->rank(), *own, own_params, none_held);
+  return fed;
+}
+
+// A replacement (the launcher started it for a lost rank; its
+// init_process_group joined the running group, grown back to the whole
+// job, and fully_shard and ShardBackup built its units alone): fed by its
+// peers, it holds its shard and runs held steps on that group as they do.
+void ShardedResilientTrainer::State::join() {
+  if (whole->size() != whole->job_size())
+    throw Error(fmt::format("ShardedResilientTrainer: this replacement joined a group of {} ranks, but a fully sharded "
+                            "model's layout is the whole job's ({} ranks); the survivors admit replacements only "
+                            "for every lost rank at once, and the launcher starts another",
+                            whole->size(), whole->job_size()));
+  has_state = false;
+  reformed = root().group_ptr();
+  Feeding fed = feed(*reformed);
+  std::int64_t go = 0;
+  reformed->broadcast(Buffer{&go, 1, DType::i64}, fed.source)->wait();
+  if (go == 0)
+    throw Error("ShardedResilientTrainer: the survivors could not all feed this replacement (one was lost, or a "
+                "replacement was); it ends, and its launcher starts another where --max-replacements allows");
+  ring = std::move(fed.ring);
+  observe("joined");
+}
+
+}  // namespace lockstep::torch
