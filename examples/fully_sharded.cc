@@ -106,6 +106,7 @@ struct Options {
   std::vector<std::string> replacement_kills;  // --kill-replacement R:I:K:PHASE
   std::string save_shards;
   double step_ms = 0;  // a pause after each step (a slower model, for demonstrations and tests)
+  int halve_lr_at = 0;  // --halve-lr-at: the learning rate halved once STEP steps have committed (0: never)
 };
 
 // Where a rank kills itself: world rank `rank`, at step `step`, phase `phase`.
@@ -298,6 +299,10 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
       std::printf("rank %d: after step %llu world rank %d joined again; holding shards %s\n", world_rank,
                   static_cast<unsigned long long>(outcome.step), joined, fmt::format("{}", trainer.shards()).c_str());
     for (double l : outcome.losses) loss_sum += l / static_cast<double>(outcome.losses.size());
+    // An event, as ReduceLROnPlateau's: a replacement that joins later
+    // never sees it here, and has the halved rate from its peers.
+    if (o.halve_lr_at > 0 && trainer.steps_committed() == static_cast<std::uint64_t>(o.halve_lr_at))
+      for (auto& group : optimizer.param_groups()) group.options().set_lr(group.options().get_lr() / 2);
     if (trainer.steps_committed() % 50 == 0 && trainer.group().rank() == 0) {
       std::printf("step %llu: loss %.4f (rank 0's shards)\n",
                   static_cast<unsigned long long>(trainer.steps_committed()), loss_sum / 50);
@@ -433,6 +438,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000000))
       ->needs(resilient)
       ->needs(app.get_option("--checkpoint"));
+  app.add_option("--halve-lr-at", o.halve_lr_at,
+                 "with --resilient: halve the learning rate once STEP steps have committed (an event, as a plateau "
+                 "would make it: a replacement joining later gets the rate from its peers)")
+      ->check(CLI::Range(1, 10000000))
+      ->needs(resilient);
   app.add_option("--kill", o.kills,
                  "RANK:STEP:PHASE: world rank RANK kills itself at step STEP (from 0), PHASE one of forward, "
                  "shard, backup, barrier, commit, committed, re-formed, checkpoint (before the checkpoint after step "

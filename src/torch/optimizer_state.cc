@@ -3,8 +3,9 @@
 //      serialized for an optimizer libtorch does not ship), the optimizer's
 //      type, the sizes of what follows; every rank checks that its own
 //      optimizer matches, and all refuse together where one does not;
-//   2. the groups' options, serialized (a few numbers each; libtorch
-//      1.13's optimizers leave them out of what they load from a checkpoint);
+//   2. the groups' options (optimizer_options.h: a few numbers each;
+//      libtorch 1.13's optimizers leave them out of what they load from a
+//      checkpoint);
 //   then, for an optimizer libtorch does not ship, its serialized state;
 //   else 3. a StateTable's entries: for each parameter in the groups'
 //      order, which of its state tensors exist (or none yet) and its step;
@@ -23,6 +24,8 @@
 #include "lockstep/torch/ddp.h"
 #include "libtorch_version.h"
 #include "optimizer_bytes.h"
+#include "optimizer_kind.h"
+#include "optimizer_options.h"
 #include "receivers.h"
 
 namespace lockstep::torch {
@@ -30,17 +33,8 @@ namespace {
 
 namespace optim = ::torch::optim;
 
-enum class Kind : std::int64_t { other = 0, sgd, adam, adamw, adagrad, rmsprop };
+using Kind = OptimizerKind;
 enum class Mode : std::int64_t { tensors = 0, serialized = 1 };
-
-Kind kind_of(optim::Optimizer& o) {
-  if (dynamic_cast<optim::SGD*>(&o) != nullptr) return Kind::sgd;
-  if (dynamic_cast<optim::Adam*>(&o) != nullptr) return Kind::adam;
-  if (dynamic_cast<optim::AdamW*>(&o) != nullptr) return Kind::adamw;
-  if (dynamic_cast<optim::Adagrad*>(&o) != nullptr) return Kind::adagrad;
-  if (dynamic_cast<optim::RMSprop*>(&o) != nullptr) return Kind::rmsprop;
-  return Kind::other;
-}
 
 // Adam's and AdamW's states, alike but of two types.
 template <typename State>
@@ -102,28 +96,6 @@ bool shaped_like_params(optim::Optimizer& optimizer, const std::vector<::torch::
       if (t.defined() && !shaped_like(t, p)) return false;
   }
   return true;
-}
-
-std::string options_bytes(optim::Optimizer& optimizer) {
-  ::torch::serialize::OutputArchive archive;
-  for (std::size_t i = 0; i < optimizer.param_groups().size(); ++i) {
-    ::torch::serialize::OutputArchive group;
-    optimizer.param_groups()[i].options().serialize(group);
-    archive.write(std::to_string(i), group);
-  }
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_options(optim::Optimizer& optimizer, const std::string& bytes) {
-  ::torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size());
-  for (std::size_t i = 0; i < optimizer.param_groups().size(); ++i) {
-    ::torch::serialize::InputArchive group;
-    archive.read(std::to_string(i), group);
-    optimizer.param_groups()[i].options().serialize(group);
-  }
 }
 
 // Where the state goes: to every rank by broadcast, or from the root to

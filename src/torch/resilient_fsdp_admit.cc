@@ -7,10 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
+#include <string>
 
 #include "lockstep/error.h"
 #include "lockstep/torch/ddp.h"
+#include "optimizer_options.h"
 #include "optimizer_state.h"
 #include "resilient_fsdp_state.h"
 #include "state_digest.h"
@@ -25,20 +26,69 @@ using sharded_resilience::world_ranks_named;
 
 namespace {
 
-// Tags of a replacement's feeding: its shard's blocks (one per unit, from
-// the first), then its optimizer state's table and tensors.
+// Tags of a replacement's feeding: the optimizer's options, its shard's
+// blocks (one per unit, from the first), then its optimizer state's table
+// and tensors.
 constexpr int kFeedFirstUnitTag = 0x5e01;
 constexpr int kFeedStateTableTag = 0x5f00;
 constexpr int kFeedStateTensorTag = 0x5f01;
+constexpr int kFeedOptionsTag = 0x5f02;
 
-// A shard's parameters and optimizer state as one number, to tell a
-// replacement's from its holder's: the pieces' bytes, then their state
-// (each piece's tensors and step count).
-std::uint64_t shard_digest(::torch::optim::Optimizer& optimizer, const std::vector<Tensor>& pieces) {
-  const StateTable table = state_table(optimizer, pieces);
-  std::uint64_t digest = digest_of(pieces, kDigestStart);
+// What a replacement's shard is compared by, on both ends: one number
+// over the optimizer's options (the user's, as options_bytes has them),
+// the shard's pieces, then their state as `table` holds it (the entries,
+// then each tensor). Taken once the transfers are over, on holder and
+// replacement at once (taken while the sends went, it was no faster on
+// two cores: it takes a core from their copies).
+std::uint64_t shard_digest(const std::string& options, const std::vector<Tensor>& pieces, const StateTable& table) {
+  std::uint64_t digest = digest_of(options.data(), options.size(), kDigestStart);
+  digest = digest_of(pieces, digest);
   digest = digest_of(table.entries.data(), table.entries.size() * sizeof(std::int64_t), digest);
   return digest_of(table.tensors, digest);
+}
+
+// The holder's side of feeding `shard` to its replacement: every unit's
+// block of its copy, the optimizer state's table, then the tensors it
+// names, all issued at once (a group runs them in order). Returns the
+// shard's digest.
+std::uint64_t send_shard(ProcessGroup& grown, int shard, ShardCopy& copy, const std::string& options) {
+  std::vector<std::shared_ptr<Work>> works;
+  for (std::size_t u = 0; u < copy.unit_count(); ++u)
+    if (copy.holds(u))
+      works.push_back(grown.send(buffer_of(copy.block(u), "a shard's block"), shard,
+                                 kFeedFirstUnitTag + static_cast<int>(u)));
+  const std::vector<Tensor> pieces = params_of(copy.optimizer());
+  const StateTable table = state_table(copy.optimizer(), pieces);
+  if (!table.entries.empty())
+    works.push_back(grown.send(ConstBuffer{table.entries.data(), table.entries.size(), DType::i64}, shard,
+                               kFeedStateTableTag));
+  for (const Tensor& t : table.tensors)
+    works.push_back(grown.send(buffer_of(t, "a piece's optimizer state"), shard, kFeedStateTensorTag));
+  wait_all(works);
+  return shard_digest(options, pieces, table);
+}
+
+// The replacement's side: its units' shards and the table, then the state
+// tensors the table names, into `optimizer`'s state of `pieces` (its own
+// shard's parameters, in the holder's table's order). Returns the digest
+// of what it then holds, its optimizer's state read anew.
+std::uint64_t receive_shard(ProcessGroup& grown, int from, const std::vector<detail::FsdpUnit*>& units,
+                            const detail::OwnShard& own, ::torch::optim::Optimizer& optimizer,
+                            const std::vector<Tensor>& pieces, const std::string& options) {
+  std::vector<std::shared_ptr<Work>> works;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    if (own.holds(u))
+      works.push_back(grown.recv(buffer_of(units[u]->shard(), "the unit's shard"), from,
+                                 kFeedFirstUnitTag + static_cast<int>(u)));
+  std::vector<std::int64_t> entries(2 * pieces.size(), StateTable::kNoState);
+  if (!entries.empty())
+    works.push_back(grown.recv(Buffer{entries.data(), entries.size(), DType::i64}, from, kFeedStateTableTag));
+  wait_all(works);
+  works.clear();
+  for (const Tensor& t : states_from_table(optimizer, pieces, entries))
+    works.push_back(grown.recv(buffer_of(t, "the copy of a piece's optimizer state"), from, kFeedStateTensorTag));
+  wait_all(works);
+  return shard_digest(options, pieces, state_table(optimizer, pieces));
 }
 
 }  // namespace
@@ -135,11 +185,12 @@ void ShardedResilientTrainer::State::recover_during_admission(const std::excepti
 }
 
 // On the group grown back to the whole job (its rank r is world rank r and
-// shard r), every member: the step count and who holds each shard, from
-// the first member that has them; the optimizer's options (a scheduler's
-// learning rate) to the replacements; each replacement's shard (every
-// unit's block and its optimizer state) from the survivor holding it, by
-// sends to it alone, in shard order; then every member compares a digest
+// shard r), every member: the step count, who holds each shard and the
+// options' length, from the first member that has them; from it, the
+// optimizer's options (a scheduler's learning rate) to the replacements;
+// each replacement's shard (every unit's block and its optimizer state)
+// from the survivor holding it, by sends to it alone, in shard order,
+// all issued at once; then every member compares a digest
 // of each shard that moved on both ends, and the backup ring is re-formed
 // over the whole group with every shard home. Changes nothing of this
 // trainer but a replacement's parameters, optimizer and step count.
@@ -162,47 +213,50 @@ ShardedResilientTrainer::State::Feeding ShardedResilientTrainer::State::feed(Pro
                               "the commit rule was broken",
                               committed_of[r] - *first));
   }
-  std::vector<std::int64_t> held_by(static_cast<std::size_t>(shard_count));
-  if (has_state)
+  // Who holds each shard, then the length of the optimizer's options.
+  std::vector<std::int64_t> plan(static_cast<std::size_t>(shard_count) + 1);
+  std::string options;
+  if (has_state) {
     for (int shard = 0; shard < shard_count; ++shard)
-      held_by[static_cast<std::size_t>(shard)] =
+      plan[static_cast<std::size_t>(shard)] =
           group().world_ranks()[static_cast<std::size_t>(holder[static_cast<std::size_t>(shard)])];
-  grown.broadcast(Buffer{held_by.data(), held_by.size(), DType::i64}, fed.source)->wait();
+    options = options_bytes(*optimizer);
+    plan.back() = static_cast<std::int64_t>(options.size());
+  }
+  grown.broadcast(Buffer{plan.data(), plan.size(), DType::i64}, fed.source)->wait();
+  const std::vector<std::int64_t> held_by(plan.begin(), plan.end() - 1);
   if (receiving) committed = static_cast<std::uint64_t>(*first);
   observe("feed");
-  const std::vector<std::size_t> no_parameters;
-  broadcast_optimizer_state(grown, *optimizer, fed.source, &no_parameters, &fed.returning);
+  // The options (a scheduler's learning rate) from the first member: what
+  // the optimizer state leaves out. A few hundred bytes, which a send
+  // leaves in the transport without waiting for the receiver.
+  if (grown.rank() == fed.source) {
+    std::vector<std::shared_ptr<Work>> options_sent;
+    for (int r : fed.returning)
+      options_sent.push_back(grown.send(ConstBuffer{options.data(), options.size(), DType::u8}, r, kFeedOptionsTag));
+    wait_all(options_sent);
+  }
+  if (receiving) {
+    options.resize(static_cast<std::size_t>(plan.back()));
+    grown.recv(Buffer{options.data(), options.size(), DType::u8}, fed.source, kFeedOptionsTag)->wait();
+    load_options(*optimizer, options);
+  }
 
   std::vector<detail::FsdpUnit*> units = root().units_within();
   const int me = grown.rank();
   if (!own) own = std::make_unique<detail::OwnShard>(units, whole->rank());
   const std::vector<Tensor> own_params = detail::params_in_shard(units, *optimizer, whole->rank()).params;
   std::vector<std::int64_t> digests(static_cast<std::size_t>(shard_count), 0);
+  // What this member's optimizer holds now: a replacement's, as loaded.
+  const std::string options_now = options_bytes(*optimizer);
   for (int shard : fed.returning) {
     const int from = static_cast<int>(held_by[static_cast<std::size_t>(shard)]);
-    std::vector<std::shared_ptr<Work>> works;
-    if (me == from) {
-      ShardCopy& copy = *held.at(shard);
-      for (std::size_t u = 0; u < copy.unit_count(); ++u)
-        if (copy.holds(u))
-          detail::ring_exchange(grown, shard, from, works, buffer_of(copy.block(u), "a shard's block"), std::nullopt,
-                                kFeedFirstUnitTag + static_cast<int>(u));
-      wait_all(works);
-      const std::vector<Tensor> pieces = params_of(copy.optimizer());
-      const StateTable table = state_table(copy.optimizer(), pieces);
-      detail::exchange_optimizer_state_into(grown, shard, from, &table, nullptr, {}, kFeedStateTableTag,
-                                            kFeedStateTensorTag);
-      digests[static_cast<std::size_t>(shard)] = static_cast<std::int64_t>(shard_digest(copy.optimizer(), pieces));
-    } else if (me == shard) {
-      for (std::size_t u = 0; u < units.size(); ++u)
-        if (own->holds(u))
-          detail::ring_exchange(grown, shard, from, works, std::nullopt, buffer_of(units[u]->shard(), "the unit's shard"),
-                                kFeedFirstUnitTag + static_cast<int>(u));
-      wait_all(works);
-      detail::exchange_optimizer_state_into(grown, shard, from, nullptr, optimizer, own_params, kFeedStateTableTag,
-                                            kFeedStateTensorTag);
-      digests[static_cast<std::size_t>(shard)] = static_cast<std::int64_t>(shard_digest(*optimizer, own_params));
-    }
+    if (me == from)
+      digests[static_cast<std::size_t>(shard)] =
+          static_cast<std::int64_t>(send_shard(grown, shard, *held.at(shard), options_now));
+    else if (me == shard)
+      digests[static_cast<std::size_t>(shard)] =
+          static_cast<std::int64_t>(receive_shard(grown, from, units, *own, *optimizer, own_params, options_now));
   }
   has_state = true;
   // Each shard that moved, as its holder sent it and as its replacement holds it.

@@ -252,13 +252,6 @@ void ring_exchange_optimizer_state(ProcessGroup& group, int next, int prev, cons
                                    int table_tag, int tensor_tag) {
   std::vector<Tensor> pieces;
   if (kept) pieces = params_of(kept->optimizer());
-  exchange_optimizer_state_into(group, next, prev, mine, kept ? &kept->optimizer() : nullptr, pieces, table_tag,
-                                tensor_tag);
-}
-
-void exchange_optimizer_state_into(ProcessGroup& group, int next, int prev, const StateTable* mine,
-                                   ::torch::optim::Optimizer* into, const std::vector<Tensor>& pieces, int table_tag,
-                                   int tensor_tag) {
   std::vector<std::int64_t> table_in(2 * pieces.size(), StateTable::kNoState);
   std::optional<ConstBuffer> table_out;
   std::optional<Buffer> table_from_prev;
@@ -272,7 +265,7 @@ void exchange_optimizer_state_into(ProcessGroup& group, int next, int prev, cons
   const std::vector<Tensor> none;
   const std::vector<Tensor>& tensors_out = mine ? mine->tensors : none;
   std::vector<Tensor> tensors_in;
-  if (into) tensors_in = states_from_table(*into, pieces, table_in);
+  if (kept) tensors_in = states_from_table(kept->optimizer(), pieces, table_in);
   // As many out as the next rank's table says come in; a piece's tensor of
   // another size than the copy's piece fails the receive, named.
   for (std::size_t k = 0; k < std::max(tensors_out.size(), tensors_in.size()); ++k) {

@@ -141,11 +141,5 @@ class ShardCopy {
 // piece's table entries, then the tensors they name. Waits for both.
 void ring_exchange_optimizer_state(ProcessGroup& group, int next, int prev, const StateTable* mine,
                                    ShardCopy* kept, int table_tag, int tensor_tag);
-// The same, the state from `prev` going into `into`'s state of `pieces`
-// (a replacement's optimizer over its own shard's parameters, in the
-// order of the sender's table), or nowhere where `into` is null.
-void exchange_optimizer_state_into(ProcessGroup& group, int next, int prev, const StateTable* mine,
-                                   ::torch::optim::Optimizer* into, const std::vector<::torch::Tensor>& pieces,
-                                   int table_tag, int tensor_tag);
 
 }  // namespace lockstep::torch::detail

@@ -46,6 +46,10 @@ constexpr int kCheckpointEvery = 2;  // written after step 1 (2 committed), befo
 // and the data here, several on a loaded machine).
 constexpr int kReplacedSteps = 800;
 constexpr int kReplacedStepMs = 12;
+// The long runs halve the learning rate once 3 steps have committed: an
+// event no replacement (the first dies in step 5) sees itself, so each
+// trains with the clean run's rate only if its peers fed it their options.
+constexpr int kLrHalvedAt = 3;
 
 // Replacements: the launcher's --max-replacements and the replacements'
 // own kills (--kill-replacement RANK:INCARNATION:STEPS:PHASE).
@@ -74,6 +78,7 @@ Training train(const std::string& backend, int world, const std::vector<std::str
     args.insert(args.end(), {"--checkpoint", checkpoint, "--checkpoint-every", std::to_string(kCheckpointEvery)});
   for (const auto& k : kills) args.insert(args.end(), {"--kill", k});
   if (replacing.max > 0) args.insert(args.end(), {"--step-ms", std::to_string(kReplacedStepMs)});
+  if (steps == kReplacedSteps) args.insert(args.end(), {"--halve-lr-at", std::to_string(kLrHalvedAt)});
   for (const auto& k : replacing.kills) args.insert(args.end(), {"--kill-replacement", k});
   testing::Launcher launcher(LOCKSTEP_CLI, args, {{"LOCKSTEP_BACKEND", backend}, {"LOCKSTEP_TIMEOUT", "20"}});
   Training run;
