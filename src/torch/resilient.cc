@@ -174,7 +174,7 @@ struct ResilientTrainer::State {
   // Set at the commit point when rank 0 saw a replacement waiting: the
   // group grows once the step has committed.
   bool admit_pending = false;
-  std::chrono::steady_clock::time_point next_replacement_look{};
+  survival::ReplacementLook replacement_look;
   // Set by every re-form: before the next step (or the redo), the members
   // look for a replacement on its way (replacement_arrives).
   bool look_for_replacements = false;
@@ -467,17 +467,10 @@ std::vector<int> ResilientTrainer::State::recover(const std::exception_ptr& fail
   return lost;
 }
 
-// Rank 0 looks in the store for replacements at most every 50 ms: a
-// counter's read, off the step's critical path for any step this short.
+// Rank 0's count of replacements waiting (survival::ReplacementLook).
 std::int64_t ResilientTrainer::State::replacements_seen() {
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_replacement_look) return 0;
-  next_replacement_look = now + std::chrono::milliseconds(50);
-  try {
-    return static_cast<std::int64_t>(group->replacements_waiting().size());
-  } catch (const Error&) {
-    return 0;  // the store does not answer now: looked at again later
-  }
+  const auto waiting = replacement_look.waiting(*group);
+  return waiting ? static_cast<std::int64_t>(waiting->size()) : 0;
 }
 
 // After a re-form, before the step is redone (or the next one runs): a

@@ -93,20 +93,12 @@ std::uint64_t receive_shard(ProcessGroup& grown, int from, const std::vector<det
 
 }  // namespace
 
-// Rank 0 looks in the store at most every 50 ms (a counter's read, off
-// the step's critical path) for a replacement of every lost rank: the
-// units' layout is the whole job's, one shard per rank, so the group
-// grows back only to the whole job.
+// Rank 0's look (survival::ReplacementLook) for a replacement of every
+// lost rank: the units' layout is the whole job's, one shard per rank, so
+// the group grows back only to the whole job.
 std::int64_t ShardedResilientTrainer::State::whole_job_waiting() {
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_replacement_look) return 0;
-  next_replacement_look = now + std::chrono::milliseconds(50);
-  try {
-    const auto waiting = static_cast<int>(group().replacements_waiting().size());
-    return waiting > 0 && group().size() + waiting == shard_count ? 1 : 0;
-  } catch (const Error&) {
-    return 0;  // the store does not answer now: looked at again later
-  }
+  const auto waiting = replacement_look.waiting(group());
+  return waiting && !waiting->empty() && group().size() + static_cast<int>(waiting->size()) == shard_count ? 1 : 0;
 }
 
 // After a committed step that saw a replacement waiting for every lost

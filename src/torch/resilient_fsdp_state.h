@@ -15,6 +15,7 @@
 #include "fsdp_unit.h"
 #include "lockstep/torch/resilient_fsdp.h"
 #include "shard_copy.h"
+#include "survival.h"
 #include "survivor_backup.h"
 
 namespace lockstep::torch {
@@ -69,7 +70,7 @@ struct ShardedResilientTrainer::State {
   // that joined by one still holds it (init_process_group gave it).
   bool has_state = true;
   bool admit_pending = false;
-  std::chrono::steady_clock::time_point next_replacement_look{};
+  survival::ReplacementLook replacement_look;
   std::vector<std::shared_ptr<ProcessGroup>> superseded;
 
   detail::FsdpUnit& root() { return model->unit(); }

@@ -37,4 +37,15 @@ bool survived(const std::function<void()>& collective,
   return false;
 }
 
+std::optional<std::vector<int>> ReplacementLook::waiting(ProcessGroup& group) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_) return std::nullopt;
+  next_ = now + std::chrono::milliseconds(50);
+  try {
+    return group.replacements_waiting();
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace lockstep::torch::survival
