@@ -263,12 +263,15 @@ int train_resilient(const Options& o, lockstep::ProcessGroup& pg, const std::sha
   lockstep::torch::ShardedResilientTrainer trainer(model, optimizer, backup, options);
   if (replacement) {
     const double now = wall_clock_now();
-    std::printf("world rank %d (replacement %d): joined at step %llu, fed its shard by its peers in %.3f s (the "
-                "ring of copies re-formed in %.3f s more); holds shards %s; training at %.6f (process started at "
-                "%.2f)\n",
+    // What it was fed: its shard's parameters and their optimizer state.
+    std::int64_t fed_bytes = static_cast<std::int64_t>(lockstep::torch::optimizer_state_bytes(optimizer));
+    for (const auto& p : model->parameters()) fed_bytes += bytes_of(p);
+    std::printf("world rank %d (replacement %d): joined at step %llu, fed its shard (%.1f MB) by its peers in %.4f s "
+                "(the ring of copies re-formed in %.3f s more); holds shards %s; training at %.6f (process started "
+                "at %.2f)\n",
                 world_rank, incarnation(), static_cast<unsigned long long>(trainer.steps_committed()),
-                fed_at - feed_started, now - fed_at, fmt::format("{}", trainer.shards()).c_str(), now,
-                process_started_at());
+                static_cast<double>(fed_bytes) / 1e6, fed_at - feed_started, now - fed_at,
+                fmt::format("{}", trainer.shards()).c_str(), now, process_started_at());
     for (const ReplacementKill& k : replacement_kills)
       if (k.phase != "feed") kills.push_back(Kill{k.rank, trainer.steps_committed() + k.after, k.phase});
   }

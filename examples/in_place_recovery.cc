@@ -46,7 +46,9 @@
 // (LOCKSTEP_TIMEOUT), wait --window seconds, and go on without it; the
 // launcher then kills it. --kill-each-round R:K:N kills rank R K steps
 // into each of the launcher's first N rounds: the steady schedule of
-// bench/replacements.py under --on-rank-failure restart.
+// bench/replacements.py under --on-rank-failure restart. --drift R nudges
+// world rank R's parameters as a replacement is admitted: the feed's
+// comparison must name it.
 #include <lockstep/error.h>
 #include <lockstep/process_group.h>
 #include <lockstep/torch/data.h>
@@ -112,6 +114,7 @@ struct Options {
   double step_ms = 0;                // a pause after each step (a slower model, for demonstrations)
   double shard_ms = 0;               // a pause in each shard's computation (a step that takes longer)
   int hidden = 128;                  // the MLP's hidden width (a bigger model: more state to feed a replacement)
+  int drift = -1;                    // this world rank's parameters drift as a replacement is admitted
   std::string step_times;            // world rank 0 writes each committed step's time and group size here
 };
 
@@ -305,6 +308,11 @@ int run(const Options& o) {
   options.observer = [&](std::string_view phase, std::uint64_t step) {
     if (phase == "re-formed")
       std::printf("re-formed at %.6f\n", wall_clock_now());  // the first collective of the redone step follows
+    if (phase == "admit" && world_rank == o.drift) {
+      // A replica gone silently wrong: the feed's digests must name it.
+      torch::NoGradGuard no_grad;
+      model->parameters().front().view(-1)[0].add_(1e-3);
+    }
     if (phase == "feed") feed_started = wall_clock_now();
     if (phase == "fed")
       std::printf("fed a replacement: %.3f s from the first broadcast to every digest compared\n",
@@ -436,6 +444,9 @@ int main(int argc, char** argv) {
                  "RANK:STEPS:ROUNDS: in each of the launcher's first ROUNDS rounds, world rank RANK kills itself "
                  "STEPS steps after the round's first step (a steady kill schedule under --on-rank-failure restart)");
   app.add_option("--hidden", o.hidden, "The MLP's hidden width (a bigger model)")->check(CLI::PositiveNumber);
+  app.add_option("--drift", o.drift,
+                 "RANK: world rank RANK nudges one of its parameters as each replacement is admitted, as a replica "
+                 "gone silently wrong (the feed's comparison must stop the job, naming it)");
   app.add_option("--step-ms", o.step_ms, "Pause this long after each step (a slower model, for demonstrations)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--shard-ms", o.shard_ms,

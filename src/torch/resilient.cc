@@ -23,9 +23,11 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -182,6 +184,10 @@ struct ResilientTrainer::State {
   // most shards a rank held in it.
   double step_seconds = 0;
   int most_held_when_timed = 0;
+  // A member's digest of the training state it held (with the steps
+  // committed then), taken as a replacement was admitted (admit): feed
+  // compares it while no step has committed since.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> digest_before_feed;
 
   std::vector<int> held() const { return shards_held(holder, group->rank()); }
   void observe(std::string_view phase) const {
@@ -198,6 +204,7 @@ struct ResilientTrainer::State {
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
   void feed(int source, const std::vector<int>& receivers);
+  std::uint64_t held_digest();
   void share_parameters();
   template <typename Body>
   void surviving(Body body);
@@ -550,6 +557,11 @@ void ResilientTrainer::State::admit(StepOutcome& outcome) {
                           recover_here))
     return;
   if (formed == 0) return;  // its launcher starts another once the process ends
+  // The replacements build their models before they can be fed: a member
+  // waits for them in settle's first collective. It digests what it
+  // holds meanwhile (the feed changes none of it), on cores the feed's
+  // copies would need once it starts.
+  if (has_state) digest_before_feed.emplace(committed, held_digest());
   const std::vector<int> before = group->world_ranks();
   superseded.push_back(std::move(group));
   group = std::move(grown);
@@ -609,6 +621,16 @@ void ResilientTrainer::State::share_parameters() {
   if (partitions) partitions->share_parameters(*group);
 }
 
+// What a feed compares: the optimizer's state (sharded, its options
+// alone: its state is placed by partition), the parameters and buffers.
+std::uint64_t ResilientTrainer::State::held_digest() {
+  const std::vector<std::size_t> no_parameters;
+  std::uint64_t digest =
+      digest_of(*optimizer, kDigestStart, options.shard_optimizer_state ? &no_parameters : nullptr);
+  digest = digest_of(params, digest);
+  return digest_of(buffers, digest);
+}
+
 // The training state from rank `source` to the members in `receivers`
 // (those without it: replacements): the step count, the shards and the
 // world's size at start (to every member), the parameters and buffers,
@@ -626,17 +648,19 @@ void ResilientTrainer::State::feed(int source, const std::vector<int>& receivers
   send_coalesced(*group, tensors, source, receivers);
   // Sharded, the optimizer's options only: its state is placed by partition.
   const std::vector<std::size_t> no_parameters;
-  const std::vector<std::size_t>* state_of_parameters = options.shard_optimizer_state ? &no_parameters : nullptr;
-  broadcast_optimizer_state(*group, *optimizer, source, state_of_parameters, &receivers);
+  broadcast_optimizer_state(*group, *optimizer, source, options.shard_optimizer_state ? &no_parameters : nullptr,
+                            &receivers);
   if (!has_state) {
     committed = static_cast<std::uint64_t>(header[0]);
     shards = static_cast<int>(header[1]);
     world_size = static_cast<int>(header[2]);
     has_state = true;
   }
-  // What this rank holds now: its optimizer's state, parameters, buffers.
-  std::uint64_t digest = digest_of(*optimizer, kDigestStart, state_of_parameters);
-  digest = digest_of(tensors, digest);
+  // What this rank holds now, digested before the feed where it held it
+  // then.
+  const bool digested = digest_before_feed && digest_before_feed->first == committed;
+  std::uint64_t digest = digested ? digest_before_feed->second : held_digest();
+  digest_before_feed.reset();
   std::vector<std::uint64_t> digests(static_cast<std::size_t>(group->size()));
   static_assert(sizeof(std::uint64_t) == sizeof(std::int64_t));
   group->allgather(ConstBuffer{&digest, 1, DType::i64}, Buffer{digests.data(), digests.size(), DType::i64})->wait();

@@ -12,7 +12,8 @@
 // same with the optimizer's state sharded (ZeRO-1, each partition backed
 // up on the next rank), against the unsharded clean run. A replacement
 // already started when a long step must be redone joins before the redo,
-// with the launchers' rendezvous in a static store or in etcd.
+// with the launchers' rendezvous in a static store or in etcd. A survivor
+// whose replica drifted is named when a replacement is fed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -211,6 +212,27 @@ TEST(Replacement, OneThatComesTooLateFindsTheJobFinished) {
   const auto r = launcher.wait(120s);
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(contains(r.output, "the job finished before this replacement")) << r.output;
+}
+
+// The feed's comparison covers every member, not the replacement alone:
+// a survivor whose parameters drifted (world rank 3 nudges one as the
+// replacement is admitted, before it is fed from world rank 0) is named,
+// and the job stops rather than train on replicas that differ. The
+// members digest what they hold while the replacement builds its model:
+// a digest taken from anything but the drifted rank's own bytes would let
+// it through.
+TEST(Replacement, ASurvivorThatDriftedIsNamedWhenTheReplacementIsFed) {
+  TempDir dir;
+  testing::Launcher launcher(LOCKSTEP_CLI,
+                             {"--nproc-per-node", "4", "--on-rank-failure", "continue", "--max-replacements", "1",
+                              "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", std::to_string(kSteps),
+                              "--batch", "64", "--subset", "1200", "--step-ms", "15", "--kill", "1:10:reduce",
+                              "--drift", "3"},
+                             {{"LOCKSTEP_TIMEOUT", "20"}});
+  const auto r = launcher.wait(180s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.output, "world rank(s) 3 hold other bytes")) << r.output;
+  EXPECT_FALSE(contains(r.output, "steps in")) << "a rank finished its training: " << r.output;
 }
 
 // --max-replacements replaces a rank while the others go on; without
