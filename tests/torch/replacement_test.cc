@@ -222,7 +222,6 @@ TEST(Replacement, OneThatComesTooLateFindsTheJobFinished) {
 // a digest taken from anything but the drifted rank's own bytes would let
 // it through.
 TEST(Replacement, ASurvivorThatDriftedIsNamedWhenTheReplacementIsFed) {
-  TempDir dir;
   testing::Launcher launcher(LOCKSTEP_CLI,
                              {"--nproc-per-node", "4", "--on-rank-failure", "continue", "--max-replacements", "1",
                               "--grace-period", "2", "--", IN_PLACE_RECOVERY, "--steps", std::to_string(kSteps),
