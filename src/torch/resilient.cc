@@ -204,6 +204,7 @@ struct ResilientTrainer::State {
   void recover_during_admission(const std::exception_ptr& failure, StepOutcome& outcome);
   void settle();
   void feed(int source, const std::vector<int>& receivers);
+  const std::vector<std::size_t>* parameters_with_state_fed() const;
   std::uint64_t held_digest();
   void share_parameters();
   template <typename Body>
@@ -621,12 +622,18 @@ void ResilientTrainer::State::share_parameters() {
   if (partitions) partitions->share_parameters(*group);
 }
 
-// What a feed compares: the optimizer's state (sharded, its options
-// alone: its state is placed by partition), the parameters and buffers.
+// The parameters whose optimizer state a feed sends and compares: all
+// (null), or none where it is sharded (it is placed by partition; the
+// optimizer's options still go).
+const std::vector<std::size_t>* ResilientTrainer::State::parameters_with_state_fed() const {
+  static const std::vector<std::size_t> none;  // immutable: shared safely
+  return options.shard_optimizer_state ? &none : nullptr;
+}
+
+// What a feed compares: the optimizer's state and options, the parameters
+// and buffers.
 std::uint64_t ResilientTrainer::State::held_digest() {
-  const std::vector<std::size_t> no_parameters;
-  std::uint64_t digest =
-      digest_of(*optimizer, kDigestStart, options.shard_optimizer_state ? &no_parameters : nullptr);
+  std::uint64_t digest = digest_of(*optimizer, kDigestStart, parameters_with_state_fed());
   digest = digest_of(params, digest);
   return digest_of(buffers, digest);
 }
@@ -646,10 +653,7 @@ void ResilientTrainer::State::feed(int source, const std::vector<int>& receivers
   std::vector<::torch::Tensor> tensors = params;
   tensors.insert(tensors.end(), buffers.begin(), buffers.end());
   send_coalesced(*group, tensors, source, receivers);
-  // Sharded, the optimizer's options only: its state is placed by partition.
-  const std::vector<std::size_t> no_parameters;
-  broadcast_optimizer_state(*group, *optimizer, source, options.shard_optimizer_state ? &no_parameters : nullptr,
-                            &receivers);
+  broadcast_optimizer_state(*group, *optimizer, source, parameters_with_state_fed(), &receivers);
   if (!has_state) {
     committed = static_cast<std::uint64_t>(header[0]);
     shards = static_cast<int>(header[1]);
