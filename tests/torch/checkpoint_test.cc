@@ -39,7 +39,7 @@ TEST(Checkpoint, SavedOnRankZeroLoadedEverywhere) {
   }
   const auto want = nets[0]->weight.detach().clone();
   TorchThreadWorld world(kRanks, "shm");
-  std::vector<bool> found(kRanks);
+  std::vector<char> found(kRanks, 0);  // not vector<bool>: its elements share words, and the ranks write at once
   world.run([&](int rank, ProcessGroup& pg) {
     auto net = nets[static_cast<std::size_t>(rank)];
     EXPECT_FALSE(load_checkpoint_broadcast(pg, path, [&](auto& in) { net->load(in); }));  // none yet
