@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/enforce.h"
+#include "written_across.h"
 
 namespace lockstep::torch {
 
@@ -20,12 +21,21 @@ bool Receivers::receiving(const ProcessGroup& group) const {
 }
 
 void Receivers::issue(ProcessGroup& group, Buffer b, int tag, std::vector<std::shared_ptr<Work>>& transfers) const {
+  const bool across = goes_written_across(b);
   if (receiving(group)) {
-    transfers.push_back(group.recv(b, root_, tag));
+    if (across)
+      receive_written_across(group, b, root_, tag, transfers);
+    else
+      transfers.push_back(group.recv(b, root_, tag));
     return;
   }
   if (sending(group))
-    for (int r : ranks_) transfers.push_back(group.send(b, r, tag));
+    for (int r : ranks_) {
+      if (across)
+        write_across(group, b, r, tag, transfers);
+      else
+        transfers.push_back(group.send(b, r, tag));
+    }
 }
 
 }  // namespace lockstep::torch

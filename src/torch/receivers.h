@@ -25,7 +25,9 @@ class Receivers {
   const std::vector<int>& ranks() const { return ranks_; }
 
   // The root's sends of `b` to every receiver, or this receiver's receive
-  // from the root, appended to `transfers`; nothing on the other ranks.
+  // from the root, appended to `transfers`; nothing on the other ranks. A
+  // large host buffer is written by the root into a receiver on its
+  // machine (written_across.h) before this returns, else sent.
   void issue(ProcessGroup& group, Buffer b, int tag, std::vector<std::shared_ptr<Work>>& transfers) const;
 
  private:

@@ -4,10 +4,6 @@
 // process (no file descriptors left; a seccomp filter).
 #include <gtest/gtest.h>
 
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
@@ -17,6 +13,7 @@
 
 #include "common/host.h"
 #include "harness/process_ranks.h"
+#include "harness/refused_syscalls.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
@@ -50,35 +47,10 @@ TEST(Host, RandomHexNeedsNoDeviceFile) {
   EXPECT_EQ(r.exit_code, 0) << testing::describe(r);
 }
 
-#if defined(__x86_64__)
-constexpr std::uint32_t kAuditArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-constexpr std::uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
-#else
-constexpr std::uint32_t kAuditArch = 0;
-#endif
-
-// Makes getrandom fail with ENOSYS in this process, as an old kernel or a
-// strict container policy would.
-void block_getrandom() {
-  sock_filter program[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getrandom, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog fprog{static_cast<unsigned short>(sizeof program / sizeof program[0]), program};
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) != 0)
-    throw std::runtime_error("cannot install the seccomp filter");
-}
-
 TEST(Host, RandomHexFailsClearlyWithoutRandomBytes) {
-  if (kAuditArch == 0) GTEST_SKIP() << "no seccomp architecture constant for this CPU";
+  if (testing::kSeccompAuditArch == 0) GTEST_SKIP() << "no seccomp architecture constant for this CPU";
   const auto r = in_child([] {
-    block_getrandom();
+    testing::refuse_syscalls({SYS_getrandom}, ENOSYS);  // as an old kernel or a strict container policy would
     std::printf("token %s\n", random_hex(16).c_str());
   });
   EXPECT_EQ(r.exit_code, testing::kExitOtherError) << testing::describe(r);
