@@ -8,6 +8,7 @@
 // checked by tests/lint/python_unit_sources.sh.
 #include "torch/distributed.cc"
 #include "torch/receivers.cc"
+#include "torch/written_across.cc"
 #include "torch/tensors.cc"
 
 #if LOCKSTEP_TORCH_WITH_CUDA
