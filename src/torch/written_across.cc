@@ -13,12 +13,13 @@
 #include "written_across.h"
 
 #include <sys/mman.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
+
+#include "comm/shm/single_copy.h"
 
 namespace lockstep::torch {
 namespace {
@@ -76,23 +77,7 @@ bool mostly_absent(void* data, std::size_t bytes) {
 // Whether process `pid` holds `word` at `address`: the process that asked.
 bool is_the_asker(pid_t pid, std::int64_t address, std::uint64_t word) {
   std::uint64_t seen = ~word;
-  iovec local{&seen, sizeof(seen)};
-  iovec remote{pointer_at<void>(address), sizeof(seen)};
-  return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(seen)) && seen == word;
-}
-
-// All of `b` written at `address` in process `pid`; false where refused.
-bool write_into(pid_t pid, const Buffer& b, std::int64_t address) {
-  auto* from = static_cast<char*>(b.data);
-  std::size_t done = 0;
-  while (done < b.bytes()) {
-    iovec local{from + done, b.bytes() - done};
-    iovec remote{pointer_at<char>(address) + done, b.bytes() - done};
-    const ssize_t n = ::process_vm_writev(pid, &local, 1, &remote, 1, 0);
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
+  return shm::read_peer(pid, &seen, pointer_at<void>(address), sizeof(seen)).empty() && seen == word;
 }
 
 // Runs `body`; where it throws, waits for `transfers` first (none may
@@ -143,7 +128,8 @@ void write_across(ProcessGroup& group, Buffer b, int receiver, int tag, std::vec
       return;
     }
     const std::int64_t written =
-        asked_for_this && is_the_asker(pid, request.word_address, request.word) && write_into(pid, b, request.address)
+        asked_for_this && is_the_asker(pid, request.word_address, request.word) &&
+                shm::write_peer(pid, pointer_at<void>(request.address), b.data, b.bytes()).empty()
             ? 1
             : 0;
     group.send(ConstBuffer{&written, 1, DType::i64}, receiver, tag)->wait();
