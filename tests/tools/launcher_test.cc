@@ -247,6 +247,40 @@ TEST(Launcher, ANodeStartedAgainAfterARestartJoinsTheAttemptTheRestartWaitsIn) {
   EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
 }
 
+// Node 1 killed before its rank reached its peer (here its rank never
+// does: it sleeps), so no rank of node 0 fails and nothing tells node 0 of
+// the death: started again, node 1's launcher sees its predecessor's
+// process gone and marks the attempt failed, and node 0 restarts at once
+// rather than after its rank's rendezvous times out (minutes).
+TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersIsRestartedByItsLauncherStartedAgain) {
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
+  const std::vector<std::string> restart{"--max-restarts", "1", "--grace-period", "1", "--"};
+  const auto node = [&](int rank, std::vector<std::string> command) {
+    command.insert(command.begin(), restart.begin(), restart.end());
+    return one_rank_node(port, 2, rank, command);
+  };
+  const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
+  Launcher host(node(0, {RANK_PROGRAM, "loop-then-ok"}), env);
+  auto first = std::make_unique<Launcher>(node(1, {"/bin/sleep", "120"}), env);
+  ASSERT_TRUE(host.wait_for_output("rank 0 attempt 0 starting", 40s)) << host.output_so_far();
+  ASSERT_TRUE(first->wait_for_output("1 rank(s) on node 1 of 2", 40s)) << first->output_so_far();
+  std::this_thread::sleep_for(500ms);  // its rank (sleep) started
+  first->signal(SIGKILL);
+  first->wait(30s);
+  const auto start = Clock::now();
+  Launcher again(node(1, {RANK_PROGRAM, "loop-then-ok"}), env);
+  const auto a = host.wait(60s), b = again.wait(60s);
+  EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
+  EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
+  EXPECT_LT(seconds_between(start, Clock::now()), 45.0) << "node 0 waited for its rank's rendezvous to time out";
+  EXPECT_TRUE(contains(a.output, "node 1's launcher (host ")) << a.output;
+  EXPECT_TRUE(contains(a.output, "ended during attempt 0")) << a.output;
+  EXPECT_TRUE(contains(a.output, "restarting all ranks (restart 1 of 1)")) << a.output;
+  EXPECT_TRUE(contains(a.output, "rank 0 of 2 sum 3")) << a.output;
+  EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
+}
+
 TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   TempDir dir;
   const testing::ReservedPort reserved_port;

@@ -174,14 +174,22 @@ TEST(NodeTakeover, ANodeStartedAgainBeforeItsDeathIsSeenWaitsForTheRestartsAttem
   store.set("launcher/0/node/0", "first launcher of node 0");
   store.set("launcher/0/node/1", fmt::format("host {} (pid {})", host_name(), ended));
   EXPECT_EQ(attempt_to_join(store, 1, false, Deadline::after(std::chrono::seconds(10)), -1), 0);  // in place
+  EXPECT_FALSE(store.check({"launcher/0/failed"})) << "in place, the others go on: nothing fails";
+  // Under restarts the launcher marks the attempt failed itself (the others
+  // may never see the death), and node 0 opens the restart's attempt.
   std::thread restart([&store] {
-    std::this_thread::sleep_for(milliseconds(200));
-    store.set("launcher/0/failed", "rank 1 on node 1 failed");
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!store.check({"launcher/0/failed"}) && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(20));
     std::this_thread::sleep_for(milliseconds(200));
     store.set("launcher/1/node/0", "first launcher of node 0");
   });
   EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(std::chrono::seconds(10)), -1), 1);
   restart.join();
+  EXPECT_EQ(store.get("launcher/0/failed"),
+            fmt::format("node 1's launcher (host {} (pid {})) ended during attempt 0, and a launcher started again for "
+                        "node 1 is waiting to join the restart",
+                        host_name(), ended));
   // A live holder (a twin), or one on another host: attempt 1 at once.
   for (const std::string& holder : {fmt::format("host {} (pid {})", host_name(), ::getpid()),
                                     fmt::format("host {}x (pid {})", host_name(), ended)}) {

@@ -109,10 +109,20 @@ int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadlin
     // moment ago and the others have yet to see it (their restart marks
     // the attempt failed); a twin would be alive.
     const bool held = store.check({node_key(attempt, node_rank)});
-    const bool restarting =
-        held && (store.check({round_failed_key(attempt)}) ||
-                 (restarts && launcher_ended_on_this_host(store.get(node_key(attempt, node_rank)))));
-    if (!restarting || deadline.expired()) return attempt;
+    const bool failed = held && store.check({round_failed_key(attempt)});
+    const bool holder_ended =
+        held && !failed && restarts && launcher_ended_on_this_host(store.get(node_key(attempt, node_rank)));
+    if (holder_ended) {
+      // The others see the death only when their ranks fail, and ranks
+      // killed before they reached their peers fail no one: the peers wait
+      // in the rendezvous for its whole timeout. This launcher knows, so
+      // it says so, and the others restart now.
+      store.compare_set(round_failed_key(attempt), "",
+                        fmt::format("node {}'s launcher ({}) ended during attempt {}, and a launcher started again "
+                                    "for node {} is waiting to join the restart",
+                                    node_rank, store.get(node_key(attempt, node_rank)), attempt, node_rank));
+    }
+    if (!(failed || holder_ended) || deadline.expired()) return attempt;
     throw_if_interrupted(signal_fd, "the job's restart to open its next attempt");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

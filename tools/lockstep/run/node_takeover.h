@@ -35,8 +35,10 @@ std::string launcher_claim();
 // latest one node 0 joined (0 when none has: a new job). Where this node
 // is held in it and the job restarts (that attempt failed; or, where
 // `restarts` says a death restarts the job, the holder is a launcher of
-// this host that has ended, whose death the others have yet to see),
-// waits until `deadline` for the next attempt to open and takes that one.
+// this host that has ended, whose death the others have yet to see: this
+// launcher marks the attempt failed, so that they restart now rather than
+// when their ranks' rendezvous times out), waits until `deadline` for the
+// next attempt to open and takes that one.
 // Throws Interrupted on a signal.
 int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadline, int signal_fd);
 
