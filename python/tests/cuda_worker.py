@@ -20,6 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import lockstep_torch
 
+import ddp_worker
+
 CUDA = torch.device("cuda", 0)
 STEPS = 20
 
@@ -208,6 +210,7 @@ def case_ddp(variant):
     dist.destroy_process_group()
     if not diff <= 1e-6:
         sys.exit(f"rank {rank}: {variant}: DDP on cuda:0 over lockstep and on the CPU over gloo trained apart: {diff}")
+    ddp_worker.exit_before_freeing(gloo)
 
 
 def run(case, *args):

@@ -120,6 +120,20 @@ def train(group, variant, rank, world):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def exit_before_freeing(gloo):
+    """Ends the process while `gloo` is still referenced. PyTorch before 2.8
+    destroys a ProcessGroupGloo holding the GIL, and its destructor joins
+    the group's worker threads; a worker still releasing a Python callback
+    it ran (the fp16 hook's `then`) waits for the GIL: both wait forever
+    (pytorch/pytorch#154976 releases the GIL there). Seen here once in
+    about 60 runs of the fp16 hook under PyTorch 2.7.1. lockstep's own
+    group was shut down by destroy_process_group already."""
+    assert gloo is not None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run(variant):
     dist.init_process_group("lockstep")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -133,3 +147,4 @@ def run(variant):
     dist.destroy_process_group()
     if not diff <= 1e-6:
         sys.exit(f"rank {rank}: {variant}: lockstep and gloo trained apart: {diff}")
+    exit_before_freeing(gloo)
