@@ -106,8 +106,8 @@ int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadlin
     // Held in a failed attempt: the node's first launcher died with it, and
     // node 0 is about to open the restart's attempt. Held, in an attempt
     // not yet failed, by a launcher of this host that has ended: it died a
-    // moment ago and the others have yet to see it (their restart marks
-    // the attempt failed); a twin would be alive.
+    // moment ago and the others may not have seen it (a twin would be
+    // alive).
     const bool held = store.check({node_key(attempt, node_rank)});
     const bool failed = held && store.check({round_failed_key(attempt)});
     const bool holder_ended =
