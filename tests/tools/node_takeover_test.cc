@@ -190,6 +190,12 @@ TEST(NodeTakeover, ANodeStartedAgainBeforeItsDeathIsSeenWaitsForTheRestartsAttem
             fmt::format("node 1's launcher (host {} (pid {})) ended during attempt 0, and a launcher started again for "
                         "node 1 is waiting to join the restart",
                         host_name(), ended));
+  // A holder that ended after finishing its part is no death: nothing is
+  // marked failed, and the attempt is joined at once.
+  store.set("launcher/1/node/1", fmt::format("host {} (pid {})", host_name(), ended));
+  store.set(node_keys::finished(1, 1), "1");
+  EXPECT_EQ(attempt_to_join(store, 1, true, Deadline::after(std::chrono::seconds(10)), -1), 1);
+  EXPECT_FALSE(store.check({"launcher/1/failed"}));
   // A live holder (a twin), or one on another host: attempt 1 at once.
   for (const std::string& holder : {fmt::format("host {} (pid {})", host_name(), ::getpid()),
                                     fmt::format("host {}x (pid {})", host_name(), ended)}) {

@@ -370,6 +370,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         // "done" last: once every node has said it, the store's host leaves.
         if (elastic) elastic->mark_finished();
         if (elastic) elastic->mark_done(round);
+        // A launcher started again for this node after it ended must not
+        // take its end for a death (attempt_to_join).
+        if (!elastic && !node_loss) store.set(node_keys::finished(round.number, round.node_rank), "1");
         store.add(node_keys::done(round.number), 1);
         // Under etcd, node 0 of the round hosts its ranks' store instead.
         if ((server || round_store.server) && node_loss)

@@ -107,11 +107,11 @@ int attempt_to_join(Store& store, int node_rank, bool restarts, Deadline deadlin
     // node 0 is about to open the restart's attempt. Held, in an attempt
     // not yet failed, by a launcher of this host that has ended: it died a
     // moment ago and the others may not have seen it (a twin would be
-    // alive).
+    // alive; one that finished its part said so).
     const bool held = store.check({node_key(attempt, node_rank)});
     const bool failed = held && store.check({round_failed_key(attempt)});
-    const bool holder_ended =
-        held && !failed && restarts && launcher_ended_on_this_host(store.get(node_key(attempt, node_rank)));
+    const bool holder_ended = held && !failed && restarts && !store.check({node_keys::finished(attempt, node_rank)}) &&
+                              launcher_ended_on_this_host(store.get(node_key(attempt, node_rank)));
     if (holder_ended) {
       // The others see the death only when their ranks fail, and ranks
       // killed before they reached their peers fail no one: the peers wait
