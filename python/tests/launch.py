@@ -90,25 +90,30 @@ def show_where_they_wait(procs: list[subprocess.Popen]) -> dict[int, str]:
     one, returned by pid; then SIGABRT, on which faulthandler
     (PYTHONFAULTHANDLER, set for every rank) writes the Python stack of
     each thread to the process's own output. A hang at the deadline is then
-    a place in the code, not only a timeout."""
+    a place in the code, not only a timeout. gdb takes most of a minute to
+    read libtorch's symbols: one gdb a process, all at once."""
+    running = [p for p in procs if p.poll() is None]
     gdb = shutil.which("gdb")
+    readers = {p.pid: subprocess.Popen([gdb, "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 30"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+               for p in running} if gdb else {}
     stacks = {}
-    for p in procs:
-        if p.poll() is not None:
-            continue
-        if gdb:
-            try:
-                r = subprocess.run([gdb, "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 30"],
-                                   capture_output=True, text=True, timeout=30)
-                threads = r.stdout[r.stdout.find("\nThread "):] if "\nThread " in r.stdout else r.stdout
-                stacks[p.pid] = f"\n[launch] native stacks of pid {p.pid} at the deadline (gdb):\n{threads[-20000:]}"
-            except subprocess.TimeoutExpired:
-                stacks[p.pid] = f"\n[launch] gdb could not read the stacks of pid {p.pid} within 30 s"
+    end = time.monotonic() + 120
+    for pid, reader in readers.items():
+        try:
+            out, _ = reader.communicate(timeout=max(end - time.monotonic(), 0.1))
+            threads = out[out.find("\nThread "):] if "\nThread " in out else out
+            stacks[pid] = f"\n[launch] native stacks of pid {pid} at the deadline (gdb):\n{threads[-20000:]}"
+        except subprocess.TimeoutExpired:
+            reader.kill()
+            reader.communicate()
+            stacks[pid] = f"\n[launch] gdb could not read the stacks of pid {pid} within 120 s"
+    for p in running:
         try:
             os.kill(p.pid, signal.SIGABRT)
         except ProcessLookupError:
             pass
-    for p in procs:
+    for p in running:
         try:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
