@@ -281,6 +281,34 @@ TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersIsRestartedByItsLaunche
   EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
 }
 
+// The same death, and no launcher started again: the launchers beat in
+// the store under --on-rank-failure restart too, and node 0 fails the
+// attempt once node 1 has been silent past the keep-alive limit (here 2 s)
+// rather than when its rank's rendezvous times out (minutes), naming it.
+TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersFailsTheAttemptOnceItIsSilent) {
+  const testing::ReservedPort reserved_port;
+  const std::string port = reserved_port.text();
+  const auto node = [&](int rank, std::vector<std::string> command) {
+    const std::vector<std::string> options{"--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4",
+                                           "--grace-period", "1", "--"};
+    command.insert(command.begin(), options.begin(), options.end());
+    return one_rank_node(port, 2, rank, command);
+  };
+  const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
+  Launcher host(node(0, {RANK_PROGRAM, "loop-then-ok"}), env);
+  auto first = std::make_unique<Launcher>(node(1, {"/bin/sleep", "120"}), env);
+  ASSERT_TRUE(host.wait_for_output("rank 0 attempt 0 starting", 40s)) << host.output_so_far();
+  ASSERT_TRUE(first->wait_for_output("1 rank(s) on node 1 of 2", 40s)) << first->output_so_far();
+  first->signal(SIGKILL);
+  first->wait(30s);
+  const auto start = Clock::now();
+  const auto a = host.wait(40s);
+  EXPECT_NE(a.exit_code, 0) << testing::describe(a);
+  EXPECT_GT(a.exit_code, 0) << "killed at the test's deadline: " << testing::describe(a);
+  EXPECT_LT(seconds_between(start, Clock::now()), 20.0) << "node 0 waited for its rank's rendezvous to time out";
+  EXPECT_TRUE(contains(a.output, "node 1 has not been heard from in the store for ")) << a.output;
+}
+
 TEST(Launcher, AFailureOnOneNodeStopsTheOtherNode) {
   TempDir dir;
   const testing::ReservedPort reserved_port;

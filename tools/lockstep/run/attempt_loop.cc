@@ -51,6 +51,7 @@
 #include "run/round_watch.h"
 #include "run/run_arguments.h"
 #include "run/scratch_directory.h"
+#include "run/silent_node_watch.h"
 #include "run/static_rendezvous.h"
 #include "run/supervisor.h"
 
@@ -115,16 +116,20 @@ void print_fallback_to_restart(const RankFailure& survivor, const RankFailure& d
                                          "instead)");
 }
 
-// How often each node beats under --on-rank-failure continue, and after how
-// long a silent one is lost: --rdzv-conf's keep_alive_* if given, else
-// every second, lost after three: the survivors wait this long at most.
-KeepAlive continue_keep_alive(const RunOptions& o) {
+// How often each node beats, and after how long a silent one is gone:
+// --rdzv-conf's keep_alive_* where given, else `fallback`'s.
+KeepAlive keep_alive_of(const RunOptions& o, KeepAlive fallback) {
   const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
-  KeepAlive k;
-  k.interval = conf.keep_alive_interval > 0 ? Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000))
-                                            : std::chrono::seconds(1);
-  k.max_attempts = conf.keep_alive_max_attempt > 0 ? conf.keep_alive_max_attempt : 3;
-  return k;
+  if (conf.keep_alive_interval > 0)
+    fallback.interval = Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000));
+  if (conf.keep_alive_max_attempt > 0) fallback.max_attempts = conf.keep_alive_max_attempt;
+  return fallback;
+}
+
+// Under --on-rank-failure continue: every second, lost after three; the
+// survivors wait this long at most.
+KeepAlive continue_keep_alive(const RunOptions& o) {
+  return keep_alive_of(o, KeepAlive{.interval = std::chrono::seconds(1), .max_attempts = 3});
 }
 
 // Under etcd the ranks read the round's store, not the launchers': a start
@@ -320,6 +325,24 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         return watch();
       };
     }
+    std::unique_ptr<SilentNodeWatch> silent_nodes;
+    if (!single && !elastic && !nodes_lost_in_place) {
+      // Under restart, torchrun's keep-alive (KeepAlive's defaults).
+      silent_nodes = std::make_unique<SilentNodeWatch>(store, round, keep_alive_of(o, KeepAlive{}));
+      sup.remote_failure = [watch = std::move(sup.remote_failure), &silent_nodes, &store,
+                            &failed_key]() -> std::optional<std::string> {
+        if (auto why = watch()) return why;
+        auto silent = silent_nodes->poll();
+        if (!silent) return std::nullopt;
+        try {  // every node stops, whether or not it has looked yet
+          const std::string first = store.compare_set(failed_key, "", *silent);
+          if (first != *silent) return "another node reported: " + first;
+        } catch (const Error&) {
+          // The store's trouble: the round's watch says so at its next look.
+        }
+        return silent;
+      };
+    }
     if (sup.continue_after_rank_failure) {
       // The survivors need not wait for a rank the launcher saw end
       // (ProcessGroup::shrink reads this key).
@@ -370,9 +393,9 @@ int run_nodes(const RunOptions& o, const JobPlan& plan, int nproc, int signal_fd
         // "done" last: once every node has said it, the store's host leaves.
         if (elastic) elastic->mark_finished();
         if (elastic) elastic->mark_done(round);
-        // A launcher started again for this node after it ended must not
-        // take its end for a death (attempt_to_join).
-        if (!elastic && !node_loss) store.set(node_keys::finished(round.number, round.node_rank), "1");
+        // Not silent from now on; nor is a launcher started again for this
+        // node afterwards to take its end for a death (attempt_to_join).
+        if (silent_nodes) silent_nodes->mark_finished();
         store.add(node_keys::done(round.number), 1);
         // Under etcd, node 0 of the round hosts its ranks' store instead.
         if ((server || round_store.server) && node_loss)
