@@ -11,8 +11,9 @@
 #                  shorter than LOCKSTEP_TIMEOUT=30): the same parameters
 #   flap           the link dropping everything for 1 s of every 2, for 12 s:
 #                  the job either ends with the clean run's parameters or
-#                  fails naming the silent ranks; never a hang, never other
-#                  parameters
+#                  fails naming the silent ranks (or the silent node, whose
+#                  launcher's beats did not arrive); never a hang, never
+#                  other parameters
 #   partition      every packet dropped for good (LOCKSTEP_TIMEOUT=5): host 0's
 #                  ranks name ranks 2 and 3 within 20 s and its launcher fails
 #   delay          every packet held 50 ms +- 20 ms (uniform, in order) each
@@ -231,7 +232,7 @@ for backend in $backends; do
         report "$fault" "$backend" "FAILED: ended with other parameters" "$seconds" "$slowdown"
         failures=$((failures + 1))
       fi
-    elif [ $fault = flap ] && grep -qE "did not answer|lost rank|timed out" "$work/$fault-$backend.0.log"; then
+    elif [ $fault = flap ] && grep -qE "did not answer|lost rank|timed out|has not been heard from" "$work/$fault-$backend.0.log"; then
       report "$fault" "$backend" "stopped, naming the silent ranks" "$seconds" ""
     else
       tail -20 "$work/$fault-$backend.0.log" "$work/$fault-$backend.1.log"
