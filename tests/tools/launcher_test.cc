@@ -247,30 +247,45 @@ TEST(Launcher, ANodeStartedAgainAfterARestartJoinsTheAttemptTheRestartWaitsIn) {
   EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
 }
 
-// Node 1 killed before its rank reached its peer (here its rank never
-// does: it sleeps), so no rank of node 0 fails and nothing tells node 0 of
-// the death: started again, node 1's launcher sees its predecessor's
-// process gone and marks the attempt failed, and node 0 restarts at once
-// rather than after its rank's rendezvous times out (minutes).
+// Node `rank` of a two-node job with the store at `port`, one rank,
+// `options` and then `command`.
+std::vector<std::string> node_running(const std::string& port, int rank, std::vector<std::string> options,
+                                      const std::vector<std::string>& command) {
+  options.push_back("--");
+  options.insert(options.end(), command.begin(), command.end());
+  return one_rank_node(port, 2, rank, options);
+}
+
+// Starts node 0 (its rank all-reduces until it fails, then ends as "ok"
+// does) and node 1, whose rank sleeps instead of reaching its peer, and
+// kills node 1's launcher (its rank with it) once the rank has started: no
+// rank of node 0 fails, and nothing tells node 0 of the death.
+std::unique_ptr<Launcher> node0_after_node1_killed_early(const std::string& port,
+                                                         const std::vector<std::string>& options, const EnvMap& env) {
+  auto host = std::make_unique<Launcher>(node_running(port, 0, options, {RANK_PROGRAM, "loop-then-ok"}), env);
+  Launcher first(node_running(port, 1, options, {"/bin/sleep", "120"}), env);
+  EXPECT_TRUE(host->wait_for_output("rank 0 attempt 0 starting", 40s)) << host->output_so_far();
+  EXPECT_TRUE(first.wait_for_output("1 rank(s) on node 1 of 2", 40s)) << first.output_so_far();
+  std::this_thread::sleep_for(500ms);  // its rank (sleep) started
+  first.signal(SIGKILL);
+  first.wait(30s);
+  return host;
+}
+
+// Node 1 killed early, then started again: its launcher sees its
+// predecessor's process gone and marks the attempt failed (the message
+// says so, where the beats' limit, 15 s, would name a silent node), and
+// node 0 restarts at once rather than after its rank's rendezvous times
+// out (minutes).
 TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersIsRestartedByItsLauncherStartedAgain) {
   const testing::ReservedPort reserved_port;
   const std::string port = reserved_port.text();
-  const std::vector<std::string> restart{"--max-restarts", "1", "--grace-period", "1", "--"};
-  const auto node = [&](int rank, std::vector<std::string> command) {
-    command.insert(command.begin(), restart.begin(), restart.end());
-    return one_rank_node(port, 2, rank, command);
-  };
+  const std::vector<std::string> options{"--max-restarts", "1", "--grace-period", "1"};
   const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
-  Launcher host(node(0, {RANK_PROGRAM, "loop-then-ok"}), env);
-  auto first = std::make_unique<Launcher>(node(1, {"/bin/sleep", "120"}), env);
-  ASSERT_TRUE(host.wait_for_output("rank 0 attempt 0 starting", 40s)) << host.output_so_far();
-  ASSERT_TRUE(first->wait_for_output("1 rank(s) on node 1 of 2", 40s)) << first->output_so_far();
-  std::this_thread::sleep_for(500ms);  // its rank (sleep) started
-  first->signal(SIGKILL);
-  first->wait(30s);
+  auto host = node0_after_node1_killed_early(port, options, env);
   const auto start = Clock::now();
-  Launcher again(node(1, {RANK_PROGRAM, "loop-then-ok"}), env);
-  const auto a = host.wait(60s), b = again.wait(60s);
+  Launcher again(node_running(port, 1, options, {RANK_PROGRAM, "loop-then-ok"}), env);
+  const auto a = host->wait(60s), b = again.wait(60s);
   EXPECT_EQ(a.exit_code, 0) << testing::describe(a);
   EXPECT_EQ(b.exit_code, 0) << testing::describe(b);
   EXPECT_LT(seconds_between(start, Clock::now()), 45.0) << "node 0 waited for its rank's rendezvous to time out";
@@ -281,30 +296,19 @@ TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersIsRestartedByItsLaunche
   EXPECT_TRUE(contains(b.output, "rank 1 of 2 sum 3")) << b.output;
 }
 
-// The same death, and no launcher started again: the launchers beat in
-// the store under --on-rank-failure restart too, and node 0 fails the
-// attempt once node 1 has been silent past the keep-alive limit (here 2 s)
-// rather than when its rank's rendezvous times out (minutes), naming it.
+// Node 1 killed early, and not started again: the launchers beat in the
+// store under --on-rank-failure restart too, and node 0 fails the attempt
+// once node 1 has been silent past the keep-alive limit (here 2 s) rather
+// than when its rank's rendezvous times out (minutes), naming it.
 TEST(Launcher, ANodeKilledBeforeItsRanksReachedTheirPeersFailsTheAttemptOnceItIsSilent) {
   const testing::ReservedPort reserved_port;
   const std::string port = reserved_port.text();
-  const auto node = [&](int rank, std::vector<std::string> command) {
-    const std::vector<std::string> options{"--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4",
-                                           "--grace-period", "1", "--"};
-    command.insert(command.begin(), options.begin(), options.end());
-    return one_rank_node(port, 2, rank, command);
-  };
-  const EnvMap env{{"LOCKSTEP_BACKEND", "tcp"}};
-  Launcher host(node(0, {RANK_PROGRAM, "loop-then-ok"}), env);
-  auto first = std::make_unique<Launcher>(node(1, {"/bin/sleep", "120"}), env);
-  ASSERT_TRUE(host.wait_for_output("rank 0 attempt 0 starting", 40s)) << host.output_so_far();
-  ASSERT_TRUE(first->wait_for_output("1 rank(s) on node 1 of 2", 40s)) << first->output_so_far();
-  first->signal(SIGKILL);
-  first->wait(30s);
+  auto host = node0_after_node1_killed_early(
+      port, {"--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4", "--grace-period", "1"},
+      {{"LOCKSTEP_BACKEND", "tcp"}});
   const auto start = Clock::now();
-  const auto a = host.wait(40s);
-  EXPECT_NE(a.exit_code, 0) << testing::describe(a);
-  EXPECT_GT(a.exit_code, 0) << "killed at the test's deadline: " << testing::describe(a);
+  const auto a = host->wait(40s);
+  EXPECT_GT(a.exit_code, 0) << testing::describe(a);
   EXPECT_LT(seconds_between(start, Clock::now()), 20.0) << "node 0 waited for its rank's rendezvous to time out";
   EXPECT_TRUE(contains(a.output, "node 1 has not been heard from in the store for ")) << a.output;
 }
