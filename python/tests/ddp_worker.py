@@ -121,13 +121,13 @@ def train(group, variant, rank, world):
 
 
 def exit_before_freeing(gloo):
-    """Ends the process while `gloo` is still referenced. PyTorch before 2.8
+    """Ends the process while `gloo` is still referenced. PyTorch 2.7
     destroys a ProcessGroupGloo holding the GIL, and its destructor joins
     the group's worker threads; a worker still releasing a Python callback
     it ran (the fp16 hook's `then`) waits for the GIL: both wait forever
-    (pytorch/pytorch#154976 releases the GIL there). Seen here once in
-    about 60 runs of the fp16 hook under PyTorch 2.7.1. lockstep's own
-    group was shut down by destroy_process_group already."""
+    (pytorch/pytorch#154976, merged in June 2025, releases the GIL there).
+    Seen here once in about 60 runs of the fp16 hook under PyTorch 2.7.1.
+    lockstep's own group was shut down by destroy_process_group already."""
     assert gloo is not None
     sys.stdout.flush()
     sys.stderr.flush()
