@@ -120,10 +120,7 @@ void print_fallback_to_restart(const RankFailure& survivor, const RankFailure& d
 // --rdzv-conf's keep_alive_* where given, else `fallback`'s.
 KeepAlive keep_alive_of(const RunOptions& o, KeepAlive fallback) {
   const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);
-  if (conf.keep_alive_interval > 0)
-    fallback.interval = Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000));
-  if (conf.keep_alive_max_attempt > 0) fallback.max_attempts = conf.keep_alive_max_attempt;
-  return fallback;
+  return fallback.overridden_by(conf.keep_alive_interval, conf.keep_alive_max_attempt);
 }
 
 // Under --on-rank-failure continue: every second, lost after three; the

@@ -23,9 +23,7 @@ std::unique_ptr<ElasticRendezvous> start_elastic_rendezvous(Store& store, const 
   eo.id = job.run_id;
   eo.endpoint = plan.etcd ? store_name : format_endpoint(job.store_addr, static_cast<std::uint16_t>(job.store_port));
   const RendezvousConf conf = parse_rdzv_conf(o.rdzv_conf);  // checked by plan_job
-  if (conf.keep_alive_interval > 0)
-    eo.keep_alive.interval = Duration(static_cast<std::int64_t>(conf.keep_alive_interval * 1000));
-  if (conf.keep_alive_max_attempt > 0) eo.keep_alive.max_attempts = conf.keep_alive_max_attempt;
+  eo.keep_alive = eo.keep_alive.overridden_by(conf.keep_alive_interval, conf.keep_alive_max_attempt);
   auto elastic = std::make_unique<ElasticRendezvous>(store, eo, nproc, host_name(), signal_fd);
   // etcd keeps a job's keys until its lease runs out, after its last
   // launcher left: a new job under the same id would find it over.

@@ -29,6 +29,13 @@ struct KeepAlive {
   int max_attempts = 3;
   // How long a counter may stay unchanged before its node counts as gone.
   Duration limit() const { return interval * max_attempts; }
+  // This one with --rdzv-conf's values where given (above 0).
+  KeepAlive overridden_by(double interval_seconds, int given_max_attempts) const {
+    KeepAlive k = *this;
+    if (interval_seconds > 0) k.interval = Duration(static_cast<std::int64_t>(interval_seconds * 1000));
+    if (given_max_attempts > 0) k.max_attempts = given_max_attempts;
+    return k;
+  }
 };
 
 // Adds 1 to a key of the store now and then every `interval`, on a thread
